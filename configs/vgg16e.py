@@ -1,0 +1,16 @@
+"""VGG16E (VGG configuration E: 16 convolutions + 3 FC layers, [T] ch. 2), data parallel on 8 devices.
+
+  python -m jaxpar.train --config configs/vgg16e.py:cifar10 --workdir /tmp/vgg16e
+
+Argument (`configs/vgg16e.py:ARG`): digits (default, 32×32), cifar10, imagenet2012,
+caltech256 (with --config.dataset.path).
+"""
+from jaxpar.config import defaults, use_dataset
+
+
+def get_config(arg: str = 'digits'):
+  c = use_dataset(defaults(), arg)
+  c.model = 'vgg16e'
+  c.mesh.shape = (8,)
+  c.mesh.axes = ('data',)
+  return c

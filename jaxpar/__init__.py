@@ -1,0 +1,1 @@
+"""jaxpar: parallel training of CNNs on JAX device meshes, checked against single-device maths."""

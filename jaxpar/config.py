@@ -1,0 +1,225 @@
+"""The run's configuration: defaults, and validation with one clear error per bad field.
+
+Config files in `configs/` start from `defaults()` and override what they need.
+`validate` runs before anything is compiled; `validate_devices` once the device
+count is known. Each raises `ConfigError`, whose message names the field and
+what would be valid; `jaxpar.train` prints it as one line and exits with code 2.
+"""
+import math
+import os
+
+import ml_collections
+
+SCHEMES = ('sync-split', 'sync-join')
+DTYPES = ('float32', 'bfloat16', 'float16')
+
+
+class ConfigError(ValueError):
+  """A config field has a value the run cannot use."""
+
+
+def defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.model = 'resnet34'          # resnet34 | vgg16e | googlenet | squeezenet
+  c.shortcut = 'projection'     # ResNet34 only: projection | zero_pad ([T] ch. 2)
+  c.batch_norm = False          # VGG16E/GoogLeNet/SqueezeNet: add BN after each conv (not in the originals)
+  c.dtype = 'float32'           # compute dtype; parameters stay float32
+
+  c.dataset = ml_collections.ConfigDict()
+  c.dataset.name = 'sklearn_digits'  # a TFDS name, or 'image_folder'
+  c.dataset.data_dir = ''            # TFDS data_dir ('' = TFDS default)
+  c.dataset.train_split = 'train'
+  c.dataset.test_split = 'test'
+  c.dataset.path = ''                # image_folder: root with one sub-folder per class
+  c.dataset.test_percent = 20        # image_folder: share of files held out for test
+  c.dataset.cache = True             # cache decoded train examples in memory
+  c.dataset.shuffle_buffer = 50_000
+
+  c.image_size = 32
+  c.augment = ml_collections.ConfigDict()
+  c.augment.kind = 'pad_crop'   # pad_crop | inception_crop | none
+  c.augment.crop_padding = 4
+  c.augment.flip = False
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (8,)
+  c.mesh.axes = ('data',)       # every axis is a data axis: the batch is split over all of them
+  c.mesh.emulate_cpu_devices = True  # on CPU, create as many devices as the mesh needs
+
+  # [T] ch. 3: sync-split divides `global_batch` among the devices (= sequential
+  # training); sync-join gives each device `per_device_batch` (global = N × per-device).
+  c.scheme = 'sync-split'
+  c.global_batch = 128
+  c.per_device_batch = 16
+  c.eval_batch = 256            # global; the last batch is padded and masked
+
+  c.total_steps = 0             # > 0 wins; otherwise num_epochs sets the length
+  c.num_epochs = 10.0
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.base_lr = 0.1     # for a global batch of base_batch; scaled linearly ([Y] §3)
+  c.optimizer.base_batch = 256
+  c.optimizer.momentum = 0.9
+  c.optimizer.nesterov = True
+  c.optimizer.weight_decay = 5e-4   # on kernels only: not on biases or BN scale/bias
+  c.optimizer.warmup_steps = 50
+
+  c.seed = 0
+  c.log_every = 10
+  c.eval_every = 0              # 0 = only at the end
+  c.checkpoint_every = 100
+  c.keep_checkpoints = 3
+  c.stop_after_steps = 0        # > 0: checkpoint and exit after this many steps (time-limited jobs)
+  return c
+
+
+def _fail(field, value, valid):
+  raise ConfigError(f'config.{field}={value!r} is invalid: {valid}')
+
+
+def _get(c, field):
+  for part in field.split('.'):
+    c = c[part]
+  return c
+
+
+def _positive_int(c, field):
+  value = _get(c, field)
+  if not isinstance(value, int) or value <= 0:
+    _fail(field, value, 'expected a positive integer')
+
+
+def validate(c) -> None:
+  """Checks that need no devices (and no compilation)."""
+  # Imported here, not at the top: config files import this module for
+  # `defaults()`, and should not pay for TensorFlow and JAX to do so.
+  import tensorflow_datasets as tfds
+
+  from jaxpar.data import sources
+  from jaxpar.data.pipeline import AUGMENTATIONS
+  from jaxpar.models import MIN_IMAGE_SIZE, MODELS
+  from jaxpar.models.resnet import SHORTCUTS
+
+  if c.model not in MODELS:
+    _fail('model', c.model, f'choose one of {sorted(MODELS)}')
+  if c.shortcut not in SHORTCUTS:
+    _fail('shortcut', c.shortcut, f'choose one of {list(SHORTCUTS)}')
+  if c.dtype not in DTYPES:
+    _fail('dtype', c.dtype, f'choose one of {list(DTYPES)}')
+  if c.scheme not in SCHEMES:
+    _fail('scheme', c.scheme, f'choose one of {list(SCHEMES)}')
+  if c.augment.kind not in AUGMENTATIONS:
+    _fail('augment.kind', c.augment.kind, f'choose one of {list(AUGMENTATIONS)}')
+
+  if c.dataset.name == sources.IMAGE_FOLDER:
+    if not os.path.isdir(c.dataset.path):
+      _fail('dataset.path', c.dataset.path,
+            'image_folder needs an existing folder with one sub-folder per class')
+    if not 0 < c.dataset.test_percent < 100:
+      _fail('dataset.test_percent', c.dataset.test_percent, 'expected 1..99')
+  else:
+    try:
+      tfds.builder_cls(c.dataset.name)
+    except Exception:  # tfds raises DatasetNotFoundError with a long listing
+      _fail('dataset.name', c.dataset.name,
+            f"not a TFDS dataset; use 'sklearn_digits' (bundled), a name from "
+            f"tfds.list_builders() such as 'cifar10', or '{sources.IMAGE_FOLDER}' with "
+            f"config.dataset.path")
+
+  if isinstance(c.image_size, int) and c.image_size < MIN_IMAGE_SIZE[c.model]:
+    _fail('image_size', c.image_size, f'{c.model} needs at least {MIN_IMAGE_SIZE[c.model]}')
+
+  shape, axes = tuple(c.mesh.shape), tuple(c.mesh.axes)
+  if not shape or any(not isinstance(n, int) or n <= 0 for n in shape):
+    _fail('mesh.shape', shape, 'expected a tuple of positive integers, e.g. (2, 4)')
+  if len(axes) != len(shape) or len(set(axes)) != len(axes):
+    _fail('mesh.axes', axes, f'expected {len(shape)} distinct names, one per mesh.shape entry')
+
+  for field in ('image_size', 'eval_batch', 'log_every', 'checkpoint_every', 'keep_checkpoints',
+                'optimizer.base_batch', 'dataset.shuffle_buffer'):
+    _positive_int(c, field)
+  _positive_int(c, 'global_batch' if c.scheme == 'sync-split' else 'per_device_batch')
+  for field in ('eval_every', 'stop_after_steps', 'optimizer.warmup_steps', 'augment.crop_padding'):
+    value = _get(c, field)
+    if not isinstance(value, int) or value < 0:
+      _fail(field, value, 'expected 0 or a positive integer')
+  if not isinstance(c.total_steps, int) or c.total_steps < 0:
+    _fail('total_steps', c.total_steps, 'expected a positive integer (or 0 to use num_epochs)')
+  if c.total_steps == 0 and not c.num_epochs > 0:
+    _fail('num_epochs', c.num_epochs, 'expected > 0 (or set config.total_steps > 0)')
+  if not c.optimizer.base_lr > 0:
+    _fail('optimizer.base_lr', c.optimizer.base_lr, 'expected > 0')
+
+
+def num_devices(c) -> int:
+  return math.prod(c.mesh.shape)
+
+
+def global_batch(c) -> int:
+  """Examples per step: given (sync-split) or N × per-device (sync-join), [T] ch. 3."""
+  return c.global_batch if c.scheme == 'sync-split' else num_devices(c) * c.per_device_batch
+
+
+def validate_devices(c, device_count: int, process_count: int) -> None:
+  n = num_devices(c)
+  if n != device_count:
+    _fail('mesh.shape', tuple(c.mesh.shape),
+          f'it has {n} devices but JAX sees {device_count}; use a shape whose product is '
+          f'{device_count}, or on CPU leave config.mesh.emulate_cpu_devices=True')
+  if c.scheme == 'sync-split' and c.global_batch % n:
+    _fail('global_batch', c.global_batch,
+          f'sync-split divides it among the {n} data devices; use a multiple of {n}')
+  if c.eval_batch % n or c.eval_batch % process_count:
+    _fail('eval_batch', c.eval_batch, f'use a multiple of the {n} data devices')
+
+
+def validate_schedule(c, total_steps: int) -> None:
+  if c.optimizer.warmup_steps >= total_steps:
+    _fail('optimizer.warmup_steps', c.optimizer.warmup_steps,
+          f'must be below the run length of {total_steps} steps')
+
+
+DATASET_PRESETS = ('digits', 'cifar10', 'imagenet2012', 'caltech256')
+
+
+def use_dataset(c, preset: str) -> ml_collections.ConfigDict:
+  """Sets dataset, input size, augmentation and run length for a known dataset.
+
+  `caltech256` is the thesis' dataset ([T] ch. 6) as an image folder: pass its
+  root with `--config.dataset.path=.../256_ObjectCategories`.
+  """
+  if preset == 'digits':  # bundled: trains in minutes on a CPU
+    c.dataset.name = 'sklearn_digits'
+    c.image_size = 32
+    c.global_batch = 64
+    c.num_epochs = 8
+    c.optimizer.warmup_steps = 20
+    c.log_every = 20
+  elif preset == 'cifar10':
+    c.dataset.name = 'cifar10'
+    c.image_size = 32
+    c.augment.flip = True
+    c.global_batch = 256
+    c.num_epochs = 90
+    c.optimizer.warmup_steps = 500
+    c.eval_every = c.checkpoint_every = 1000
+  elif preset in ('imagenet2012', 'caltech256'):
+    if preset == 'imagenet2012':
+      c.dataset.name, c.dataset.test_split = 'imagenet2012', 'validation'
+    else:
+      c.dataset.name = 'image_folder'
+    c.dataset.cache = False
+    c.image_size = 224
+    c.augment.kind = 'inception_crop'
+    c.augment.flip = True
+    c.global_batch = c.eval_batch = 256
+    c.num_epochs = 90
+    c.optimizer.weight_decay = 1e-4
+    c.optimizer.warmup_steps = 5000
+    c.log_every = 100
+    c.eval_every = 10_000
+    c.checkpoint_every = 2_000
+  else:
+    raise ConfigError(f'config file argument {preset!r} is invalid: choose one of '
+                      f'{list(DATASET_PRESETS)}')
+  return c

@@ -1,0 +1,1 @@
+"""Input: tfds datasets (including the bundled `sklearn_digits`) and image folders."""

@@ -1,0 +1,82 @@
+"""Where examples come from: a TFDS dataset by name, or an image folder by path.
+
+A source yields this process's share of a split, in a fixed order, as
+{'image': uint8 HxWxC, 'label': int64}; `pipeline.py` shuffles, augments and batches.
+"""
+import dataclasses
+import os
+import zlib
+from typing import Callable
+
+import jax
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+import jaxpar.data.sklearn_digits  # noqa: F401  (registers the bundled builder)
+
+IMAGE_FOLDER = 'image_folder'
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  num_classes: int
+  num_train: int            # examples of the train split in this process's share
+  num_test: int             # examples of the test split in this process's share
+  num_test_global: int      # ... and in all processes' shares together
+  train: Callable[[], tf.data.Dataset]
+  test: Callable[[], tf.data.Dataset]
+
+
+def open_source(dataset_config) -> Source:
+  if dataset_config.name == IMAGE_FOLDER:
+    return _image_folder(dataset_config.path, dataset_config.test_percent)
+  return _tfds(dataset_config)
+
+
+def _tfds(cfg) -> Source:
+  builder = tfds.builder(cfg.name, data_dir=cfg.data_dir or None)
+  builder.download_and_prepare()  # a no-op once prepared; builds the bundled digits locally
+  image_key, label_key = builder.info.supervised_keys
+
+  def split(name):
+    own = tfds.split_for_jax_process(name)
+
+    def dataset():
+      ds = builder.as_dataset(split=own, shuffle_files=False)
+      return ds.map(lambda ex: {'image': ex[image_key], 'label': ex[label_key]})
+    return dataset, builder.info.splits[own].num_examples
+
+  train, num_train = split(cfg.train_split)
+  test, num_test = split(cfg.test_split)
+  return Source(builder.info.features[label_key].num_classes, num_train, num_test,
+                builder.info.splits[cfg.test_split].num_examples, train, test)
+
+
+def _image_folder(root: str, test_percent: int) -> Source:
+  """Caltech-256 layout: `root/<class>/<image>`, classes in sorted order.
+
+  The test split is the files whose path hashes (crc32) below `test_percent`
+  of 100: stable across runs and machines, and independent of the file count.
+  """
+  classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+  files = {'train': [], 'test': []}
+  for label, cls in enumerate(classes):
+    for name in sorted(os.listdir(os.path.join(root, cls))):
+      if name.lower().endswith(IMAGE_EXTENSIONS):
+        rel = f'{cls}/{name}'
+        split = 'test' if zlib.crc32(rel.encode()) % 100 < test_percent else 'train'
+        files[split].append((os.path.join(root, rel), label))
+  shard = {k: v[jax.process_index()::jax.process_count()] for k, v in files.items()}
+
+  def reader(items):
+    def dataset():
+      paths, labels = zip(*items) if items else ((), ())
+      ds = tf.data.Dataset.from_tensor_slices((list(paths), tf.constant(labels, tf.int64)))
+      return ds.map(lambda p, y: {
+          'image': tf.io.decode_image(tf.io.read_file(p), channels=3, expand_animations=False),
+          'label': y}, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset
+
+  return Source(len(classes), len(shard['train']), len(shard['test']), len(files['test']),
+                reader(shard['train']), reader(shard['test']))

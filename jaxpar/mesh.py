@@ -1,0 +1,30 @@
+"""Named device meshes from config, with CPU-device emulation."""
+import math
+import os
+
+import jax
+from absl import logging
+from jax.sharding import AxisType, Mesh
+
+
+def emulate_cpu_devices(count: int) -> bool:
+  """Asks XLA's CPU backend for `count` devices; False if the backend already started.
+
+  Only the CPU backend is affected, so this is harmless where a GPU or TPU is
+  the default backend (the mesh is then validated against the real devices).
+  """
+  try:
+    jax.config.update('jax_num_cpu_devices', count)
+    return True
+  except RuntimeError:  # backends initialized: the device count is what it is
+    return False
+
+
+def make_mesh(shape, axes) -> Mesh:
+  # Auto axes: shard_map and NamedSharding place the data; Explicit axes (the
+  # default of jax.make_mesh) would reject replicated inputs.
+  mesh = jax.make_mesh(tuple(shape), tuple(axes), axis_types=(AxisType.Auto,) * len(shape))
+  if jax.default_backend() == 'cpu' and math.prod(shape) > (os.cpu_count() or 1):
+    logging.info('Emulating %d CPU devices on %d cores: fine for correctness and '
+                 'communication volume, not for speed.', math.prod(shape), os.cpu_count())
+  return mesh

@@ -1,0 +1,73 @@
+"""Reporting: console lines, a progress bar on a terminal, TensorBoard summaries."""
+import sys
+import time
+
+import jax
+import numpy as np
+import tqdm
+from absl import logging
+from flax.metrics import tensorboard
+
+
+class Reporter:
+  """Averages the step metrics between reports and adds throughput.
+
+  Step metrics stay on device until a report, so the loop never waits on them.
+  The clock restarts after the first step, whose time is mostly compilation.
+  """
+
+  def __init__(self, workdir: str, total_steps: int, first_step: int, global_batch: int):
+    self.is_main = jax.process_index() == 0
+    self.writer = tensorboard.SummaryWriter(workdir) if self.is_main else None
+    self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit='step', dynamic_ncols=True,
+                         disable=not (self.is_main and sys.stderr.isatty()))
+    self.total_steps = total_steps
+    self.global_batch = global_batch
+    self.pending = []
+    self.history = {}  # step → train loss, for every step run in this process
+    self.clock = None
+
+  def step(self, step: int, metrics):
+    self.pending.append((step, metrics))
+    self.bar.update(1)
+    if self.clock is None:  # first step of this process: compiled just now
+      jax.block_until_ready(metrics)
+      self.clock, self.clock_step = time.perf_counter(), step
+
+  def report(self, step: int, lr: float):
+    fetched = jax.device_get(self.pending)
+    self.pending = []
+    for s, m in fetched:
+      self.history[s] = float(m['loss'])
+    now = time.perf_counter()
+    steps = step - self.clock_step
+    summary = {k: float(np.mean([m[k] for _, m in fetched])) for k in fetched[0][1]}
+    summary['learning_rate'] = lr
+    if steps > 0:
+      summary['step_time'] = (now - self.clock) / steps
+      summary['images_per_sec'] = self.global_batch / summary['step_time']
+    self.clock, self.clock_step = now, step
+    self._write('train', step, summary)
+    self.bar.set_postfix(loss=f"{summary['loss']:.4f}",
+                         img_s=f"{summary.get('images_per_sec', 0):.0f}")
+
+  def evaluation(self, step: int, results: dict):
+    self._write('eval', step, results)
+
+  def _write(self, prefix: str, step: int, values: dict):
+    if not self.is_main:
+      return
+    text = '  '.join(f'{k} {v:.4g}' for k, v in values.items())
+    message = f'[{prefix}] step {step}/{self.total_steps}  {text}'
+    if self.bar.disable:
+      logging.info('%s', message)
+    else:
+      self.bar.write(message)
+    for k, v in values.items():
+      self.writer.scalar(f'{prefix}/{k}', v, step)
+    self.writer.flush()
+
+  def close(self):
+    self.bar.close()
+    if self.writer:
+      self.writer.close()

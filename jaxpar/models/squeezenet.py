@@ -1,0 +1,48 @@
+"""SqueezeNet v1.0 ([T] ch. 2, SOURCES.md §1; the thesis numbers the fire modules 1..8)."""
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxpar.models.layers import ConvReLU, batch_norm, global_avg_pool, max_pool_ceil
+
+# (squeeze, expand 1×1, expand 3×3) for fire2..fire9; 'M' is a 3×3/2 max-pool.
+FIRES = ((16, 64, 64), (16, 64, 64), (32, 128, 128), 'M',
+         (32, 128, 128), (48, 192, 192), (48, 192, 192), (64, 256, 256), 'M',
+         (64, 256, 256))
+
+
+class Fire(nn.Module):
+  squeeze: int
+  expand1: int
+  expand3: int
+  norm: Any = None
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(ConvReLU, norm=self.norm, dtype=self.dtype)
+    x = conv(self.squeeze, 1)(x)
+    return jnp.concatenate([conv(self.expand1, 1)(x), conv(self.expand3, 3)(x)], axis=-1)
+
+
+class SqueezeNet(nn.Module):
+  num_classes: int
+  dtype: Any = jnp.float32
+  batch_norm: bool = False
+  bn_axis_name: Any = None
+  dropout_rate: float = 0.5
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    norm = batch_norm(train, self.bn_axis_name, self.dtype) if self.batch_norm else None
+    x = ConvReLU(96, 7, strides=2, padding='VALID', norm=norm, dtype=self.dtype)(x.astype(self.dtype))
+    x = max_pool_ceil(x, 3, 2)
+    for fire in FIRES:
+      x = max_pool_ceil(x, 3, 2) if fire == 'M' else Fire(*fire, norm=norm, dtype=self.dtype)(x)
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    # conv10 keeps its bias and ReLU as in the original (no norm on the classifier).
+    x = nn.relu(nn.Conv(self.num_classes, (1, 1), dtype=self.dtype,
+                        kernel_init=nn.initializers.normal(0.01))(x))
+    return global_avg_pool(x).astype(jnp.float32)

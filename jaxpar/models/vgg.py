@@ -1,0 +1,40 @@
+"""VGG16E: VGG configuration E, 16 convolutions + 3 FC layers ([T] ch. 2, SOURCES.md §1)."""
+import functools
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxpar.models.layers import ConvReLU, batch_norm, dense_init
+
+# Channels per 3×3 convolution; 'M' is a 2×2/2 max-pool.
+CONFIG_E = (64, 64, 'M', 128, 128, 'M', 256, 256, 256, 256, 'M',
+            512, 512, 512, 512, 'M', 512, 512, 512, 512, 'M')
+
+
+class VGG(nn.Module):
+  layers: Sequence[Any]
+  num_classes: int
+  dtype: Any = jnp.float32
+  batch_norm: bool = False  # the published VGG has none; True adds BN after each conv
+  bn_axis_name: Any = None
+  dropout_rate: float = 0.5
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    norm = batch_norm(train, self.bn_axis_name, self.dtype) if self.batch_norm else None
+    x = x.astype(self.dtype)
+    for layer in self.layers:
+      if layer == 'M':
+        x = nn.max_pool(x, (2, 2), (2, 2))
+      else:
+        x = ConvReLU(layer, 3, norm=norm, dtype=self.dtype)(x)
+    x = x.reshape((x.shape[0], -1))
+    for _ in range(2):  # FC 4096 → ReLU → dropout, twice, as in the VGG paper
+      x = nn.relu(nn.Dense(4096, dtype=self.dtype, kernel_init=dense_init())(x))
+      x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init())(x)
+    return x.astype(jnp.float32)
+
+
+VGG16E = functools.partial(VGG, layers=CONFIG_E)

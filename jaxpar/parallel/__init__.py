@@ -1,0 +1,1 @@
+"""Ways to combine per-device gradients and weights; one module per method."""

@@ -1,0 +1,114 @@
+"""The one training step, and the eval step, under `jax.shard_map`.
+
+Every parallel method is a variation of: compute a local loss and gradients on
+this device's share of the batch, combine them across devices, update. The step
+owns the shared parts; a method supplies `reduce_grads` (see `parallel/`).
+
+Gradients are taken w.r.t. a *varying* copy of the replicated parameters
+(`lax.pcast(..., to='varying')`), so they stay per-device and the reduction is
+exactly what `reduce_grads` does. (Differentiating w.r.t. the replicated `P()`
+parameters would make JAX sum them across devices implicitly.)
+"""
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.models import AUX_LOSS_WEIGHT
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array
+  examples_seen: jax.Array  # the data position: where a resumed run continues
+  params: Any
+  batch_stats: Any
+  opt_state: Any
+
+
+def cross_entropy(logits, labels):
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def loss_and_logits(outputs, labels):
+  """The training loss; GoogLeNet's auxiliary heads enter it with weight 0.3."""
+  if isinstance(outputs, tuple):
+    main, *aux = outputs
+    return cross_entropy(main, labels) + AUX_LOSS_WEIGHT * sum(
+        cross_entropy(a, labels) for a in aux), main
+  return cross_entropy(outputs, labels), outputs
+
+
+def batch_spec(mesh):
+  """Batches are split over every mesh axis (all are data axes)."""
+  return P(mesh.axis_names)
+
+
+def make_train_step(model, tx: optax.GradientTransformation, mesh,
+                    reduce_grads: Callable[[Any], Any]) -> Callable:
+  """Returns jitted `step(state, batch, rng) -> (state, metrics)`.
+
+  `batch` = {'image', 'label'} sharded over the data axes; `rng` a key shared by
+  all devices, into which each device folds the step and its own index, so
+  dropout draws a different mask on every device and every step.
+  """
+  axes = mesh.axis_names
+
+  def local_step(state, batch, rng):
+    rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), lax.axis_index(axes))
+    params = lax.pcast(state.params, axes, to='varying')
+
+    def loss_fn(params):
+      outputs, new_vars = model.apply(
+          {'params': params, 'batch_stats': state.batch_stats}, batch['image'], train=True,
+          mutable=['batch_stats'], rngs={'dropout': rng})
+      loss, logits = loss_and_logits(outputs, batch['label'])
+      return loss, (logits, new_vars.get('batch_stats', {}))
+
+    (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    grads = reduce_grads(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    local_batch = batch['label'].shape[0]
+    new_state = state.replace(
+        step=state.step + 1,
+        examples_seen=state.examples_seen + local_batch * lax.psum(1, axes),
+        params=optax.apply_updates(state.params, updates),
+        batch_stats=batch_stats,  # already averaged over the BN axes by BatchNorm
+        opt_state=opt_state)
+    metrics = {'loss': loss, 'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label'])}
+    return new_state, lax.pmean(metrics, axes)
+
+  step = jax.shard_map(local_step, mesh=mesh, in_specs=(P(), batch_spec(mesh), P()),
+                       out_specs=(P(), P()))
+  return jax.jit(step, donate_argnums=0)
+
+
+def make_eval_step(model, mesh) -> Callable:
+  """Returns jitted `step(state, batch) -> sums` of correct top-1/top-5 and of the mask,
+  over the whole global batch; padding rows (mask 0) count nowhere."""
+  axes = mesh.axis_names
+
+  def local_eval(state, batch):
+    logits = model.apply({'params': state.params, 'batch_stats': state.batch_stats},
+                         batch['image'], train=False)
+    k = min(5, logits.shape[-1])
+    top_k = lax.top_k(logits, k)[1]
+    labels, mask = batch['label'], batch['mask']
+    sums = {'top1': jnp.sum((top_k[:, 0] == labels) * mask),
+            'top5': jnp.sum(jnp.any(top_k == labels[:, None], -1) * mask),
+            'loss': jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, labels) * mask),
+            'count': jnp.sum(mask)}
+    return lax.psum(sums, axes)
+
+  step = jax.shard_map(local_eval, mesh=mesh, in_specs=(P(), batch_spec(mesh)), out_specs=P())
+  return jax.jit(step)
+
+
+def to_global(mesh, local_batch):
+  """This process's numpy batch → a global array split over the data axes."""
+  sharding = NamedSharding(mesh, batch_spec(mesh))
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local_batch)

@@ -1,0 +1,176 @@
+"""Train a network of [T] data-parallel on a device mesh.
+
+  python -m jaxpar.train --config configs/resnet34_2d.py --workdir /tmp/run
+  python -m jaxpar.train --config configs/vgg16e.py:cifar10 --config.total_steps=500 --workdir ...
+
+Reads top to bottom: config → mesh → data → model and optimizer → state →
+checkpoint restore → loop (log, eval, checkpoint) → final eval.
+"""
+import dataclasses
+import math
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TensorFlow loads: no C++ INFO lines
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jaxpar import config as config_lib
+from jaxpar import mesh as mesh_lib
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints and TensorBoard summaries go here.')
+
+
+@dataclasses.dataclass
+class Result:
+  eval: dict            # top1, top5, loss (means) and count of the final evaluation
+  train_loss: dict      # step → loss, for every step this process ran
+  step: int             # the step training stopped at
+  examples_seen: int    # the data position reached
+
+
+def evaluate(eval_step, state, mesh, source, cfg) -> dict:
+  from jaxpar.data import pipeline
+  from jaxpar.step import to_global
+  per_process = cfg.eval_batch // jax.process_count()
+  num_batches = math.ceil(math.ceil(source.num_test_global / jax.process_count()) / per_process)
+  sums = None
+  for batch in pipeline.eval_batches(source, batch=per_process, num_batches=num_batches,
+                                     image_size=cfg.image_size, augment=cfg.augment.kind):
+    out = eval_step(state, to_global(mesh, batch))
+    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+  sums = jax.device_get(sums)
+  count = float(sums.pop('count'))
+  return {**{k: float(v) / count for k, v in sums.items()}, 'count': count}
+
+
+def train_and_evaluate(cfg, workdir: str) -> Result:
+  # ------------------------------------------------------------------ config
+  config_lib.validate(cfg)
+  # ------------------------------------------------------------------ mesh
+  # Emulated devices must be requested before JAX starts its backend.
+  if cfg.mesh.emulate_cpu_devices:
+    mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg))
+  config_lib.validate_devices(cfg, jax.device_count(), jax.process_count())
+  mesh = mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes)
+
+  # Heavy imports after the device set-up, which must precede any JAX computation.
+  from jaxpar import models, optim
+  from jaxpar.checkpoint import Checkpoints
+  from jaxpar.data import pipeline, sources
+  from jaxpar.metrics import Reporter
+  from jaxpar.parallel.allreduce import mean_all_reduce
+  from jaxpar.step import TrainState, make_eval_step, make_train_step, to_global
+
+  # ------------------------------------------------------------------ data
+  source = sources.open_source(cfg.dataset)
+  global_batch = config_lib.global_batch(cfg)
+  total_steps = cfg.total_steps or math.ceil(
+      cfg.num_epochs * source.num_train * jax.process_count() / global_batch)
+  config_lib.validate_schedule(cfg, total_steps)
+  logging.info('%s, %s: global batch %d on mesh %s %s, %d steps; %d train / %d test examples.',
+               cfg.model, cfg.scheme, global_batch, tuple(cfg.mesh.shape), tuple(cfg.mesh.axes),
+               total_steps, source.num_train * jax.process_count(), source.num_test_global)
+
+  # ------------------------------------------------------------------ model and optimizer
+  model_kwargs = dict(num_classes=source.num_classes, dtype=jnp.dtype(cfg.dtype),
+                      bn_axis_name=mesh.axis_names)
+  if cfg.model == 'resnet34':
+    model_kwargs['shortcut'] = cfg.shortcut
+  else:
+    model_kwargs['batch_norm'] = cfg.batch_norm
+  model = models.MODELS[cfg.model](**model_kwargs)
+  schedule = optim.learning_rate(cfg.optimizer, global_batch, total_steps)
+  tx = optim.make_optimizer(cfg.optimizer, schedule)
+
+  # ------------------------------------------------------------------ state
+  rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
+  channels = next(iter(source.train().take(1)))['image'].shape[-1]
+
+  def init():
+    # BN's axis name is bound only inside shard_map; the parameters do not depend on it.
+    variables = model.clone(bn_axis_name=None).init(
+        {'params': rng_init, 'dropout': rng_init},
+        jnp.zeros((1, cfg.image_size, cfg.image_size, channels)), train=True)
+    return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=variables['params'],
+                      batch_stats=variables.get('batch_stats', {}),
+                      opt_state=tx.init(variables['params']))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state = jax.jit(init, out_shardings=replicated)()
+
+  # ------------------------------------------------------------------ checkpoint restore
+  checkpoints = Checkpoints(workdir, cfg.checkpoint_every, cfg.keep_checkpoints)
+  state = checkpoints.restore_latest(state)
+  first_step = int(state.step)
+  if first_step:
+    logging.info('Resumed from step %d (example %d).', first_step, int(state.examples_seen))
+
+  # ------------------------------------------------------------------ loop
+  train_step = make_train_step(model, tx, mesh, mean_all_reduce(mesh.axis_names))
+  eval_step = make_eval_step(model, mesh)
+  batches = pipeline.train_batches(
+      source, batch=global_batch // jax.process_count(),
+      start=int(state.examples_seen) // jax.process_count(), seed=cfg.seed,
+      image_size=cfg.image_size, augment=cfg.augment.kind, crop_padding=cfg.augment.crop_padding,
+      flip=cfg.augment.flip, shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache)
+  reporter = Reporter(workdir, total_steps, first_step, global_batch)
+  last_step = total_steps
+  if cfg.stop_after_steps:
+    last_step = min(total_steps, first_step + cfg.stop_after_steps)
+  step = first_step
+  while step < last_step:
+    state, metrics = train_step(state, to_global(mesh, next(batches)), rng_dropout)
+    step += 1
+    reporter.step(step, metrics)
+    if step % cfg.log_every == 0 or step == last_step:
+      reporter.report(step, float(schedule(step - 1)))
+    if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
+      reporter.evaluation(step, evaluate(eval_step, state, mesh, source, cfg))
+    checkpoints.save(step, state, force=step == last_step)
+    if checkpoints.reached_preemption(step):
+      logging.warning('Preempted: saved step %d; run again to resume.', step)
+      break
+
+  # ------------------------------------------------------------------ final eval
+  results = evaluate(eval_step, state, mesh, source, cfg) if step == total_steps else {}
+  if results:
+    reporter.evaluation(step, results)
+  checkpoints.close()
+  reporter.close()
+  return Result(eval=results, train_loss=reporter.history, step=step,
+                examples_seen=int(state.examples_seen))
+
+
+def _quiet_libraries():
+  """Console shows jaxpar's lines and every library's warnings, not their INFO chatter."""
+  handler = logging.get_absl_handler()
+  handler.addFilter(lambda r: r.levelno >= logging.converter.STANDARD_WARNING
+                    or '/jaxpar/' in r.pathname)
+
+
+def main(argv):
+  _quiet_libraries()
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _WORKDIR.value is None:
+    sys.exit('--workdir is required: the folder for checkpoints and TensorBoard summaries.')
+  try:
+    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except config_lib.ConfigError as e:
+    print(f'jaxpar: {e}', file=sys.stderr)
+    sys.exit(2)
+  if result.eval:
+    print(f"test accuracy: top-1 {result.eval['top1']:.2%}, top-5 {result.eval['top5']:.2%} "
+          f"on {int(result.eval['count'])} examples")
+  else:
+    print(f'stopped at step {result.step}; run again with the same --workdir to resume.')
+
+
+if __name__ == '__main__':
+  flags.mark_flag_as_required('config')
+  app.run(main)

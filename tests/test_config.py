@@ -1,0 +1,102 @@
+"""Bad config → one clear error naming the field, before anything compiles."""
+import subprocess
+import sys
+
+import pytest
+
+from jaxpar import config as config_lib
+
+
+def _config(**overrides):
+  c = config_lib.defaults()
+  c.mesh.shape, c.mesh.axes = (2, 4), ('x', 'y')
+  for key, value in overrides.items():
+    parent = c
+    *path, last = key.split('.')
+    for part in path:
+      parent = parent[part]
+    parent[last] = value
+  return c
+
+
+def test_defaults_are_valid():
+  c = _config()
+  config_lib.validate(c)
+  config_lib.validate_devices(c, 8, 1)
+
+
+@pytest.mark.parametrize('overrides, field, hint', [
+    ({'model': 'alexnet'}, 'config.model', 'resnet34'),
+    ({'dataset.name': 'no_such_dataset'}, 'config.dataset.name', 'sklearn_digits'),
+    ({'dataset.name': 'image_folder', 'dataset.path': '/no/such/dir'}, 'config.dataset.path',
+     'sub-folder per class'),
+    ({'dtype': 'float8'}, 'config.dtype', 'bfloat16'),
+    ({'scheme': 'async'}, 'config.scheme', 'sync-join'),
+    ({'total_steps': -5}, 'config.total_steps', 'positive'),
+    ({'total_steps': 0, 'num_epochs': 0.0}, 'config.num_epochs', '> 0'),
+    ({'global_batch': 0}, 'config.global_batch', 'positive'),
+    ({'scheme': 'sync-join', 'per_device_batch': -1}, 'config.per_device_batch', 'positive'),
+    ({'mesh.axes': ('x',)}, 'config.mesh.axes', '2 distinct names'),
+    ({'augment.kind': 'mixup'}, 'config.augment.kind', 'pad_crop'),
+    ({'shortcut': 'identity'}, 'config.shortcut', 'zero_pad'),
+    ({'model': 'vgg16e', 'image_size': 16}, 'config.image_size', 'at least 32'),
+])
+def test_static_errors_name_the_field(overrides, field, hint):
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(_config(**overrides))
+  message = str(e.value)
+  assert message.startswith(field + '=') and hint in message and '\n' not in message
+
+
+def test_mesh_must_match_the_device_count():
+  with pytest.raises(config_lib.ConfigError, match=r'config.mesh.shape=\(2, 4\).*JAX sees 4'):
+    config_lib.validate_devices(_config(), 4, 1)
+
+
+def test_global_batch_must_divide_among_the_data_devices():
+  with pytest.raises(config_lib.ConfigError, match=r'config.global_batch=100 .*multiple of 8'):
+    config_lib.validate_devices(_config(global_batch=100), 8, 1)
+  # sync-join never splits a batch: per_device_batch=3 is fine on 8 devices.
+  config_lib.validate_devices(_config(scheme='sync-join', per_device_batch=3), 8, 1)
+
+
+def test_sync_join_consumes_n_times_the_per_device_batch():
+  assert config_lib.global_batch(_config(scheme='sync-join', per_device_batch=3)) == 24
+  assert config_lib.global_batch(_config(scheme='sync-split', global_batch=24)) == 24
+
+
+def test_warmup_must_fit_in_the_run():
+  with pytest.raises(config_lib.ConfigError, match='config.optimizer.warmup_steps=50'):
+    config_lib.validate_schedule(_config(), 40)
+
+
+def test_cli_prints_one_line_and_exits_nonzero(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, '-m', 'jaxpar.train', '--config', 'configs/resnet34_2d.py',
+       '--config.model=alexnet', f'--workdir={tmp_path}'],
+      capture_output=True, text=True, timeout=300,
+      cwd=__file__.rsplit('/tests/', 1)[0])
+  assert proc.returncode == 2
+  assert 'Traceback' not in proc.stderr
+  errors = [line for line in proc.stderr.splitlines() if line.startswith('jaxpar:')]
+  assert errors == ["jaxpar: config.model='alexnet' is invalid: choose one of "
+                    "['googlenet', 'resnet34', 'squeezenet', 'vgg16e']"]
+
+
+@pytest.mark.parametrize('name', ['resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'])
+@pytest.mark.parametrize('arg', ['digits', 'cifar10', 'imagenet2012'])
+def test_config_files_are_valid(name, arg):
+  import importlib.util
+  root = __file__.rsplit('/tests/', 1)[0]
+  spec = importlib.util.spec_from_file_location(name, f'{root}/configs/{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config(arg)
+  assert c.model == name.split('_')[0]
+  config_lib.validate(c)
+  config_lib.validate_devices(c, config_lib.num_devices(c), 1)
+
+
+def test_unknown_config_argument():
+  with pytest.raises(config_lib.ConfigError, match="'mnist' is invalid: choose one of"):
+    config_lib.use_dataset(config_lib.defaults(), 'mnist')

@@ -1,0 +1,110 @@
+"""The four networks of [T] ch. 2: exact published parameter counts and output shapes."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpar import models
+
+RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+
+
+def conv(k, cin, cout, bias=True):
+  return k * k * cin * cout + (cout if bias else 0)
+
+
+def fc(cin, cout):
+  return cin * cout + cout
+
+
+def count_params(model, size=224, channels=3):
+  # eval_shape: shapes only, no compute. train=True so GoogLeNet's auxiliary heads exist.
+  variables = jax.eval_shape(lambda: model.init(
+      RNGS, jnp.zeros((1, size, size, channels)), train=True))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(variables['params']))
+
+
+def test_vgg16e_parameters():
+  channels = [64, 64, 128, 128, 256, 256, 256, 256, 512, 512, 512, 512, 512, 512, 512, 512]
+  expected = sum(conv(3, cin, cout) for cin, cout in zip([3] + channels, channels))
+  expected += fc(7 * 7 * 512, 4096) + fc(4096, 4096) + fc(4096, 1000)
+  assert expected == 143_667_240  # VGG-19 (configuration E) as published
+  assert count_params(models.VGG16E(num_classes=1000)) == expected
+
+
+def test_googlenet_parameters():
+  table = {  # SOURCES.md §1: in, 1×1, 3×3 red, 3×3, 5×5 red, 5×5, pool proj
+      '3a': (192, 64, 96, 128, 16, 32, 32), '3b': (256, 128, 128, 192, 32, 96, 64),
+      '4a': (480, 192, 96, 208, 16, 48, 64), '4b': (512, 160, 112, 224, 24, 64, 64),
+      '4c': (512, 128, 128, 256, 24, 64, 64), '4d': (512, 112, 144, 288, 32, 64, 64),
+      '4e': (528, 256, 160, 320, 32, 128, 128), '5a': (832, 256, 160, 320, 32, 128, 128),
+      '5b': (832, 384, 192, 384, 48, 128, 128)}
+  main = conv(7, 3, 64) + conv(1, 64, 64) + conv(3, 64, 192)
+  for cin, c1, r3, c3, r5, c5, pp in table.values():
+    main += conv(1, cin, c1) + conv(1, cin, r3) + conv(3, r3, c3) + conv(1, cin, r5)
+    main += conv(5, r5, c5) + conv(1, cin, pp)
+  main += fc(1024, 1000)
+  aux = sum(conv(1, cin, 128) + fc(4 * 4 * 128, 1024) + fc(1024, 1000) for cin in (512, 528))
+  assert main == 6_998_552 and main + aux == 13_378_280  # Caffe's bvlc_googlenet
+  assert count_params(models.GoogLeNet(num_classes=1000)) == main + aux
+
+
+def test_squeezenet_parameters():
+  fires = [(96, 16, 64, 64), (128, 16, 64, 64), (128, 32, 128, 128), (256, 32, 128, 128),
+           (256, 48, 192, 192), (384, 48, 192, 192), (384, 64, 256, 256), (512, 64, 256, 256)]
+  expected = conv(7, 3, 96) + conv(1, 512, 1000)
+  expected += sum(conv(1, cin, s) + conv(1, s, e1) + conv(3, s, e3) for cin, s, e1, e3 in fires)
+  assert expected == 1_248_424  # SqueezeNet v1.0 as published
+  assert count_params(models.SqueezeNet(num_classes=1000)) == expected
+
+
+@pytest.mark.parametrize('shortcut', ['projection', 'zero_pad'])
+def test_resnet34_parameters(shortcut):
+  bn = lambda c: 2 * c  # scale and bias
+  expected = conv(7, 3, 64, bias=False) + bn(64) + fc(512, 1000)
+  cin = 64
+  for width, blocks in zip([64, 128, 256, 512], [3, 4, 6, 3]):
+    for _ in range(blocks):
+      expected += conv(3, cin, width, False) + conv(3, width, width, False) + 2 * bn(width)
+      if cin != width and shortcut == 'projection':
+        expected += conv(1, cin, width, False) + bn(width)
+      cin = width
+  if shortcut == 'projection':
+    assert expected == 21_797_672  # ResNet-34 (option B) as published
+  assert count_params(models.ResNet34(num_classes=1000, shortcut=shortcut)) == expected
+
+
+ALL = [models.VGG16E, models.GoogLeNet, models.SqueezeNet, models.ResNet34]
+
+
+def _check_shapes(net, size, batch=2, classes=7):
+  model = net(num_classes=classes)
+  x = jax.random.normal(jax.random.key(2), (batch, size, size, 3))
+  variables = model.init(RNGS, x, train=True)
+  train_out, _ = model.apply(variables, x, train=True, rngs={'dropout': jax.random.key(3)},
+                             mutable=['batch_stats'])
+  eval_out = model.apply(variables, x, train=False)
+  heads = train_out if net is models.GoogLeNet else (train_out,)
+  assert len(heads) == (3 if net is models.GoogLeNet else 1)  # main + two auxiliary
+  for y in (*heads, eval_out):
+    assert y.shape == (batch, classes) and y.dtype == jnp.float32
+    assert np.all(np.isfinite(y))
+
+
+@pytest.mark.parametrize('net', ALL, ids=lambda n: getattr(n, 'func', n).__name__)
+def test_output_shapes_32(net):
+  _check_shapes(net, 32)
+
+
+@pytest.mark.slow
+def test_output_shapes_224():
+  for net in ALL:
+    _check_shapes(net, 224, batch=1)
+
+
+def test_bfloat16_compute_keeps_float32_params():
+  model = models.ResNet34(num_classes=3, dtype=jnp.bfloat16)
+  x = jnp.ones((2, 32, 32, 3))
+  variables = model.init(RNGS, x, train=False)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(variables['params']))
+  assert model.apply(variables, x, train=False).dtype == jnp.float32

@@ -1,0 +1,150 @@
+"""The training step under shard_map against single-device references ([T] ch. 3)."""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxpar import models
+from jaxpar.mesh import make_mesh
+from jaxpar.parallel.allreduce import mean_all_reduce
+from jaxpar.step import TrainState, loss_and_logits, make_eval_step, make_train_step, to_global
+
+# A small ResNet: same blocks and BatchNorm as ResNet34, cheap to compile.
+TinyResNet = functools.partial(models.ResNet, stage_sizes=(1, 1), num_filters=8, num_classes=5)
+
+
+def _init(model, tx, image_shape):
+  variables = model.clone(bn_axis_name=None).init(
+      {'params': jax.random.key(0), 'dropout': jax.random.key(0)}, jnp.zeros(image_shape),
+      train=True)
+  return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=variables['params'],
+                    batch_stats=variables.get('batch_stats', {}),
+                    opt_state=tx.init(variables['params']))
+
+
+def _batches(n, batch, size=16, seed=0):
+  rng = np.random.default_rng(seed)
+  return [{'image': rng.normal(size=(batch, size, size, 3)).astype(np.float32),
+           'label': rng.integers(0, 5, batch).astype(np.int32)} for _ in range(n)]
+
+
+def _sharded_run(model, tx, mesh, batches):
+  state = jax.device_put(_init(model.clone(bn_axis_name=mesh.axis_names), tx,
+                               (1,) + batches[0]['image'].shape[1:]),
+                         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  step = make_train_step(model.clone(bn_axis_name=mesh.axis_names), tx, mesh,
+                         mean_all_reduce(mesh.axis_names))
+  losses = []
+  for b in batches:
+    state, metrics = step(state, to_global(mesh, b), jax.random.key(7))
+    losses.append(float(metrics['loss']))
+  return jax.device_get(state), losses
+
+
+def _reference_run(model, tx, batches):
+  """Plain single-device training on the whole batch: no mesh, no collectives."""
+  state = _init(model, tx, (1,) + batches[0]['image'].shape[1:])
+  losses = []
+  for b in batches:
+    def loss_fn(params):
+      out, new = model.apply({'params': params, 'batch_stats': state.batch_stats}, b['image'],
+                             train=True, mutable=['batch_stats'])
+      return loss_and_logits(out, b['label'])[0], new['batch_stats']
+    (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    state = state.replace(params=optax.apply_updates(state.params, updates), batch_stats=stats,
+                          opt_state=opt_state, step=state.step + 1)
+    losses.append(float(loss))
+  return state, losses
+
+
+def _assert_trees_close(a, b, **tol):
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, err_msg=jax.tree_util.keystr(path), **tol)
+
+
+def test_sync_split_on_8_devices_equals_one_device_with_the_whole_batch():
+  """[T]: sync-split gives the same result as sequential training, BN statistics included."""
+  tx = optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.1, momentum=0.9))
+  batches = _batches(3, batch=32)
+  mesh = make_mesh((2, 4), ('x', 'y'))
+  state, losses = _sharded_run(TinyResNet(), tx, mesh, batches)
+  ref_state, ref_losses = _reference_run(TinyResNet(), tx, batches)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+  assert losses[2] != losses[0]  # the parameters moved
+  _assert_trees_close(state.params, ref_state.params, rtol=2e-4, atol=2e-6)
+  _assert_trees_close(state.batch_stats, ref_state.batch_stats, rtol=2e-4, atol=2e-6)
+  assert int(state.examples_seen) == 3 * 32 and int(state.step) == 3
+
+
+def test_an_extra_sum_would_be_caught():
+  """The equivalence test can fail: a reduction that sums instead of averaging differs."""
+  tx = optax.sgd(0.1)
+  batches = _batches(2, batch=16)
+  mesh = make_mesh((8,), ('data',))
+  model = TinyResNet(bn_axis_name=('data',))
+  state = jax.device_put(_init(model, tx, (1, 16, 16, 3)),
+                         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  step = make_train_step(model, tx, mesh, lambda g: jax.lax.psum(g, 'data'))
+  for b in batches:
+    state, _ = step(state, to_global(mesh, b), jax.random.key(7))
+  ref_state, _ = _reference_run(TinyResNet(), tx, batches)
+  diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+      jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)))
+  assert diff > 1e-3
+
+
+class DropoutProbe(nn.Module):
+  """Zero kernel: logits are 0 whatever the mask, so each device's kernel gradient
+  is its dropout mask times a constant."""
+  bn_axis_name: object = None
+
+  @nn.compact
+  def __call__(self, x, train=True):
+    x = nn.Dropout(0.5, deterministic=not train)(x)
+    return nn.Dense(2, use_bias=False, kernel_init=nn.initializers.zeros)(x)
+
+
+def test_dropout_draws_a_different_mask_on_each_device():
+  mesh = make_mesh((8,), ('data',))
+  tx = optax.sgd(1.0)
+  model = DropoutProbe()
+  state = jax.device_put(_init(model, tx, (1, 64)),
+                         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  step = make_train_step(model, tx, mesh, mean_all_reduce(('data',)))
+  batch = {'image': np.ones((8, 64), np.float32), 'label': np.zeros(8, np.int32)}
+  state, _ = step(state, to_global(mesh, batch), jax.random.key(3))
+  # Per device, d loss / d kernel[j, 0] = -0.5 · 2 · mask_j; SGD(1) applies the
+  # device mean, so kernel[j, 0] = mean over devices of mask_j ∈ {0, 1/8, …, 1}.
+  # One mask shared by all devices would leave only 0s and 1s.
+  kernel = np.asarray(state.params['Dense_0']['kernel'][:, 0])
+  np.testing.assert_allclose(kernel * 8, np.round(kernel * 8), atol=1e-5)
+  assert np.any((kernel > 0.01) & (kernel < 0.99))
+
+
+def test_googlenet_auxiliary_losses_enter_the_training_loss():
+  labels = jnp.array([0, 1])
+  main, aux1, aux2 = (jax.random.normal(jax.random.key(i), (2, 3)) for i in range(3))
+  ce = lambda z: -jnp.mean(jax.nn.log_softmax(z)[jnp.arange(2), labels])
+  loss, logits = loss_and_logits((main, aux1, aux2), labels)
+  np.testing.assert_allclose(loss, ce(main) + 0.3 * (ce(aux1) + ce(aux2)), rtol=1e-6)
+  assert logits is main
+
+
+def test_eval_step_counts_only_unmasked_rows():
+  mesh = make_mesh((8,), ('data',))
+  model = TinyResNet(bn_axis_name=('data',))
+  tx = optax.sgd(0.1)
+  state = jax.device_put(_init(model, tx, (1, 16, 16, 3)),
+                         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  batch = _batches(1, batch=16)[0]
+  mask = np.array([1.0] * 11 + [0.0] * 5, np.float32)
+  sums = make_eval_step(model, mesh)(state, to_global(mesh, {**batch, 'mask': mask}))
+  logits = model.clone(bn_axis_name=None).apply(
+      {'params': state.params, 'batch_stats': state.batch_stats}, batch['image'], train=False)
+  correct = (np.argmax(logits, -1) == batch['label'])[:11].sum()
+  assert float(sums['count']) == 11
+  assert float(sums['top1']) == correct
