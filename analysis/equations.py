@@ -185,3 +185,15 @@ def fc_layer_shapes(params) -> list:
           visit(sub, path)
   visit(params, '')
   return shapes
+
+
+def fc_parallelism_plan(params, per_worker_batch: int, workers: int) -> list:
+  """[H]'s choice for each Dense layer of a network: (name, K, N, data-parallel
+  volume, model-parallel volume, 'model' or 'data'), in values moved per step."""
+  plan = []
+  for name, k, n in fc_layer_shapes(params):
+    model = fc_prefers_model_parallel(k, n, per_worker_batch, workers)
+    plan.append((name, k, n, fc_data_parallel_volume(k, n),
+                 fc_model_parallel_volume(k, n, per_worker_batch, workers),
+                 'model' if model else 'data'))
+  return plan

@@ -27,18 +27,19 @@ def parse_args(argv):
       formatter_class=argparse.RawDescriptionHelpFormatter,
       epilog='Equation numbers are those of Šlampa, Parallel Deep Learning (2017), ch. 4.')
   p.add_argument('--t-grad', type=float, required=True, metavar='TIME',
-                 help='seconds for one worker to compute one batch\'s gradients (t_grad)')
+                 help='seconds for one worker to compute one batch\'s gradients: t_grad of eq. 4.4–4.23')
   p.add_argument('--t-comm', type=float, required=True, metavar='TIME',
-                 help='seconds to move the whole network\'s weights once between two units (t_comm)')
+                 help='seconds to move the whole network\'s weights once between two units: t_comm of '
+                      'eq. 4.4–4.21 (measure it with the thesis\' transport.py, or α + P/β)')
   p.add_argument('--type', choices=equations.SCHEMES, default='sync-join', help=HELP['type'])
   p.add_argument('--server', choices=equations.SERVERS, default='central', help=HELP['server'])
   p.add_argument('--workers', type=int, default=8, metavar='N',
-                 help='maximum number of workers N (default 8)')
+                 help='maximum number of workers N of eq. 4.4–4.21 (default 8)')
   p.add_argument('--batches', type=float, default=128, metavar='D',
-                 help='batches D to train (default 128, as in the thesis\' experiments)')
+                 help='batches D to train: D of eq. 4.13–4.23 (default 128, as in the thesis\' experiments)')
   p.add_argument('--output', choices=('single', 'csv', 'plot'), default='single',
-                 help='single: the speedup at N workers; csv: speedups for 1..N separated by '
-                      '";"; plot: a PNG of speedup vs workers (path printed)')
+                 help='single: the speedup S (eq. 4.23) at N workers; csv: S for 1..N separated by '
+                      '";"; plot: a PNG of S vs workers (its path is printed)')
   p.add_argument('--out', metavar='PATH', default='speedup.png',
                  help='where --output plot writes its PNG (default speedup.png)')
   args = p.parse_args(argv)

@@ -171,6 +171,20 @@ def main(argv):
     print(f'stopped at step {result.step}; run again with the same --workdir to resume.')
 
 
+def _parse_flags(argv):
+  """absl's parsing, but a bad flag (or an error in a config file) is one line, not a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = str(e).strip().splitlines()[-1]
+    print(f"jaxpar: {message.split('ConfigError: ')[-1]}", file=sys.stderr)
+    sys.exit(2)
+  except (AttributeError, KeyError) as e:  # ml_collections: --config.<key> that does not exist
+    print(f'jaxpar: unknown config key {e}; the valid keys are in jaxpar/config.py defaults()',
+          file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == '__main__':
   flags.mark_flag_as_required('config')
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -70,17 +70,24 @@ def test_warmup_must_fit_in_the_run():
     config_lib.validate_schedule(_config(), 40)
 
 
-def test_cli_prints_one_line_and_exits_nonzero(tmp_path):
+@pytest.mark.parametrize('flag, error', [
+    ('--config.model=alexnet', "jaxpar: config.model='alexnet' is invalid: choose one of "
+                               "['googlenet', 'resnet34', 'squeezenet', 'vgg16e']"),
+    ('--config.no_such_key=3', "jaxpar: unknown config key \"'no_such_key'\"; the valid keys "
+                               "are in jaxpar/config.py defaults()"),
+    ('--config=configs/resnet34_2d.py:mnist', "jaxpar: config file argument 'mnist' is invalid: "
+     "choose one of ['digits', 'cifar10', 'imagenet2012', 'caltech256']"),
+])
+def test_cli_prints_one_line_and_exits_nonzero(tmp_path, flag, error):
   proc = subprocess.run(
-      [sys.executable, '-m', 'jaxpar.train', '--config', 'configs/resnet34_2d.py',
-       '--config.model=alexnet', f'--workdir={tmp_path}'],
+      [sys.executable, '-m', 'jaxpar.train', '--config', 'configs/resnet34_2d.py', flag,
+       f'--workdir={tmp_path}'],
       capture_output=True, text=True, timeout=300,
       cwd=__file__.rsplit('/tests/', 1)[0])
   assert proc.returncode == 2
   assert 'Traceback' not in proc.stderr
   errors = [line for line in proc.stderr.splitlines() if line.startswith('jaxpar:')]
-  assert errors == ["jaxpar: config.model='alexnet' is invalid: choose one of "
-                    "['googlenet', 'resnet34', 'squeezenet', 'vgg16e']"]
+  assert errors == [error]
 
 
 @pytest.mark.parametrize('name', ['resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'])

@@ -1,4 +1,4 @@
-"""End to end through `train_and_evaluate`: checkpoint/resume and exhaustive eval."""
+"""End to end through `train_and_evaluate`: summaries, checkpoint/resume, exhaustive eval."""
 import pytest
 
 from jaxpar import config as config_lib
@@ -22,12 +22,25 @@ def _config(data_dir, **overrides):
   return c
 
 
+def _summary_tags(workdir):
+  import tensorflow as tf
+  tags = set()
+  for path in workdir.glob('events.out.tfevents.*'):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      tags.update(v.tag for v in event.summary.value)
+  return tags
+
+
 @pytest.mark.slow
 def test_resumed_training_reproduces_the_uninterrupted_run(data_dir, tmp_path):
   whole = train_and_evaluate(_config(data_dir), str(tmp_path / 'whole'))
   assert sorted(whole.train_loss) == [1, 2, 3, 4]
   assert whole.examples_seen == 4 * 8 * 4  # sync-join: N × per-device batch per step
   assert whole.eval['count'] == 360       # every test example, once
+  assert 0 <= whole.eval['top1'] <= whole.eval['top5'] <= 1
+  tags = _summary_tags(tmp_path / 'whole')
+  assert {'train/loss', 'train/accuracy', 'train/learning_rate', 'train/images_per_sec',
+          'train/step_time', 'eval/top1', 'eval/top5'} <= tags
 
   first = train_and_evaluate(_config(data_dir, stop_after_steps=2), str(tmp_path / 'split'))
   assert first.step == 2 and first.eval == {}
