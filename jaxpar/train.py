@@ -20,6 +20,12 @@ from ml_collections import config_flags
 
 from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
+from jaxpar import models, optim
+from jaxpar.checkpoint import Checkpoints
+from jaxpar.data import pipeline, sources
+from jaxpar.metrics import Reporter
+from jaxpar.parallel.allreduce import mean_all_reduce
+from jaxpar.step import TrainState, make_eval_step, make_train_step, to_global
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].',
                                           lock_config=True)
@@ -35,8 +41,6 @@ class Result:
 
 
 def evaluate(eval_step, state, mesh, source, cfg) -> dict:
-  from jaxpar.data import pipeline
-  from jaxpar.step import to_global
   per_process = cfg.eval_batch // jax.process_count()
   num_batches = math.ceil(math.ceil(source.num_test_global / jax.process_count()) / per_process)
   sums = None
@@ -59,23 +63,15 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
   config_lib.validate_devices(cfg, jax.device_count(), jax.process_count())
   mesh = mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes)
 
-  # Heavy imports after the device set-up, which must precede any JAX computation.
-  from jaxpar import models, optim
-  from jaxpar.checkpoint import Checkpoints
-  from jaxpar.data import pipeline, sources
-  from jaxpar.metrics import Reporter
-  from jaxpar.parallel.allreduce import mean_all_reduce
-  from jaxpar.step import TrainState, make_eval_step, make_train_step, to_global
-
   # ------------------------------------------------------------------ data
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)
   total_steps = cfg.total_steps or math.ceil(
-      cfg.num_epochs * source.num_train * jax.process_count() / global_batch)
+      cfg.num_epochs * source.num_train_global / global_batch)
   config_lib.validate_schedule(cfg, total_steps)
   logging.info('%s, %s: global batch %d on mesh %s %s, %d steps; %d train / %d test examples.',
                cfg.model, cfg.scheme, global_batch, tuple(cfg.mesh.shape), tuple(cfg.mesh.axes),
-               total_steps, source.num_train * jax.process_count(), source.num_test_global)
+               total_steps, source.num_train_global, source.num_test_global)
 
   # ------------------------------------------------------------------ model and optimizer
   model_kwargs = dict(num_classes=source.num_classes, dtype=jnp.dtype(cfg.dtype),

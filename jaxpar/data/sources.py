@@ -23,7 +23,8 @@ class Source:
   num_classes: int
   num_train: int            # examples of the train split in this process's share
   num_test: int             # examples of the test split in this process's share
-  num_test_global: int      # ... and in all processes' shares together
+  num_train_global: int     # ... and of each split in all processes' shares together
+  num_test_global: int
   train: Callable[[], tf.data.Dataset]
   test: Callable[[], tf.data.Dataset]
 
@@ -49,8 +50,10 @@ def _tfds(cfg) -> Source:
 
   train, num_train = split(cfg.train_split)
   test, num_test = split(cfg.test_split)
+  splits = builder.info.splits
   return Source(builder.info.features[label_key].num_classes, num_train, num_test,
-                builder.info.splits[cfg.test_split].num_examples, train, test)
+                splits[cfg.train_split].num_examples, splits[cfg.test_split].num_examples,
+                train, test)
 
 
 def _image_folder(root: str, test_percent: int) -> Source:
@@ -78,5 +81,5 @@ def _image_folder(root: str, test_percent: int) -> Source:
           'label': y}, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset
 
-  return Source(len(classes), len(shard['train']), len(shard['test']), len(files['test']),
-                reader(shard['train']), reader(shard['test']))
+  return Source(len(classes), len(shard['train']), len(shard['test']), len(files['train']),
+                len(files['test']), reader(shard['train']), reader(shard['test']))

@@ -1,0 +1,44 @@
+"""The optimizer: masked weight decay and the warm-up + cosine schedule in steps."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxpar import config as config_lib
+from jaxpar import models, optim
+
+
+def _params():
+  model = models.ResNet(stage_sizes=(1,), num_filters=4, num_classes=3)
+  return model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)['params']
+
+
+def test_weight_decay_only_on_kernels():
+  params = _params()
+  mask = optim.decay_mask(params)
+  for path, decayed in jax.tree_util.tree_leaves_with_path(mask):
+    name = path[-1].key
+    assert decayed == (name == 'kernel'), jax.tree_util.keystr(path)
+
+
+def test_schedule_warms_up_linearly_scaled_then_decays():
+  c = config_lib.defaults().optimizer
+  c.base_lr, c.base_batch, c.warmup_steps = 0.1, 256, 10
+  lr = optim.learning_rate(c, global_batch=512, total_steps=110)
+  assert lr(0) == 0 and lr(5) == pytest.approx(0.1)  # half way up to 0.2 = 0.1 × 512/256
+  assert lr(10) == pytest.approx(0.2)
+  assert lr(60) == pytest.approx(0.1)                # cosine half way down
+  assert lr(110) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_update_decays_kernels_and_leaves_bn_and_biases_alone():
+  c = config_lib.defaults().optimizer
+  c.weight_decay, c.momentum = 0.5, 0.9
+  tx = optim.make_optimizer(c, optax.constant_schedule(0.1))
+  params = jax.tree.map(jnp.ones_like, _params())
+  zero_grads = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zero_grads, tx.init(params), params)
+  for path, u in jax.tree_util.tree_leaves_with_path(updates):
+    expected = -0.1 * 0.5 * (1 + 0.9) if path[-1].key == 'kernel' else 0.0  # Nesterov's first step
+    np.testing.assert_allclose(u, expected, rtol=1e-6, err_msg=jax.tree_util.keystr(path))
