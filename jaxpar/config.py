@@ -46,6 +46,13 @@ def defaults() -> ml_collections.ConfigDict:
   c.mesh.axes = ('data',)       # every axis is a data axis: the batch is split over all of them
   c.mesh.emulate_cpu_devices = True  # on CPU, create as many devices as the mesh needs
 
+  # Several processes (hosts) forming one mesh, through jax.distributed. Empty
+  # coordinator = one process. `launch/local.sh` sets all three for each process.
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.coordinator = ''    # host:port of process 0
+  c.distributed.num_processes = 1
+  c.distributed.process_id = 0
+
   # [T] ch. 3: sync-split divides `global_batch` among the devices (= sequential
   # training); sync-join gives each device `per_device_batch` (global = N × per-device).
   c.scheme = 'sync-split'
@@ -134,6 +141,17 @@ def validate(c) -> None:
     _fail('mesh.shape', shape, 'expected a tuple of positive integers, e.g. (2, 4)')
   if len(axes) != len(shape) or len(set(axes)) != len(axes):
     _fail('mesh.axes', axes, f'expected {len(shape)} distinct names, one per mesh.shape entry')
+
+  d = c.distributed
+  _positive_int(c, 'distributed.num_processes')
+  if not isinstance(d.process_id, int) or not 0 <= d.process_id < d.num_processes:
+    _fail('distributed.process_id', d.process_id, f'expected 0..{d.num_processes - 1}')
+  if d.num_processes > 1 and not d.coordinator:
+    _fail('distributed.coordinator', d.coordinator,
+          'several processes need the host:port of process 0, e.g. 127.0.0.1:8476')
+  if math.prod(shape) % d.num_processes:
+    _fail('distributed.num_processes', d.num_processes,
+          f'the mesh\'s {math.prod(shape)} devices must split evenly among the processes')
 
   for field in ('image_size', 'eval_batch', 'log_every', 'checkpoint_every', 'keep_checkpoints',
                 'optimizer.base_batch', 'dataset.shuffle_buffer'):

@@ -7,8 +7,19 @@ from absl import logging
 from jax.sharding import AxisType, Mesh
 
 
+def initialize_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
+  """Joins this process to a multi-process run (jax.distributed; gloo collectives on CPU).
+
+  Must run before JAX starts its backend. A no-op for a single process.
+  """
+  if coordinator:
+    jax.distributed.initialize(coordinator, num_processes, process_id)
+    logging.info('Process %d of %d (coordinator %s).', process_id, num_processes, coordinator)
+
+
 def emulate_cpu_devices(count: int) -> bool:
-  """Asks XLA's CPU backend for `count` devices; False if the backend already started.
+  """Asks XLA's CPU backend for `count` devices in this process; False if the backend
+  already started.
 
   Only the CPU backend is affected, so this is harmless where a GPU or TPU is
   the default backend (the mesh is then validated against the real devices).

@@ -57,9 +57,10 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
   # ------------------------------------------------------------------ config
   config_lib.validate(cfg)
   # ------------------------------------------------------------------ mesh
-  # Emulated devices must be requested before JAX starts its backend.
+  # Both must happen before JAX starts its backend.
+  mesh_lib.initialize_distributed(**cfg.distributed)
   if cfg.mesh.emulate_cpu_devices:
-    mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg))
+    mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg) // cfg.distributed.num_processes)
   config_lib.validate_devices(cfg, jax.device_count(), jax.process_count())
   mesh = mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes)
 

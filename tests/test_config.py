@@ -40,6 +40,10 @@ def test_defaults_are_valid():
     ({'augment.kind': 'mixup'}, 'config.augment.kind', 'pad_crop'),
     ({'shortcut': 'identity'}, 'config.shortcut', 'zero_pad'),
     ({'model': 'vgg16e', 'image_size': 16}, 'config.image_size', 'at least 32'),
+    ({'distributed.num_processes': 2}, 'config.distributed.coordinator', 'host:port'),
+    ({'distributed.process_id': 3}, 'config.distributed.process_id', 'expected 0..0'),
+    ({'distributed.num_processes': 3, 'distributed.coordinator': 'localhost:1234'},
+     'config.distributed.num_processes', 'split evenly'),
 ])
 def test_static_errors_name_the_field(overrides, field, hint):
   with pytest.raises(config_lib.ConfigError) as e:

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Run jaxpar.train as N processes on this machine, one mesh across all of them
+# (jax.distributed over loopback; gloo collectives on CPU). Process i is pinned to
+# core i mod nproc with taskset, so the processes really run concurrently.
+#
+#   launch/local.sh N --config configs/resnet34_2d.py --workdir /tmp/run [--config.key=value ...]
+#
+# Each process emulates (mesh devices / N) CPU devices. Logs: WORKDIR/process_<i>.log;
+# process 0's output is also shown. Exits non-zero if any process fails.
+set -euo pipefail
+if [ $# -lt 1 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: $0 NUM_PROCESSES --config FILE --workdir DIR [flags ...]" >&2
+  exit 2
+fi
+n=$1; shift
+workdir=""
+for arg in "$@"; do
+  case $arg in --workdir=*) workdir=${arg#--workdir=};; esac
+done
+prev=""
+for arg in "$@"; do
+  [ "$prev" = "--workdir" ] && workdir=$arg
+  prev=$arg
+done
+if [ -z "$workdir" ]; then
+  echo "$0: --workdir is required" >&2
+  exit 2
+fi
+mkdir -p "$workdir"
+port=${JAXPAR_PORT:-$((20000 + RANDOM % 20000))}
+cores=$(nproc)
+pids=()
+for ((i = 0; i < n; i++)); do
+  cmd=(taskset -c $((i % cores)) "${PYTHON:-python}" -m jaxpar.train "$@"
+       --config.distributed.coordinator="127.0.0.1:$port"
+       --config.distributed.num_processes="$n" --config.distributed.process_id="$i")
+  if [ "$i" -eq 0 ]; then
+    "${cmd[@]}" 2>&1 | tee "$workdir/process_0.log" &
+  else
+    "${cmd[@]}" > "$workdir/process_$i.log" 2>&1 &
+  fi
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || status=1
+done
+exit $status
