@@ -4,8 +4,10 @@ import os
 
 import ml_collections
 import numpy as np
+import pytest
 import tensorflow as tf
 
+from jaxpar.config import ConfigError
 from jaxpar.data import pipeline, sources
 
 
@@ -70,3 +72,14 @@ def test_image_folder(tmp_path):
   assert np.bincount(labels).tolist() == [20, 20, 20]
   batch = next(pipeline.train_batches(source, batch=8, start=0, seed=0, **TRAIN))
   assert batch['image'].shape == (8, 16, 16, 3) and batch['image'].dtype == np.float32
+
+
+def test_unprepared_dataset_is_a_config_error(tmp_path):
+  c = ml_collections.ConfigDict(dict(name='imagenet2012', data_dir=str(tmp_path),
+                                     train_split='train', test_split='validation'))
+  with pytest.raises(ConfigError) as e:
+    sources.open_source(c)
+  message = str(e.value)
+  assert message.startswith("config.dataset.name='imagenet2012' could not be prepared in "
+                            f"config.dataset.data_dir='{tmp_path}'")
+  assert 'ILSVRC2012_img_train.tar' in message and '\n' not in message

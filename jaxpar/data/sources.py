@@ -13,6 +13,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import jaxpar.data.sklearn_digits  # noqa: F401  (registers the bundled builder)
+from jaxpar.config import ConfigError
 
 IMAGE_FOLDER = 'image_folder'
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
@@ -37,7 +38,12 @@ def open_source(dataset_config) -> Source:
 
 def _tfds(cfg) -> Source:
   builder = tfds.builder(cfg.name, data_dir=cfg.data_dir or None)
-  builder.download_and_prepare()  # a no-op once prepared; builds the bundled digits locally
+  try:
+    builder.download_and_prepare()  # a no-op once prepared; builds the bundled digits locally
+  except Exception as e:  # manual downloads, no network, a bad data_dir: say which and why
+    raise ConfigError(f'config.dataset.name={cfg.name!r} could not be prepared in '
+                      f'config.dataset.data_dir={str(builder.data_dir_root)!r}: '
+                      + ' '.join(str(e).split())) from e
   image_key, label_key = builder.info.supervised_keys
 
   def split(name):
