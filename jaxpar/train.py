@@ -87,13 +87,12 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
 
   # ------------------------------------------------------------------ state
   rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
-  channels = next(iter(source.train().take(1)))['image'].shape[-1]
 
   def init():
     # BN's axis name is bound only inside shard_map; the parameters do not depend on it.
     variables = model.clone(bn_axis_name=None).init(
         {'params': rng_init, 'dropout': rng_init},
-        jnp.zeros((1, cfg.image_size, cfg.image_size, channels)), train=True)
+        jnp.zeros((1, cfg.image_size, cfg.image_size, source.channels)), train=True)
     return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=variables['params'],
                       batch_stats=variables.get('batch_stats', {}),
                       opt_state=tx.init(variables['params']))

@@ -23,7 +23,8 @@ TRAIN = dict(image_size=16, augment='pad_crop', crop_padding=2, flip=True, shuff
 
 def test_bundled_digits(data_dir):
   source = _digits(data_dir)
-  assert (source.num_classes, source.num_train, source.num_test) == (10, 1437, 360)
+  assert (source.num_classes, source.channels, source.num_train, source.num_test) == (
+      10, 1, 1437, 360)
   ex = next(iter(source.test()))
   assert ex['image'].shape == (8, 8, 1) and ex['image'].dtype == tf.uint8
 
@@ -54,6 +55,10 @@ def test_eval_covers_every_example_once(data_dir):
   labels = np.concatenate([b['label'] for b in batches])[mask == 1]
   assert mask.sum() == 360 and np.all(mask[:360] == 1)
   np.testing.assert_array_equal(labels, [int(e['label']) for e in source.test()])
+  # A process whose share ran out still yields fully masked batches of the same shape.
+  extra = list(pipeline.eval_batches(source, batch=64, num_batches=8, image_size=16,
+                                     augment='pad_crop'))[6:]
+  assert all(b['mask'].sum() == 0 and b['image'].shape == (64, 16, 16, 1) for b in extra)
 
 
 def test_image_folder(tmp_path):
@@ -66,7 +71,8 @@ def test_image_folder(tmp_path):
   (tmp_path / 'notes.txt').write_text('not a class')
   c = ml_collections.ConfigDict(dict(name='image_folder', path=str(tmp_path), test_percent=25))
   source = sources.open_source(c)
-  assert source.num_classes == 3 and source.num_train + source.num_test == 60
+  assert source.num_classes == 3 and source.channels == 3
+  assert source.num_train + source.num_test == 60
   assert 5 <= source.num_test <= 25
   labels = sorted(int(e['label']) for e in source.train()) + [int(e['label']) for e in source.test()]
   assert np.bincount(labels).tolist() == [20, 20, 20]

@@ -74,12 +74,10 @@ def eval_batches(source, *, batch: int, num_batches: int, image_size: int, augme
       lambda ex: {'image': eval_image(ex['image'], image_size, augment), 'label': ex['label']},
       num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(tf.data.AUTOTUNE)
   it = ds.as_numpy_iterator()
-  template = None
+  empty = {'image': np.zeros((0, image_size, image_size, source.channels), np.float32),
+           'label': np.zeros((0,), np.int64)}
   for _ in range(num_batches):
-    b = next(it, None)
-    if b is None:  # this process is out of examples: a fully masked batch
-      b = {k: v[:0] for k, v in template.items()}
-    template = b
+    b = next(it, empty)  # past this process's examples: a fully masked batch
     n = len(b['label'])
     pad = batch - n
     yield {'image': np.pad(b['image'], [(0, pad)] + [(0, 0)] * 3),

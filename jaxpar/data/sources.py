@@ -22,6 +22,7 @@ IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
 @dataclasses.dataclass(frozen=True)
 class Source:
   num_classes: int
+  channels: int             # of the decoded images
   num_train: int            # examples of the train split in this process's share
   num_test: int             # examples of the test split in this process's share
   num_train_global: int     # ... and of each split in all processes' shares together
@@ -57,7 +58,8 @@ def _tfds(cfg) -> Source:
   train, num_train = split(cfg.train_split)
   test, num_test = split(cfg.test_split)
   splits = builder.info.splits
-  return Source(builder.info.features[label_key].num_classes, num_train, num_test,
+  return Source(builder.info.features[label_key].num_classes,
+                builder.info.features[image_key].shape[-1], num_train, num_test,
                 splits[cfg.train_split].num_examples, splits[cfg.test_split].num_examples,
                 train, test)
 
@@ -87,5 +89,5 @@ def _image_folder(root: str, test_percent: int) -> Source:
           'label': y}, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset
 
-  return Source(len(classes), len(shard['train']), len(shard['test']), len(files['train']),
+  return Source(len(classes), 3, len(shard['train']), len(shard['test']), len(files['train']),
                 len(files['test']), reader(shard['train']), reader(shard['test']))
