@@ -13,12 +13,9 @@ if [ $# -lt 1 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
   exit 2
 fi
 n=$1; shift
-workdir=""
-for arg in "$@"; do
+workdir="" prev=""
+for arg in "$@"; do  # --workdir DIR or --workdir=DIR
   case $arg in --workdir=*) workdir=${arg#--workdir=};; esac
-done
-prev=""
-for arg in "$@"; do
   [ "$prev" = "--workdir" ] && workdir=$arg
   prev=$arg
 done
