@@ -12,6 +12,7 @@ import ml_collections
 
 SCHEMES = ('sync-split', 'sync-join')
 DTYPES = ('float32', 'bfloat16', 'float16')
+REDUCE_DTYPES = ('float32', 'bfloat16')
 
 
 class ConfigError(ValueError):
@@ -23,7 +24,11 @@ def defaults() -> ml_collections.ConfigDict:
   c.model = 'resnet34'          # resnet34 | vgg16e | googlenet | squeezenet
   c.shortcut = 'projection'     # ResNet34 only: projection | zero_pad ([T] ch. 2)
   c.batch_norm = False          # VGG16E/GoogLeNet/SqueezeNet: add BN after each conv (not in the originals)
-  c.dtype = 'float32'           # compute dtype; parameters stay float32
+  # Mixed precision ([Y] §3): `dtype` is the compute dtype of convolutions,
+  # activations and the input; parameters, optimizer state, BN statistics and the
+  # loss stay float32. Gradients are reduced in `grad_reduce_dtype`.
+  c.dtype = 'float32'           # float32 | bfloat16 | float16
+  c.grad_reduce_dtype = 'float32'  # float32 | bfloat16 (half the bytes on the wire)
 
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = 'sklearn_digits'  # a TFDS name, or 'image_folder'
@@ -46,6 +51,13 @@ def defaults() -> ml_collections.ConfigDict:
   c.mesh.axes = ('data',)       # every axis is a data axis: the batch is split over all of them
   c.mesh.emulate_cpu_devices = True  # on CPU, create as many devices as the mesh needs
 
+  # How gradients are summed over the data axes: psum (XLA's all-reduce), ring
+  # ([L]: ppermute ring over all devices), torus2d ([Y]: a 2-axis mesh only).
+  c.grad_reduce = 'psum'
+  # [Y]'s sub-group batch norm: how many devices share BN statistics, a product
+  # of trailing mesh axes (mesh (2, 4): 1, 4 or 8). 0 = all devices.
+  c.bn_group_size = 0
+
   # Several processes (hosts) forming one mesh, through jax.distributed. Empty
   # coordinator = one process. `launch/local.sh` sets all three for each process.
   c.distributed = ml_collections.ConfigDict()
@@ -64,11 +76,15 @@ def defaults() -> ml_collections.ConfigDict:
   c.num_epochs = 10.0
 
   c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = 'sgd'      # sgd | lars (You et al. 2017)
+  c.optimizer.schedule = 'cosine'  # cosine | poly: warm-up, then cosine or (1 - t)^poly_power decay
+  c.optimizer.poly_power = 2.0
+  c.optimizer.trust_coefficient = 0.001  # lars: η of the trust ratio η·‖w‖/‖g + λw‖
   c.optimizer.base_lr = 0.1     # for a global batch of base_batch; scaled linearly ([Y] §3)
   c.optimizer.base_batch = 256
   c.optimizer.momentum = 0.9
   c.optimizer.nesterov = True
-  c.optimizer.weight_decay = 5e-4   # on kernels only: not on biases or BN scale/bias
+  c.optimizer.weight_decay = 5e-4   # kernels only: not biases or BN scale/bias (nor lars' trust ratio)
   c.optimizer.warmup_steps = 50
 
   c.seed = 0
@@ -106,6 +122,9 @@ def validate(c) -> None:
   from jaxpar.data.pipeline import AUGMENTATIONS
   from jaxpar.models import MIN_IMAGE_SIZE, MODELS
   from jaxpar.models.resnet import SHORTCUTS
+  from jaxpar.optim import OPTIMIZERS, SCHEDULES
+  from jaxpar.parallel.allreduce import SUMS
+  from jaxpar.parallel.group_batchnorm import group_sizes
 
   if c.model not in MODELS:
     _fail('model', c.model, f'choose one of {sorted(MODELS)}')
@@ -113,8 +132,14 @@ def validate(c) -> None:
     _fail('shortcut', c.shortcut, f'choose one of {list(SHORTCUTS)}')
   if c.dtype not in DTYPES:
     _fail('dtype', c.dtype, f'choose one of {list(DTYPES)}')
+  if c.grad_reduce_dtype not in REDUCE_DTYPES:
+    _fail('grad_reduce_dtype', c.grad_reduce_dtype, f'choose one of {list(REDUCE_DTYPES)}')
   if c.scheme not in SCHEMES:
     _fail('scheme', c.scheme, f'choose one of {list(SCHEMES)}')
+  if c.optimizer.name not in OPTIMIZERS:
+    _fail('optimizer.name', c.optimizer.name, f'choose one of {list(OPTIMIZERS)}')
+  if c.optimizer.schedule not in SCHEDULES:
+    _fail('optimizer.schedule', c.optimizer.schedule, f'choose one of {list(SCHEDULES)}')
   if c.augment.kind not in AUGMENTATIONS:
     _fail('augment.kind', c.augment.kind, f'choose one of {list(AUGMENTATIONS)}')
 
@@ -142,6 +167,24 @@ def validate(c) -> None:
   if len(axes) != len(shape) or len(set(axes)) != len(axes):
     _fail('mesh.axes', axes, f'expected {len(shape)} distinct names, one per mesh.shape entry')
 
+  if c.grad_reduce not in SUMS:
+    _fail('grad_reduce', c.grad_reduce, f'choose one of {list(SUMS)}')
+  if c.grad_reduce == 'torus2d' and len(shape) != 2:
+    _fail('grad_reduce', c.grad_reduce,
+          f'torus2d reduces over two mesh axes but mesh.shape={shape} has {len(shape)}; '
+          f'use a 2-axis mesh such as (2, 4), or grad_reduce=psum or ring')
+  valid_groups = group_sizes(shape)
+  if not isinstance(c.bn_group_size, int) or (c.bn_group_size and
+                                              c.bn_group_size not in valid_groups):
+    _fail('bn_group_size', c.bn_group_size,
+          f'a BN group is a set of trailing mesh axes of mesh.shape={shape}: choose 0 (all '
+          f'devices) or one of {valid_groups}, or reshape the mesh (group size 2 on 8 '
+          f'devices: mesh.shape=(4, 2))')
+  if c.bn_group_size and c.model != 'resnet34' and not c.batch_norm:
+    _fail('bn_group_size', c.bn_group_size,
+          f'{c.model} has no BatchNorm unless config.batch_norm=True; set it, or leave '
+          f'bn_group_size=0')
+
   d = c.distributed
   _positive_int(c, 'distributed.num_processes')
   if not isinstance(d.process_id, int) or not 0 <= d.process_id < d.num_processes:
@@ -165,8 +208,9 @@ def validate(c) -> None:
     _fail('total_steps', c.total_steps, 'expected a positive integer (or 0 to use num_epochs)')
   if c.total_steps == 0 and not c.num_epochs > 0:
     _fail('num_epochs', c.num_epochs, 'expected > 0 (or set config.total_steps > 0)')
-  if not c.optimizer.base_lr > 0:
-    _fail('optimizer.base_lr', c.optimizer.base_lr, 'expected > 0')
+  for field in ('optimizer.base_lr', 'optimizer.poly_power', 'optimizer.trust_coefficient'):
+    if not _get(c, field) > 0:
+      _fail(field, _get(c, field), 'expected > 0')
 
 
 def num_devices(c) -> int:

@@ -2,7 +2,9 @@
 
 Every parallel method is a variation of: compute a local loss and gradients on
 this device's share of the batch, combine them across devices, update. The step
-owns the shared parts; a method supplies `reduce_grads` (see `parallel/`).
+owns the shared parts; a method supplies `reduce_grads` (see `parallel/`), and
+the model's BatchNorm axes decide which devices share batch statistics (the
+running statistics are then averaged over the rest: `parallel/group_batchnorm.py`).
 
 Gradients are taken w.r.t. a *varying* copy of the replicated parameters
 (`lax.pcast(..., to='varying')`), so they stay per-device and the reduction is
@@ -20,6 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.models import AUX_LOSS_WEIGHT
+from jaxpar.parallel.group_batchnorm import sync_batch_stats
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -77,7 +80,9 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh,
         step=state.step + 1,
         examples_seen=state.examples_seen + local_batch * lax.psum(1, axes),
         params=optax.apply_updates(state.params, updates),
-        batch_stats=batch_stats,  # already averaged over the BN axes by BatchNorm
+        # BatchNorm combined them within its group; the groups' running
+        # statistics are averaged so the state stays replicated.
+        batch_stats=sync_batch_stats(batch_stats),
         opt_state=opt_state)
     metrics = {'loss': loss, 'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label'])}
     return new_state, lax.pmean(metrics, axes)

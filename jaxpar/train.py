@@ -18,14 +18,12 @@ import jax.numpy as jnp
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxpar import build
 from jaxpar import config as config_lib
-from jaxpar import mesh as mesh_lib
-from jaxpar import models, optim
 from jaxpar.checkpoint import Checkpoints
 from jaxpar.data import pipeline, sources
 from jaxpar.metrics import Reporter
-from jaxpar.parallel.allreduce import mean_all_reduce
-from jaxpar.step import TrainState, make_eval_step, make_train_step, to_global
+from jaxpar.step import make_eval_step
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].',
                                           lock_config=True)
@@ -44,25 +42,22 @@ def evaluate(eval_step, state, mesh, source, cfg) -> dict:
   per_process = cfg.eval_batch // jax.process_count()
   num_batches = math.ceil(math.ceil(source.num_test_global / jax.process_count()) / per_process)
   sums = None
-  for batch in pipeline.eval_batches(source, batch=per_process, num_batches=num_batches,
-                                     image_size=cfg.image_size, augment=cfg.augment.kind):
-    out = eval_step(state, to_global(mesh, batch))
+  batches = pipeline.eval_batches(source, batch=per_process, num_batches=num_batches,
+                                  image_size=cfg.image_size, augment=cfg.augment.kind)
+  for batch in pipeline.prefetch_to_device(batches, mesh):
+    out = eval_step(state, batch)
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
   sums = jax.device_get(sums)
   count = float(sums.pop('count'))
-  return {**{k: float(v) / count for k, v in sums.items()}, 'count': count}
+  return {**{k: float(v) / count for k, v in sums.items()}, 'count': count,
+          'unreadable_files': len(source.unreadable)}
 
 
 def train_and_evaluate(cfg, workdir: str) -> Result:
   # ------------------------------------------------------------------ config
   config_lib.validate(cfg)
   # ------------------------------------------------------------------ mesh
-  # Both must happen before JAX starts its backend.
-  mesh_lib.initialize_distributed(**cfg.distributed)
-  if cfg.mesh.emulate_cpu_devices:
-    mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg) // cfg.distributed.num_processes)
-  config_lib.validate_devices(cfg, jax.device_count(), jax.process_count())
-  mesh = mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes)
+  mesh = build.mesh(cfg)
 
   # ------------------------------------------------------------------ data
   source = sources.open_source(cfg.dataset)
@@ -73,31 +68,18 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
   logging.info('%s, %s: global batch %d on mesh %s %s, %d steps; %d train / %d test examples.',
                cfg.model, cfg.scheme, global_batch, tuple(cfg.mesh.shape), tuple(cfg.mesh.axes),
                total_steps, source.num_train_global, source.num_test_global)
+  logging.info('Gradients: %s in %s; BN groups of %d devices; compute in %s; %s, %s schedule.',
+               cfg.grad_reduce, cfg.grad_reduce_dtype,
+               cfg.bn_group_size or config_lib.num_devices(cfg), cfg.dtype, cfg.optimizer.name,
+               cfg.optimizer.schedule)
 
   # ------------------------------------------------------------------ model and optimizer
-  model_kwargs = dict(num_classes=source.num_classes, dtype=jnp.dtype(cfg.dtype),
-                      bn_axis_name=mesh.axis_names)
-  if cfg.model == 'resnet34':
-    model_kwargs['shortcut'] = cfg.shortcut
-  else:
-    model_kwargs['batch_norm'] = cfg.batch_norm
-  model = models.MODELS[cfg.model](**model_kwargs)
-  schedule = optim.learning_rate(cfg.optimizer, global_batch, total_steps)
-  tx = optim.make_optimizer(cfg.optimizer, schedule)
+  model = build.model(cfg, source.num_classes, mesh)
+  tx, schedule = build.optimizer(cfg, global_batch, total_steps)
 
   # ------------------------------------------------------------------ state
   rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
-
-  def init():
-    # BN's axis name is bound only inside shard_map; the parameters do not depend on it.
-    variables = model.clone(bn_axis_name=None).init(
-        {'params': rng_init, 'dropout': rng_init},
-        jnp.zeros((1, cfg.image_size, cfg.image_size, source.channels)), train=True)
-    return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=variables['params'],
-                      batch_stats=variables.get('batch_stats', {}),
-                      opt_state=tx.init(variables['params']))
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  state = jax.jit(init, out_shardings=replicated)()
+  state = build.initial_state(cfg, model, tx, source.channels, mesh, rng_init)
 
   # ------------------------------------------------------------------ checkpoint restore
   checkpoints = Checkpoints(workdir, cfg.checkpoint_every, cfg.keep_checkpoints)
@@ -107,20 +89,17 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
     logging.info('Resumed from step %d (example %d).', first_step, int(state.examples_seen))
 
   # ------------------------------------------------------------------ loop
-  train_step = make_train_step(model, tx, mesh, mean_all_reduce(mesh.axis_names))
+  train_step = build.train_step(cfg, model, tx, mesh)
   eval_step = make_eval_step(model, mesh)
-  batches = pipeline.train_batches(
-      source, batch=global_batch // jax.process_count(),
-      start=int(state.examples_seen) // jax.process_count(), seed=cfg.seed,
-      image_size=cfg.image_size, augment=cfg.augment.kind, crop_padding=cfg.augment.crop_padding,
-      flip=cfg.augment.flip, shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache)
+  batches = pipeline.prefetch_to_device(
+      build.train_batches(cfg, source, global_batch, start=int(state.examples_seen)), mesh)
   reporter = Reporter(workdir, total_steps, first_step, global_batch)
   last_step = total_steps
   if cfg.stop_after_steps:
     last_step = min(total_steps, first_step + cfg.stop_after_steps)
   step = first_step
   while step < last_step:
-    state, metrics = train_step(state, to_global(mesh, next(batches)), rng_dropout)
+    state, metrics = train_step(state, next(batches), rng_dropout)
     step += 1
     reporter.step(step, metrics)
     if step % cfg.log_every == 0 or step == last_step:
@@ -161,8 +140,10 @@ def main(argv):
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
   if result.eval:
+    skipped = result.eval['unreadable_files']
     print(f"test accuracy: top-1 {result.eval['top1']:.2%}, top-5 {result.eval['top5']:.2%} "
-          f"on {int(result.eval['count'])} examples")
+          f"on {int(result.eval['count'])} examples"
+          + (f' ({skipped} unreadable image files skipped)' if skipped else ''))
   else:
     print(f'stopped at step {result.step}; run again with the same --workdir to resume.')
 

@@ -44,6 +44,16 @@ def test_defaults_are_valid():
     ({'distributed.process_id': 3}, 'config.distributed.process_id', 'expected 0..0'),
     ({'distributed.num_processes': 3, 'distributed.coordinator': 'localhost:1234'},
      'config.distributed.num_processes', 'split evenly'),
+    ({'grad_reduce': 'tree'}, 'config.grad_reduce', "'torus2d'"),
+    ({'grad_reduce': 'torus2d', 'mesh.shape': (8,), 'mesh.axes': ('d',)}, 'config.grad_reduce',
+     'two mesh axes'),
+    ({'grad_reduce_dtype': 'float16'}, 'config.grad_reduce_dtype', 'bfloat16'),
+    ({'bn_group_size': 2}, 'config.bn_group_size', '[1, 4, 8]'),
+    ({'bn_group_size': -1}, 'config.bn_group_size', '[1, 4, 8]'),
+    ({'model': 'vgg16e', 'bn_group_size': 4}, 'config.bn_group_size', 'config.batch_norm=True'),
+    ({'optimizer.name': 'adam'}, 'config.optimizer.name', 'lars'),
+    ({'optimizer.schedule': 'step'}, 'config.optimizer.schedule', 'poly'),
+    ({'optimizer.trust_coefficient': 0.0}, 'config.optimizer.trust_coefficient', '> 0'),
 ])
 def test_static_errors_name_the_field(overrides, field, hint):
   with pytest.raises(config_lib.ConfigError) as e:

@@ -25,8 +25,9 @@ def test_bundled_digits(data_dir):
   source = _digits(data_dir)
   assert (source.num_classes, source.channels, source.num_train, source.num_test) == (
       10, 1, 1437, 360)
-  ex = next(iter(source.test()))
-  assert ex['image'].shape == (8, 8, 1) and ex['image'].dtype == tf.uint8
+  ex = next(iter(source.test()))  # encoded: the pipeline decodes (and crops) it
+  assert ex['image'].dtype == tf.string
+  assert tf.io.decode_image(ex['image']).shape == (8, 8, 1)
 
 
 def test_train_stream_resumes_at_any_example(data_dir):
@@ -89,3 +90,82 @@ def test_unprepared_dataset_is_a_config_error(tmp_path):
   assert message.startswith("config.dataset.name='imagenet2012' could not be prepared in "
                             f"config.dataset.data_dir='{tmp_path}'")
   assert 'ILSVRC2012_img_train.tar' in message and '\n' not in message
+
+
+def _jpeg_folder(root, sizes, classes=('ant', 'bee')):
+  rng = np.random.default_rng(0)
+  for cls in classes:
+    os.makedirs(root / cls, exist_ok=True)
+    for i, (h, w) in enumerate(sizes):
+      image = rng.integers(0, 255, (h, w, 3), np.uint8)
+      tf.io.write_file(str(root / cls / f'{i}.jpg'), tf.io.encode_jpeg(image))
+
+
+def test_jpeg_crop_is_decoded_fused_and_equals_decode_then_crop(tmp_path):
+  _jpeg_folder(tmp_path, [(40, 56)], classes=('a',))
+  data = tf.io.read_file(str(tmp_path / 'a' / '0.jpg'))
+  window = lambda shape: (tf.constant([5, 9, 0]), tf.constant([20, 31, -1]))
+  fused = pipeline._decode_crop(data, 3, window).numpy().astype(int)
+  whole = tf.io.decode_jpeg(data, channels=3)
+  cropped = whole[5:25, 9:40].numpy().astype(int)
+  # Equal but at the window's last row and column, where libjpeg's chroma upsampling
+  # cannot see the pixels beyond the window.
+  np.testing.assert_array_equal(fused[:-1, :-1], cropped[:-1, :-1])
+  assert fused.shape == cropped.shape and np.abs(fused - cropped).mean() < 1
+  # The same window on a PNG takes the decode-then-slice path.
+  png = tf.io.encode_png(whole)
+  np.testing.assert_array_equal(pipeline._decode_crop(png, 3, window), whole[5:25, 9:40])
+  # The training graph uses the fused op for JPEG input.
+  graph = tf.function(lambda d: pipeline._augment(
+      d, tf.constant([0, 1], tf.int64), 16, 'inception_crop', 0, True, 3)).get_concrete_function(
+          tf.TensorSpec([], tf.string)).graph
+  graph_def = graph.as_graph_def()
+  ops = {n.op for f in graph_def.library.function for n in f.node_def}
+  assert 'DecodeAndCropJpeg' in ops
+
+
+def test_unreadable_files_are_skipped_named_once_and_counted(tmp_path, caplog, monkeypatch):
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))  # a fresh cache of the decode check
+  root = tmp_path / 'images'
+  _jpeg_folder(root, [(24, 30)] * 6)
+  good = (root / 'ant' / '0.jpg').read_bytes()
+  (root / 'ant' / 'truncated.jpg').write_bytes(good[:len(good) // 2])
+  (root / 'bee' / 'notes.jpg').write_text('not an image')
+  c = ml_collections.ConfigDict(dict(name='image_folder', path=str(root), test_percent=30))
+  with caplog.at_level('WARNING'):
+    source = sources.open_source(c)
+  assert sorted(source.unreadable) == ['ant/truncated.jpg', 'bee/notes.jpg']
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert len(warnings) == 1 and 'ant/truncated.jpg' in warnings[0] and 'bee/notes.jpg' in warnings[0]
+  assert source.num_train_global + source.num_test_global == 12
+  # Two epochs of training and a whole evaluation run through without an error.
+  batches = pipeline.train_batches(source, batch=4, start=0, seed=0, **{
+      **TRAIN, 'augment': 'inception_crop'})
+  assert all(next(batches)['image'].shape == (4, 16, 16, 3) for _ in range(6))
+  evaluated = list(pipeline.eval_batches(source, batch=4, num_batches=4, image_size=16,
+                                         augment='inception_crop'))
+  assert sum(b['mask'].sum() for b in evaluated) == source.num_test
+  # The second open reads the cached answer and warns again, once.
+  caplog.clear()
+  with caplog.at_level('INFO'):
+    assert sources.open_source(c).unreadable == source.unreadable
+  assert not any('Checking' in r.getMessage() for r in caplog.records)
+
+
+def test_prefetch_to_device_places_batches_ahead_in_order():
+  import jax
+
+  from jaxpar.mesh import make_mesh
+  mesh = make_mesh((8,), ('data',))
+  taken = []
+
+  def batches():
+    for i in range(5):
+      taken.append(i)
+      yield {'x': np.full((8, 2), i, np.float32)}
+  stream = pipeline.prefetch_to_device(batches(), mesh, size=2)
+  first = next(stream)
+  assert taken == [0, 1, 2]  # while batch 0 is used, the next two are already on their way
+  assert isinstance(first['x'], jax.Array) and len(first['x'].sharding.device_set) == 8
+  rest = [int(b['x'][0, 0]) for b in stream]
+  assert int(first['x'][0, 0]) == 0 and rest == [1, 2, 3, 4]

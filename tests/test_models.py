@@ -108,3 +108,43 @@ def test_bfloat16_compute_keeps_float32_params():
   variables = model.init(RNGS, x, train=False)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(variables['params']))
   assert model.apply(variables, x, train=False).dtype == jnp.float32
+
+
+def _symmetric_conv(x, kernel, stride, pad):
+  return jax.lax.conv_general_dilated(x, kernel, (stride, stride), [(pad, pad), (pad, pad)],
+                                      dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+
+
+def _intermediates(model, x):
+  variables = model.init(RNGS, x, train=False)
+  _, state = model.apply(variables, x, train=False, capture_intermediates=True,
+                         mutable=['intermediates'])
+  return variables['params'], state['intermediates']
+
+
+def test_resnet_strided_convolutions_pad_symmetrically_on_even_inputs():
+  """A 3×3/2 conv on an even map pads 1 on every side (flax's 'SAME' would pad 0 before, 1 after);
+  the 7×7/2 stem pads 3."""
+  model = models.ResNet(stage_sizes=(1, 1), num_filters=4, num_classes=3)
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  params, inter = _intermediates(model, x)
+  stem = _symmetric_conv(x, params['conv_init']['kernel'], 2, 3)
+  np.testing.assert_allclose(inter['conv_init']['__call__'][0], stem, rtol=1e-5, atol=1e-5)
+  block_in = inter['BasicBlock_0']['__call__'][0]  # 4×4×4: an even map into the strided block
+  assert block_in.shape[1] % 2 == 0
+  strided = _symmetric_conv(block_in, params['BasicBlock_1']['Conv_0']['kernel'], 2, 1)
+  np.testing.assert_allclose(inter['BasicBlock_1']['Conv_0']['__call__'][0], strided,
+                             rtol=1e-5, atol=1e-5)
+  asymmetric = jax.lax.conv_general_dilated(
+      block_in, params['BasicBlock_1']['Conv_0']['kernel'], (2, 2), 'SAME',
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  assert not np.allclose(asymmetric, strided, atol=1e-3)  # the test can tell the two apart
+
+
+def test_googlenet_stem_pads_symmetrically_on_even_inputs():
+  model = models.GoogLeNet(num_classes=3)
+  x = jax.random.normal(jax.random.key(0), (1, 32, 32, 3))
+  params, inter = _intermediates(model, x)
+  stem = params['ConvReLU_0']['Conv_0']
+  expected = jax.nn.relu(_symmetric_conv(x, stem['kernel'], 2, 3) + stem['bias'])
+  np.testing.assert_allclose(inter['ConvReLU_0']['__call__'][0], expected, rtol=1e-5, atol=1e-5)

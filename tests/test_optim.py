@@ -42,3 +42,36 @@ def test_update_decays_kernels_and_leaves_bn_and_biases_alone():
   for path, u in jax.tree_util.tree_leaves_with_path(updates):
     expected = -0.1 * 0.5 * (1 + 0.9) if path[-1].key == 'kernel' else 0.0  # Nesterov's first step
     np.testing.assert_allclose(u, expected, rtol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_poly_schedule_warms_up_then_decays_quadratically():
+  c = config_lib.defaults().optimizer
+  c.base_lr, c.base_batch, c.warmup_steps, c.schedule = 0.1, 256, 10, 'poly'
+  lr = optim.learning_rate(c, global_batch=512, total_steps=110)
+  assert lr(0) == 0 and lr(5) == pytest.approx(0.1)
+  assert lr(10) == pytest.approx(0.2)
+  assert lr(60) == pytest.approx(0.2 * 0.5**2)       # (1 − t)² half way down
+  assert lr(110) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_one_lars_update_equals_the_hand_computation():
+  """You et al. 2017 as optax and MLPerf compute it: a kernel's step is
+  lr · η‖w‖/‖g + λw‖ · (g + λw); biases and BN scale/bias take lr · g, undecayed."""
+  c = config_lib.defaults().optimizer
+  c.name, c.weight_decay, c.trust_coefficient, c.momentum, c.nesterov = 'lars', 0.01, 0.002, 0.9, True
+  lr = 0.5
+  tx = optim.make_optimizer(c, optax.constant_schedule(lr))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), _params())
+  grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  for (path, u), w, g in zip(jax.tree_util.tree_leaves_with_path(updates),
+                             jax.tree.leaves(params), jax.tree.leaves(grads)):
+    w, g = np.asarray(w, np.float64), np.asarray(g, np.float64)
+    if path[-1].key == 'kernel':
+      d = g + 0.01 * w
+      step = lr * 0.002 * np.linalg.norm(w) / np.linalg.norm(d) * d
+    else:
+      step = lr * g
+    # First step from zero momentum; Nesterov applies it once more: (1 + m) × step.
+    np.testing.assert_allclose(u, -(1 + 0.9) * step, rtol=1e-5, err_msg=jax.tree_util.keystr(path))

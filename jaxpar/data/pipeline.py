@@ -5,8 +5,13 @@ train split shuffled with seed `seed + e`, and each example's augmentation is
 drawn from `(seed, position)`. A run resumed at position p therefore sees
 exactly the batches the uninterrupted run would have seen.
 """
+import collections
+import itertools
+
 import numpy as np
 import tensorflow as tf
+
+from jaxpar.step import to_global
 
 AUGMENTATIONS = ('pad_crop', 'inception_crop', 'none')
 
@@ -20,28 +25,62 @@ def _resize(image, size):
   return tf.image.resize(image, (size, size), method='bilinear', antialias=True)
 
 
-def _augment(image, seed, size, kind, crop_padding, flip):
+def _decode(data, channels):
+  image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+  image.set_shape([None, None, channels])
+  return image
+
+
+def _decode_crop(data, channels, window):
+  """Decodes only `window(shape) -> (begin, size)` of an encoded image.
+
+  JPEG is decoded and cropped in one pass (`decode_and_crop_jpeg`: only the
+  window's blocks are decoded, [Y]'s fused decode and crop); other formats are
+  decoded whole, then sliced. The pixels are those of decode-then-crop, but at
+  the window's last row and column, where JPEG's chroma upsampling cannot look
+  past the window.
+  """
+  def jpeg():
+    begin, size = window(tf.image.extract_jpeg_shape(data))
+    image = tf.image.decode_and_crop_jpeg(data, tf.stack([begin[0], begin[1], size[0], size[1]]),
+                                          channels=channels)
+    image.set_shape([None, None, channels])
+    return image
+
+  def other():
+    image = _decode(data, channels)
+    begin, size = window(tf.shape(image))
+    return tf.slice(image, tf.concat([begin[:2], [0]], 0), tf.concat([size[:2], [-1]], 0))
+  return tf.cond(tf.io.is_jpeg(data), jpeg, other)
+
+
+def _augment(data, seed, size, kind, crop_padding, flip, channels):
+  """Encoded image → augmented float image of `size`², deterministic in `seed`."""
   seeds = tf.random.experimental.stateless_split(seed, 3)
   if kind == 'inception_crop':
-    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image), tf.zeros((1, 0, 4)), seed=seeds[0], area_range=(0.08, 1.0),
-        aspect_ratio_range=(3 / 4, 4 / 3), use_image_if_no_bounding_boxes=True)
-    image = _resize(tf.slice(image, begin, crop_size), size)
+    def window(shape):
+      begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+          shape, tf.zeros((1, 0, 4)), seed=seeds[0], area_range=(0.08, 1.0),
+          aspect_ratio_range=(3 / 4, 4 / 3), use_image_if_no_bounding_boxes=True)
+      return begin, crop_size
+    image = _resize(_to_float(_decode_crop(data, channels, window)), size)
   else:
-    image = _resize(image, size)
+    image = _resize(_to_float(_decode(data, channels)), size)
     if kind == 'pad_crop' and crop_padding:
       image = tf.pad(image, [[crop_padding] * 2, [crop_padding] * 2, [0, 0]])
-      image = tf.image.stateless_random_crop(image, (size, size, tf.shape(image)[-1]), seeds[1])
+      image = tf.image.stateless_random_crop(image, (size, size, channels), seeds[1])
   if flip:
     image = tf.image.stateless_random_flip_left_right(image, seeds[2])
   return image
 
 
-def eval_image(image, size, kind):
-  image = _to_float(image)
+def eval_image(data, size, kind, channels):
   if kind == 'inception_crop':  # the usual ImageNet eval: central 87.5 %, then resize
-    image = tf.image.central_crop(image, 0.875)
-  return _resize(image, size)
+    def window(shape):  # tf.image.central_crop's window
+      begin = tf.cast(tf.cast(shape[:2], tf.float32) * (1 - 0.875) / 2, tf.int32)
+      return begin, shape[:2] - 2 * begin
+    return _resize(_to_float(_decode_crop(data, channels, window)), size)
+  return _resize(_to_float(_decode(data, channels)), size)
 
 
 def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
@@ -58,8 +97,8 @@ def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
   ds = ds.skip(offset).enumerate(start)
 
   def prepare(position, ex):
-    image = _augment(_to_float(ex['image']), tf.stack([tf.constant(seed, tf.int64), position]),
-                     image_size, augment, crop_padding, flip)
+    image = _augment(ex['image'], tf.stack([tf.constant(seed, tf.int64), position]),
+                     image_size, augment, crop_padding, flip, source.channels)
     return {'image': image, 'label': ex['label']}
   ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -71,7 +110,8 @@ def eval_batches(source, *, batch: int, num_batches: int, image_size: int, augme
   batches of `batch`; padding rows carry mask 0 (and every process runs the same
   number of batches, so collectives stay matched)."""
   ds = source.test().map(
-      lambda ex: {'image': eval_image(ex['image'], image_size, augment), 'label': ex['label']},
+      lambda ex: {'image': eval_image(ex['image'], image_size, augment, source.channels),
+                  'label': ex['label']},
       num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(tf.data.AUTOTUNE)
   it = ds.as_numpy_iterator()
   empty = {'image': np.zeros((0, image_size, image_size, source.channels), np.float32),
@@ -83,3 +123,21 @@ def eval_batches(source, *, batch: int, num_batches: int, image_size: int, augme
     yield {'image': np.pad(b['image'], [(0, pad)] + [(0, 0)] * 3),
            'label': np.pad(b['label'], (0, pad)),
            'mask': np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])}
+
+
+def prefetch_to_device(batches, mesh, size: int = 2):
+  """Yields `batches` as global arrays sharded over `mesh`, `size` batches ahead.
+
+  Transfers are asynchronous: while the step runs on batch t, batches t+1 … t+size
+  are already on their devices.
+  """
+  queue = collections.deque()
+
+  def enqueue(n):
+    for batch in itertools.islice(batches, n):
+      queue.append(to_global(mesh, batch))
+  enqueue(size)
+  while queue:
+    batch = queue.popleft()
+    enqueue(1)
+    yield batch

@@ -1,9 +1,13 @@
 """Where examples come from: a TFDS dataset by name, or an image folder by path.
 
 A source yields this process's share of a split, in a fixed order, as
-{'image': uint8 HxWxC, 'label': int64}; `pipeline.py` shuffles, augments and batches.
+{'image': the encoded image (JPEG, PNG, …) as a string, 'label': int64};
+`pipeline.py` decodes (for JPEG, only the crop window), shuffles, augments and
+batches.
 """
 import dataclasses
+import hashlib
+import json
 import os
 import zlib
 from typing import Callable
@@ -11,6 +15,7 @@ from typing import Callable
 import jax
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import logging
 
 import jaxpar.data.sklearn_digits  # noqa: F401  (registers the bundled builder)
 from jaxpar.config import ConfigError
@@ -29,6 +34,7 @@ class Source:
   num_test_global: int
   train: Callable[[], tf.data.Dataset]
   test: Callable[[], tf.data.Dataset]
+  unreadable: tuple = ()    # files left out because they could not be decoded
 
 
 def open_source(dataset_config) -> Source:
@@ -51,7 +57,8 @@ def _tfds(cfg) -> Source:
     own = tfds.split_for_jax_process(name)
 
     def dataset():
-      ds = builder.as_dataset(split=own, shuffle_files=False)
+      ds = builder.as_dataset(split=own, shuffle_files=False,
+                              decoders={image_key: tfds.decode.SkipDecoding()})
       return ds.map(lambda ex: {'image': ex[image_key], 'label': ex[label_key]})
     return dataset, builder.info.splits[own].num_examples
 
@@ -69,25 +76,67 @@ def _image_folder(root: str, test_percent: int) -> Source:
 
   The test split is the files whose path hashes (crc32) below `test_percent`
   of 100: stable across runs and machines, and independent of the file count.
+  Files that cannot be decoded are left out of both splits (`unreadable`), named
+  in one warning: a truncated or mislabelled file must not end a long run.
   """
   classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-  files = {'train': [], 'test': []}
+  listed = []
   for label, cls in enumerate(classes):
     for name in sorted(os.listdir(os.path.join(root, cls))):
       if name.lower().endswith(IMAGE_EXTENSIONS):
-        rel = f'{cls}/{name}'
-        split = 'test' if zlib.crc32(rel.encode()) % 100 < test_percent else 'train'
-        files[split].append((os.path.join(root, rel), label))
+        listed.append((f'{cls}/{name}', label))
+  unreadable = _unreadable_files(root, [rel for rel, _ in listed])
+  if unreadable:
+    shown = ', '.join(unreadable[:10]) + (f' and {len(unreadable) - 10} more'
+                                          if len(unreadable) > 10 else '')
+    logging.warning('Skipping %d of %d image files under %s that cannot be decoded: %s',
+                    len(unreadable), len(listed), root, shown)
+  files = {'train': [], 'test': []}
+  skip = set(unreadable)
+  for rel, label in listed:
+    if rel not in skip:
+      split = 'test' if zlib.crc32(rel.encode()) % 100 < test_percent else 'train'
+      files[split].append((os.path.join(root, rel), label))
   shard = {k: v[jax.process_index()::jax.process_count()] for k, v in files.items()}
 
   def reader(items):
     def dataset():
       paths, labels = zip(*items) if items else ((), ())
       ds = tf.data.Dataset.from_tensor_slices((list(paths), tf.constant(labels, tf.int64)))
-      return ds.map(lambda p, y: {
-          'image': tf.io.decode_image(tf.io.read_file(p), channels=3, expand_animations=False),
-          'label': y}, num_parallel_calls=tf.data.AUTOTUNE)
+      return ds.map(lambda p, y: {'image': tf.io.read_file(p), 'label': y},
+                    num_parallel_calls=tf.data.AUTOTUNE)
     return dataset
 
   return Source(len(classes), 3, len(shard['train']), len(shard['test']), len(files['train']),
-                len(files['test']), reader(shard['train']), reader(shard['test']))
+                len(files['test']), reader(shard['train']), reader(shard['test']),
+                tuple(unreadable))
+
+
+def _unreadable_files(root: str, relpaths: list) -> list:
+  """The files among `relpaths` that do not decode, found by decoding each once.
+
+  The answer is cached (in ~/.cache/jaxpar, keyed by the files' names, sizes and
+  modification times), so only the first run over a folder pays for the check.
+  """
+  stats = []
+  for rel in relpaths:
+    st = os.stat(os.path.join(root, rel))
+    stats.append((rel, st.st_size, st.st_mtime_ns))
+  key = hashlib.sha256(json.dumps([os.path.abspath(root), stats]).encode()).hexdigest()[:24]
+  cache = os.path.join(os.path.expanduser('~'), '.cache', 'jaxpar', f'unreadable-{key}.json')
+  if os.path.exists(cache):
+    with open(cache) as f:
+      return json.load(f)
+  logging.info('Checking that the %d image files under %s decode (once; the result is cached).',
+               len(relpaths), root)
+  ds = tf.data.Dataset.from_tensor_slices(list(relpaths) or tf.zeros((0,), tf.string)).enumerate()
+  ds = ds.map(lambda i, rel: (i, tf.shape(tf.io.decode_image(
+      tf.io.read_file(tf.strings.join([root, '/', rel])), channels=3,
+      expand_animations=False))[0]), num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+  readable = {int(i) for i, _ in ds.ignore_errors().as_numpy_iterator()}
+  unreadable = [rel for i, rel in enumerate(relpaths) if i not in readable]
+  os.makedirs(os.path.dirname(cache), exist_ok=True)
+  with open(cache + f'.{os.getpid()}', 'w') as f:  # processes may race: write, then rename
+    json.dump(unreadable, f)
+  os.replace(cache + f'.{os.getpid()}', cache)
+  return unreadable

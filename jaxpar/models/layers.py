@@ -18,18 +18,29 @@ class ConvReLU(nn.Module):
   features: int
   kernel: int
   strides: int = 1
-  padding: Any = 'SAME'
+  padding: Any = None  # None: symmetric, as published (see `same_padding`)
   norm: Optional[ModuleDef] = None
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):
     x = nn.Conv(self.features, (self.kernel, self.kernel), (self.strides, self.strides),
-                padding=self.padding, use_bias=self.norm is None, dtype=self.dtype,
+                padding=same_padding(self.kernel) if self.padding is None else self.padding,
+                use_bias=self.norm is None, dtype=self.dtype,
                 kernel_init=nn.initializers.kaiming_normal())(x)
     if self.norm is not None:
       x = self.norm()(x)
     return nn.relu(x)
+
+
+def same_padding(kernel: int):
+  """`kernel // 2` on every side: the padding of the published ResNet and GoogLeNet.
+
+  flax's 'SAME' pads a strided convolution asymmetrically at even input sizes
+  (a 3×3/2 conv on 56² gets 0 before and 1 after), shifting every window by one
+  pixel against the original networks; at stride 1 both agree.
+  """
+  return ((kernel // 2, kernel // 2),) * 2
 
 
 def max_pool_ceil(x, window: int, stride: int):
@@ -51,7 +62,6 @@ def global_avg_pool(x):
 
 def dense_init():
   return nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal')
-
 
 
 def batch_norm(train: bool, axis_name, dtype):

@@ -5,7 +5,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import batch_norm, dense_init, global_avg_pool
+from jaxpar.models.layers import batch_norm, dense_init, global_avg_pool, same_padding
 
 SHORTCUTS = ('projection', 'zero_pad')
 
@@ -26,14 +26,15 @@ class BasicBlock(nn.Module):
   def __call__(self, x):
     conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype,
                              kernel_init=nn.initializers.kaiming_normal())
-    y = conv(self.features, (3, 3), (self.strides, self.strides))(x)
+    y = conv(self.features, (3, 3), (self.strides, self.strides), padding=same_padding(3))(x)
     y = nn.relu(self.norm()(y))
-    y = conv(self.features, (3, 3))(y)
+    y = conv(self.features, (3, 3), padding=same_padding(3))(y)
     # Zero-initialised last scale: each block starts as the identity (Goyal et al. 2017).
     y = self.norm(scale_init=nn.initializers.zeros_init())(y)
     if x.shape != y.shape:
       if self.shortcut == 'projection':
-        x = self.norm()(conv(self.features, (1, 1), (self.strides, self.strides))(x))
+        x = self.norm()(conv(self.features, (1, 1), (self.strides, self.strides),
+                             padding='VALID')(x))
       else:
         x = x[:, ::self.strides, ::self.strides, :]
         x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, self.features - x.shape[-1])))
@@ -53,7 +54,7 @@ class ResNet(nn.Module):
     if self.shortcut not in SHORTCUTS:
       raise ValueError(f'shortcut={self.shortcut!r}; valid: {SHORTCUTS}')
     norm = batch_norm(train, self.bn_axis_name, self.dtype)
-    x = nn.Conv(self.num_filters, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False,
+    x = nn.Conv(self.num_filters, (7, 7), (2, 2), padding=same_padding(7), use_bias=False,
                 dtype=self.dtype, kernel_init=nn.initializers.kaiming_normal(),
                 name='conv_init')(x.astype(self.dtype))
     x = nn.relu(norm(name='bn_init')(x))

@@ -3,12 +3,33 @@
 With sync-split every device holds 1/N of the batch, so the mean of the N local
 mean-gradients is the gradient of the whole batch: the step equals sequential
 training. With sync-join the same mean is [T]'s ∇W = (1/N) Σ ∇W_i.
+
+How the sum travels is config `grad_reduce`: XLA's all-reduce (`psum`), [L]'s
+ring or [Y]'s 2-D torus (`parallel/collectives.py`); all three give the same
+mean. `grad_reduce_dtype` may send the gradients in bfloat16, halving the bytes
+moved; they are cast back to their own dtype (float32) before the division, so
+the optimizer always sees float32 ([Y]'s mixed precision keeps the reduction in
+float32 by default).
 """
+import jax
 from jax import lax
 
+from jaxpar.parallel.collectives import ring_psum, torus2d_psum
 
-def mean_all_reduce(axes):
-  """Gradient reduction for `make_train_step`: `pmean` over the data axes."""
+SUMS = {'psum': lax.psum, 'ring': ring_psum, 'torus2d': torus2d_psum}
+
+
+def mean_all_reduce(axes, kind: str = 'psum', dtype=None):
+  """Gradient reduction for `make_train_step`: the mean over the data `axes`.
+
+  `kind` names the sum in `SUMS`; `torus2d` needs exactly two axes. `dtype`
+  (e.g. jnp.bfloat16) is the dtype the gradients travel in; None keeps theirs.
+  """
+  total = SUMS[kind]
+
   def reduce(grads):
-    return lax.pmean(grads, axes)
+    sent = grads if dtype is None else jax.tree.map(lambda g: g.astype(dtype), grads)
+    summed = total(sent, axes)
+    n = lax.axis_size(axes)
+    return jax.tree.map(lambda s, g: s.astype(g.dtype) / n, summed, grads)
   return reduce

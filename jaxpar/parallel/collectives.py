@@ -1,0 +1,94 @@
+"""Hand-written all-reduces for use inside `jax.shard_map`: [L]'s ring and [Y]'s 2-D torus.
+
+Both have the contract of `jax.lax.psum` on a pytree: every device gets the sum
+over the named axes of every leaf, typed invariant over those axes. Leaves of any
+shape are fused into one flat buffer per dtype (as Horovod and PyTorch DDP bucket
+gradients), padded internally to what the algorithm divides by, and cut back:
+no element is dropped or counted twice, whatever the sizes.
+"""
+import math
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def ring_psum(tree, axis_name):
+  """All-reduce along a ring of the devices of `axis_name` (a name or a tuple of names).
+
+  [L]'s ring all-reduce (SOURCES.md §6): the buffer is cut into N chunks and in
+  N−1 `ppermute` steps each device passes one chunk, accumulated so far, to its
+  right neighbour; after them device i holds the complete sum of chunk i+1
+  (reduce-scatter, each step moving 1/N of the buffer). The reduced chunks are
+  then all-gathered with `all_gather(to='invarying')`, which moves the same
+  N−1 chunks per device as the ring's second half would, and is the one
+  collective whose result JAX types as replicated: the same N−1 steps written
+  with `ppermute` leave values typed *varying* (though equal everywhere), which
+  a replicated output (`out_specs=P()`) rejects. α-β cost:
+  `analysis.collectives.ring_all_reduce`, 2(N−1)/N of the buffer per device.
+  """
+  n = lax.axis_size(axis_name)
+  right = [(i, (i + 1) % n) for i in range(n)]
+
+  def reduce(buffer):
+    chunks = _pad_to(buffer, n).reshape(n, -1)
+    me = lax.axis_index(axis_name)
+    chunk = lambda k: lax.dynamic_index_in_dim(chunks, (me - k) % n, keepdims=False)
+    acc = chunk(0)
+    for k in range(1, n):  # unrolled: the program shows every step of the ring
+      acc = lax.ppermute(acc, axis_name, right) + chunk(k)
+    # Device i now holds chunk (i + 1) mod n: gather, then rotate chunk 0 to the front.
+    gathered = lax.all_gather(acc, axis_name, tiled=False, to='invarying')
+    return jnp.roll(gathered, 1, axis=0).reshape(-1)[:buffer.size]
+  return _fused(tree, reduce)
+
+
+def torus2d_psum(tree, axis_names):
+  """All-reduce over two mesh axes (x, y) by [Y]'s 2-D torus algorithm (SOURCES.md §3).
+
+  Each buffer is split in two halves. Half A is reduced along x, then y; half B
+  along y, then x; both in the same step, so the two directions' links work at
+  once. Each phase is written in its bandwidth-optimal form: reduce-scatter on
+  the first axis, all-reduce of the 1/|first| part on the second, all-gather on
+  the first. Per device that moves 2(X−1)/X + 2(Y−1)/(XY) of a half along
+  x (resp. y): less than a single ring over all X·Y devices needs, in fewer
+  steps (latency 2(X−1) + 2(Y−1) hops instead of 2(XY−1)).
+  """
+  x, y = axis_names
+
+  def reduce(buffer):
+    half = (buffer.size + 1) // 2
+    return jnp.concatenate([_scatter_reduce_gather(buffer[:half], x, y),
+                            _scatter_reduce_gather(buffer[half:], y, x)])
+  return _fused(tree, reduce)
+
+
+def _scatter_reduce_gather(v, first, second):
+  n = lax.axis_size(first)
+  part = lax.psum_scatter(_pad_to(v, n), first, scatter_dimension=0, tiled=True)
+  part = lax.psum(part, second)
+  return lax.all_gather(part, first, tiled=True, to='invarying')[:v.size]
+
+
+def _pad_to(v, multiple):
+  return jnp.pad(v, (0, -v.size % multiple))
+
+
+def _fused(tree, reduce):
+  """Applies `reduce` (flat buffer → flat buffer of equal size) to one buffer per dtype
+  holding every leaf of `tree`, and restores the leaves' shapes."""
+  leaves, treedef = jax.tree.flatten(tree)
+  by_dtype = defaultdict(list)
+  for i, leaf in enumerate(leaves):
+    by_dtype[jnp.result_type(leaf)].append(i)
+  out = list(leaves)
+  for indices in by_dtype.values():
+    reduced = reduce(jnp.concatenate([jnp.ravel(leaves[i]) for i in indices]))
+    offset = 0
+    for i in indices:
+      shape = jnp.shape(leaves[i])
+      size = math.prod(shape)
+      out[i] = reduced[offset:offset + size].reshape(shape)
+      offset += size
+  return jax.tree.unflatten(treedef, out)
