@@ -26,7 +26,7 @@ from ml_collections import config_flags  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
-from jaxpar.step import to_global  # noqa: E402
+from jaxpar.step import make_train_step, to_global  # noqa: E402
 
 def write_jpeg_folder(root: str, count: int, size: int = 224, classes: int = 8):
   """Smooth random images (photographs compress like this, noise does not) as JPEGs."""
@@ -59,9 +59,11 @@ def measure(cfg, batches: int, steps: int) -> dict:
   print(file=sys.stderr)
 
   model = build.model(cfg, source.num_classes, mesh)
-  tx, _ = build.optimizer(cfg, global_batch, total_steps=max(steps, cfg.optimizer.warmup_steps) + 1)
-  state = build.initial_state(cfg, model, tx, source.channels, mesh, jax.random.key(0))
-  step = build.train_step(cfg, model, tx, mesh)
+  strategy = build.strategy(cfg, mesh)
+  tx, _ = build.optimizer(cfg, model, source.channels, strategy, global_batch,
+                          total_steps=max(steps, cfg.optimizer.warmup_steps) + 1)
+  state = build.initial_state(cfg, model, tx, strategy, source.channels, mesh, jax.random.key(0))
+  step = make_train_step(model, tx, mesh, strategy)
   device_batch = to_global(mesh, batch)
   rng = jax.random.key(1)
   state, metrics = step(state, device_batch, rng)  # compilation

@@ -1,18 +1,17 @@
-"""From a validated config to what a run needs: the mesh, the model, the optimizer, the
-initial state, the train step and the input stream. `train.py` and the benchmarks in
+"""From a validated config to what a run needs: the mesh, the model, the parallel
+strategy, the optimizer, the initial state and the input stream. `train.py` and the benchmarks in
 `analysis/` build a run the same way."""
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import models, optim
 from jaxpar.data import pipeline
-from jaxpar.parallel.allreduce import mean_all_reduce
+from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.group_batchnorm import group_axes
-from jaxpar.step import TrainState, make_train_step
+from jaxpar.parallel.servers import DistributedServer
+from jaxpar.step import TrainState, init_state, init_variables
 
 
 def mesh(cfg):
@@ -35,29 +34,34 @@ def model(cfg, num_classes: int, mesh):
   return models.MODELS[cfg.model](**kwargs)
 
 
-def optimizer(cfg, global_batch: int, total_steps: int):
-  """(optax transformation, learning-rate schedule)."""
+def strategy(cfg, mesh):
+  """The parallel method of `config.server` (and `grad_reduce` for all-reduce)."""
+  dtype = jnp.dtype(cfg.grad_reduce_dtype)
+  if cfg.server == 'distributed':
+    return DistributedServer(mesh, dtype)
+  return AllReduce(mesh.axis_names, cfg.grad_reduce, dtype)
+
+
+def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_steps: int):
+  """(optax transformation, learning-rate schedule). Weight decay and LARS' trust ratio
+  select kernels by the whole parameters' shapes, whatever the strategy hands the
+  optimizer."""
   schedule = optim.learning_rate(cfg.optimizer, global_batch, total_steps)
-  return optim.make_optimizer(cfg.optimizer, schedule), schedule
+  params = jax.eval_shape(lambda: init_variables(model, _input_shape(cfg, channels),
+                                                 jax.random.key(0)))['params']
+  tx = optim.make_optimizer(cfg.optimizer, schedule, mask=optim.decay_mask(params),
+                            norm_axes=strategy.norm_axes)
+  return tx, schedule
 
 
-def initial_state(cfg, model, tx, channels: int, mesh, rng) -> TrainState:
-  """Freshly initialised parameters, BN statistics and optimizer state, replicated."""
-  def init():
-    # BN's axis name is bound only inside shard_map; the parameters do not depend on it.
-    variables = model.clone(bn_axis_name=None).init(
-        {'params': rng, 'dropout': rng},
-        jnp.zeros((1, cfg.image_size, cfg.image_size, channels)), train=True)
-    return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=variables['params'],
-                      batch_stats=variables.get('batch_stats', {}),
-                      opt_state=tx.init(variables['params']))
-  return jax.jit(init, out_shardings=NamedSharding(mesh, P()))()
+def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng) -> TrainState:
+  """Freshly initialised parameters, BN statistics and optimizer state, in the
+  strategy's layout on the mesh."""
+  return init_state(model, tx, strategy, mesh, _input_shape(cfg, channels), rng)
 
 
-def train_step(cfg, model, tx, mesh):
-  reduce_grads = mean_all_reduce(mesh.axis_names, cfg.grad_reduce,
-                                 jnp.dtype(cfg.grad_reduce_dtype))
-  return make_train_step(model, tx, mesh, reduce_grads)
+def _input_shape(cfg, channels):
+  return (1, cfg.image_size, cfg.image_size, channels)
 
 
 def train_batches(cfg, source, global_batch: int, start: int):

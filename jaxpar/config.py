@@ -11,6 +11,7 @@ import os
 import ml_collections
 
 SCHEMES = ('sync-split', 'sync-join')
+SERVERS = ('allreduce', 'distributed')
 DTYPES = ('float32', 'bfloat16', 'float16')
 REDUCE_DTYPES = ('float32', 'bfloat16')
 
@@ -51,6 +52,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.mesh.axes = ('data',)       # every axis is a data axis: the batch is split over all of them
   c.mesh.emulate_cpu_devices = True  # on CPU, create as many devices as the mesh needs
 
+  # [T]'s parameter servers: allreduce (every device holds and updates all the
+  # weights) or distributed (each device owns 1/N of every tensor: gradients are
+  # reduce-scattered to the owners, which alone hold the optimizer state).
+  c.server = 'allreduce'
   # How gradients are summed over the data axes: psum (XLA's all-reduce), ring
   # ([L]: ppermute ring over all devices), torus2d ([Y]: a 2-axis mesh only).
   c.grad_reduce = 'psum'
@@ -167,8 +172,14 @@ def validate(c) -> None:
   if len(axes) != len(shape) or len(set(axes)) != len(axes):
     _fail('mesh.axes', axes, f'expected {len(shape)} distinct names, one per mesh.shape entry')
 
+  if c.server not in SERVERS:
+    _fail('server', c.server, f'choose one of {list(SERVERS)}')
   if c.grad_reduce not in SUMS:
     _fail('grad_reduce', c.grad_reduce, f'choose one of {list(SUMS)}')
+  if c.server != 'allreduce' and c.grad_reduce != 'psum':
+    _fail('grad_reduce', c.grad_reduce,
+          f'server={c.server!r} reduce-scatters gradients to their owners; ring and torus2d '
+          f'apply to server=allreduce: leave grad_reduce=psum')
   if c.grad_reduce == 'torus2d' and len(shape) != 2:
     _fail('grad_reduce', c.grad_reduce,
           f'torus2d reduces over two mesh axes but mesh.shape={shape} has {len(shape)}; '

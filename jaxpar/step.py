@@ -2,16 +2,17 @@
 
 Every parallel method is a variation of: compute a local loss and gradients on
 this device's share of the batch, combine them across devices, update. The step
-owns the shared parts; a method supplies `reduce_grads` (see `parallel/`), and
-the model's BatchNorm axes decide which devices share batch statistics (the
-running statistics are then averaged over the rest: `parallel/group_batchnorm.py`).
+owns the shared parts; a method is a `Strategy` (see `parallel/`) that combines
+the gradients, updates, and lays out the state. The model's BatchNorm axes decide
+which devices share batch statistics (the running statistics are then averaged
+over the rest: `parallel/group_batchnorm.py`).
 
 Gradients are taken w.r.t. a *varying* copy of the replicated parameters
-(`lax.pcast(..., to='varying')`), so they stay per-device and the reduction is
-exactly what `reduce_grads` does. (Differentiating w.r.t. the replicated `P()`
+(`lax.pcast(..., to='varying')`), so they stay per-device and their combination
+is exactly what the strategy does. (Differentiating w.r.t. the replicated `P()`
 parameters would make JAX sum them across devices implicitly.)
 """
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import flax
 import jax
@@ -51,8 +52,27 @@ def batch_spec(mesh):
   return P(mesh.axis_names)
 
 
-def make_train_step(model, tx: optax.GradientTransformation, mesh,
-                    reduce_grads: Callable[[Any], Any]) -> Callable:
+class Strategy(Protocol):
+  """How a parallel method combines gradients and updates, and how it lays out the state.
+
+  The step computes each device's loss and gradients; the strategy does the rest.
+  Layouts: replicated (`P()`), split among owner devices (`P(axes)` on a leading
+  dimension), or one copy per device. `parallel/allreduce.py: AllReduce` and
+  `parallel/servers.py` implement it.
+  """
+  norm_axes: Any  # mesh axes over which the optimizer's leaves are sharded (None: whole)
+
+  def state_specs(self, state: TrainState) -> TrainState:
+    """A PartitionSpec for every leaf of the (global) state."""
+
+  def init_opt_state(self, tx, params):
+    """The initial optimizer state in this layout, from the whole parameters (under jit)."""
+
+  def update(self, tx, grads, state: TrainState):
+    """Inside shard_map: (new params, new optimizer state) from this device's gradients."""
+
+
+def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Strategy) -> Callable:
   """Returns jitted `step(state, batch, rng) -> (state, metrics)`.
 
   `batch` = {'image', 'label'} sharded over the data axes; `rng` a key shared by
@@ -73,13 +93,12 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh,
       return loss, (logits, new_vars.get('batch_stats', {}))
 
     (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    grads = reduce_grads(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params, opt_state = strategy.update(tx, grads, state)
     local_batch = batch['label'].shape[0]
     new_state = state.replace(
         step=state.step + 1,
         examples_seen=state.examples_seen + local_batch * lax.psum(1, axes),
-        params=optax.apply_updates(state.params, updates),
+        params=params,
         # BatchNorm combined them within its group; the groups' running
         # statistics are averaged so the state stays replicated.
         batch_stats=sync_batch_stats(batch_stats),
@@ -87,9 +106,30 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh,
     metrics = {'loss': loss, 'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label'])}
     return new_state, lax.pmean(metrics, axes)
 
-  step = jax.shard_map(local_step, mesh=mesh, in_specs=(P(), batch_spec(mesh), P()),
-                       out_specs=(P(), P()))
+  def step(state, batch, rng):
+    specs = strategy.state_specs(state)
+    return jax.shard_map(local_step, mesh=mesh, in_specs=(specs, batch_spec(mesh), P()),
+                         out_specs=(specs, P()))(state, batch, rng)
   return jax.jit(step, donate_argnums=0)
+
+
+def init_variables(model, input_shape, rng):
+  """The model's freshly initialised {'params', 'batch_stats'?}."""
+  # BN's axis name is bound only inside shard_map; the parameters do not depend on it.
+  return model.clone(bn_axis_name=None).init({'params': rng, 'dropout': rng},
+                                             jnp.zeros(input_shape), train=True)
+
+
+def init_state(model, tx, strategy: Strategy, mesh, input_shape, rng) -> TrainState:
+  """Freshly initialised parameters, BN statistics and optimizer state, placed on the
+  mesh in the strategy's layout."""
+  def init():
+    variables = init_variables(model, input_shape, rng)
+    return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=variables['params'],
+                      batch_stats=variables.get('batch_stats', {}),
+                      opt_state=strategy.init_opt_state(tx, variables['params']))
+  specs = strategy.state_specs(jax.eval_shape(init))
+  return jax.jit(init, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), specs))()
 
 
 def make_eval_step(model, mesh) -> Callable:

@@ -23,7 +23,7 @@ from jaxpar import config as config_lib
 from jaxpar.checkpoint import Checkpoints
 from jaxpar.data import pipeline, sources
 from jaxpar.metrics import Reporter
-from jaxpar.step import make_eval_step
+from jaxpar.step import make_eval_step, make_train_step
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].',
                                           lock_config=True)
@@ -68,18 +68,19 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
   logging.info('%s, %s: global batch %d on mesh %s %s, %d steps; %d train / %d test examples.',
                cfg.model, cfg.scheme, global_batch, tuple(cfg.mesh.shape), tuple(cfg.mesh.axes),
                total_steps, source.num_train_global, source.num_test_global)
-  logging.info('Gradients: %s in %s; BN groups of %d devices; compute in %s; %s, %s schedule.',
-               cfg.grad_reduce, cfg.grad_reduce_dtype,
+  logging.info('Server %s, gradients: %s in %s; BN groups of %d devices; compute in %s; '
+               '%s, %s schedule.', cfg.server, cfg.grad_reduce, cfg.grad_reduce_dtype,
                cfg.bn_group_size or config_lib.num_devices(cfg), cfg.dtype, cfg.optimizer.name,
                cfg.optimizer.schedule)
 
   # ------------------------------------------------------------------ model and optimizer
   model = build.model(cfg, source.num_classes, mesh)
-  tx, schedule = build.optimizer(cfg, global_batch, total_steps)
+  strategy = build.strategy(cfg, mesh)
+  tx, schedule = build.optimizer(cfg, model, source.channels, strategy, global_batch, total_steps)
 
   # ------------------------------------------------------------------ state
   rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
-  state = build.initial_state(cfg, model, tx, source.channels, mesh, rng_init)
+  state = build.initial_state(cfg, model, tx, strategy, source.channels, mesh, rng_init)
 
   # ------------------------------------------------------------------ checkpoint restore
   checkpoints = Checkpoints(workdir, cfg.checkpoint_every, cfg.keep_checkpoints)
@@ -89,7 +90,7 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
     logging.info('Resumed from step %d (example %d).', first_step, int(state.examples_seen))
 
   # ------------------------------------------------------------------ loop
-  train_step = build.train_step(cfg, model, tx, mesh)
+  train_step = make_train_step(model, tx, mesh, strategy)
   eval_step = make_eval_step(model, mesh)
   batches = pipeline.prefetch_to_device(
       build.train_batches(cfg, source, global_batch, start=int(state.examples_seen)), mesh)

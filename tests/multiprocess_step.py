@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from test_step import TinyResNet, _batches, _init  # noqa: E402
 
-from jaxpar.parallel.allreduce import mean_all_reduce  # noqa: E402
+from jaxpar.parallel.allreduce import AllReduce  # noqa: E402
 from jaxpar.step import make_train_step, to_global  # noqa: E402
 
 assert jax.process_count() == num_processes and jax.device_count() == 8
@@ -32,7 +32,7 @@ tx = optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.1, momentum=0.9))
 model = TinyResNet(bn_axis_name=mesh.axis_names)
 state = jax.jit(lambda: _init(model, tx, (1, 16, 16, 3)),
                 out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))()
-step = make_train_step(model, tx, mesh, mean_all_reduce(mesh.axis_names))
+step = make_train_step(model, tx, mesh, AllReduce(mesh.axis_names))
 losses = []
 rows = 32 // num_processes
 for batch in _batches(3, batch=32):

@@ -12,9 +12,10 @@ import pytest
 from analysis.hlo import collectives
 from jaxpar import models
 from jaxpar.mesh import make_mesh
-from jaxpar.parallel.allreduce import mean_all_reduce
+from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.group_batchnorm import group_axes
-from jaxpar.step import TrainState, loss_and_logits, make_eval_step, make_train_step, to_global
+from jaxpar.step import (TrainState, init_state, loss_and_logits, make_eval_step, make_train_step,
+                         to_global)
 
 # A small ResNet: same blocks and BatchNorm as ResNet34, cheap to compile.
 TinyResNet = functools.partial(models.ResNet, stage_sizes=(1, 1), num_filters=8, num_classes=5)
@@ -35,11 +36,12 @@ def _batches(n, batch, size=16, seed=0):
            'label': rng.integers(0, 5, batch).astype(np.int32)} for _ in range(n)]
 
 
-def _sharded_run(model, tx, mesh, batches, reduce_grads=None, bn_group_size=0):
+def _sharded_run(model, tx, mesh, batches, strategy=None, bn_group_size=0):
   model = model.clone(bn_axis_name=group_axes(mesh.devices.shape, mesh.axis_names, bn_group_size))
-  state = jax.device_put(_init(model, tx, (1,) + batches[0]['image'].shape[1:]),
-                         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  step = make_train_step(model, tx, mesh, reduce_grads or mean_all_reduce(mesh.axis_names))
+  strategy = strategy or AllReduce(mesh.axis_names)
+  state = init_state(model, tx, strategy, mesh, (1,) + batches[0]['image'].shape[1:],
+                     jax.random.key(0))
+  step = make_train_step(model, tx, mesh, strategy)
   losses = []
   for b in batches:
     state, metrics = step(state, to_global(mesh, b), jax.random.key(7))
@@ -92,7 +94,9 @@ def test_an_extra_sum_would_be_caught():
   model = TinyResNet(bn_axis_name=('data',))
   state = jax.device_put(_init(model, tx, (1, 16, 16, 3)),
                          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  step = make_train_step(model, tx, mesh, lambda g: jax.lax.psum(g, 'data'))
+  summing = AllReduce(('data',))
+  summing.reduce = lambda g: jax.lax.psum(g, 'data')
+  step = make_train_step(model, tx, mesh, summing)
   for b in batches:
     state, _ = step(state, to_global(mesh, b), jax.random.key(7))
   ref_state, _ = _reference_run(TinyResNet(), tx, batches)
@@ -118,7 +122,7 @@ def test_dropout_draws_a_different_mask_on_each_device():
   model = DropoutProbe()
   state = jax.device_put(_init(model, tx, (1, 64)),
                          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  step = make_train_step(model, tx, mesh, mean_all_reduce(('data',)))
+  step = make_train_step(model, tx, mesh, AllReduce(('data',)))
   batch = {'image': np.ones((8, 64), np.float32), 'label': np.zeros(8, np.int32)}
   state, _ = step(state, to_global(mesh, batch), jax.random.key(3))
   # Per device, d loss / d kernel[j, 0] = -0.5 · 2 · mask_j; SGD(1) applies the
@@ -161,7 +165,7 @@ def test_ring_and_torus_steps_equal_the_psum_step(kind):
   batches = _batches(3, batch=32)
   mesh = make_mesh((2, 4), ('x', 'y'))
   state, losses = _sharded_run(TinyResNet(), tx, mesh, batches,
-                               mean_all_reduce(mesh.axis_names, kind), bn_group_size=4)
+                               AllReduce(mesh.axis_names, kind), bn_group_size=4)
   ref_state, ref_losses = _sharded_run(TinyResNet(), tx, mesh, batches, bn_group_size=4)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   _assert_trees_close(state.params, ref_state.params, rtol=1e-4, atol=1e-6)
@@ -176,7 +180,7 @@ def test_bfloat16_compute_keeps_float32_state_and_tracks_float32_losses():
   mesh = make_mesh((2, 4), ('x', 'y'))
   f32_state, f32_losses = _sharded_run(TinyResNet(), tx, mesh, batches)
   state, losses = _sharded_run(TinyResNet(dtype=jnp.bfloat16), tx, mesh, batches,
-                               mean_all_reduce(mesh.axis_names, 'psum', jnp.bfloat16))
+                               AllReduce(mesh.axis_names, 'psum', jnp.bfloat16))
   for tree in (state.params, state.opt_state, state.batch_stats):
     assert {x.dtype for x in jax.tree.leaves(tree)} == {jnp.dtype(jnp.float32)}
   np.testing.assert_allclose(losses, f32_losses, rtol=2e-2)
@@ -195,7 +199,7 @@ def test_bfloat16_reduction_sends_bfloat16(kind):
   batch = to_global(mesh, _batches(1, batch=16)[0])
 
   def program(dtype):
-    step = make_train_step(model, tx, mesh, mean_all_reduce(mesh.axis_names, kind, dtype))
+    step = make_train_step(model, tx, mesh, AllReduce(mesh.axis_names, kind, dtype))
     return collectives(step.lower(state, batch, jax.random.key(0)).as_text())
   f32, bf16 = program(None), program(jnp.bfloat16)
   assert sorted((c.op, c.shape) for c in f32) == sorted((c.op, c.shape) for c in bf16)

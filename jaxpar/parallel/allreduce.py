@@ -12,7 +12,9 @@ the optimizer always sees float32 ([Y]'s mixed precision keeps the reduction in
 float32 by default).
 """
 import jax
+import optax
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from jaxpar.parallel.collectives import ring_psum, torus2d_psum
 
@@ -20,7 +22,7 @@ SUMS = {'psum': lax.psum, 'ring': ring_psum, 'torus2d': torus2d_psum}
 
 
 def mean_all_reduce(axes, kind: str = 'psum', dtype=None):
-  """Gradient reduction for `make_train_step`: the mean over the data `axes`.
+  """The mean over the data `axes` of a gradient tree, inside `shard_map`.
 
   `kind` names the sum in `SUMS`; `torus2d` needs exactly two axes. `dtype`
   (e.g. jnp.bfloat16) is the dtype the gradients travel in; None keeps theirs.
@@ -33,3 +35,23 @@ def mean_all_reduce(axes, kind: str = 'psum', dtype=None):
     n = lax.axis_size(axes)
     return jax.tree.map(lambda s, g: s.astype(g.dtype) / n, summed, grads)
   return reduce
+
+
+class AllReduce:
+  """The step's strategy for all-reduce data parallelism: every device holds the whole
+  parameters and optimizer state (replicated), averages the gradients with
+  `mean_all_reduce` and applies the same update."""
+  norm_axes = None  # the optimizer sees whole tensors
+
+  def __init__(self, axes, kind: str = 'psum', dtype=None):
+    self.reduce = mean_all_reduce(axes, kind, dtype)
+
+  def state_specs(self, state):
+    return jax.tree.map(lambda _: P(), state)
+
+  def init_opt_state(self, tx, params):
+    return tx.init(params)
+
+  def update(self, tx, grads, state):
+    updates, opt_state = tx.update(self.reduce(grads), state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), opt_state

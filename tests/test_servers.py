@@ -1,0 +1,89 @@
+"""[T]'s distributed parameter server against all-reduce: same training, 1/N of the
+optimizer state per device, checkpoints of the sharded layout."""
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jaxpar import config as config_lib
+from jaxpar import optim
+from jaxpar.checkpoint import Checkpoints
+from jaxpar.mesh import make_mesh
+from jaxpar.parallel.allreduce import AllReduce
+from jaxpar.parallel.servers import DistributedServer
+from jaxpar.step import init_state, init_variables, make_train_step, to_global
+from test_step import TinyResNet, _assert_trees_close, _batches, _sharded_run
+
+IMAGE = (1, 16, 16, 3)
+
+
+def _optimizer(name, strategy):
+  c = config_lib.defaults().optimizer
+  c.name, c.weight_decay, c.momentum = name, 1e-3, 0.9
+  params = jax.eval_shape(lambda: init_variables(TinyResNet(), IMAGE, jax.random.key(0)))['params']
+  return optim.make_optimizer(c, optax.constant_schedule(0.5 if name == 'lars' else 0.05),
+                              mask=optim.decay_mask(params), norm_axes=strategy.norm_axes)
+
+
+@pytest.mark.parametrize('name', ['sgd', 'lars'])
+def test_distributed_server_trains_like_all_reduce(name):
+  """Three steps of SGD + momentum, or of LARS (whose trust ratios need whole-tensor norms,
+  summed over the owners of a tensor's slices), give the all-reduce parameters."""
+  mesh = make_mesh((2, 4), ('x', 'y'))
+  batches = _batches(3, batch=32)
+  server = DistributedServer(mesh)
+  state, losses = _sharded_run(TinyResNet(), _optimizer(name, server), mesh, batches, server)
+  allreduce = AllReduce(mesh.axis_names)
+  ref, ref_losses = _sharded_run(TinyResNet(), _optimizer(name, allreduce), mesh, batches,
+                                 allreduce)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+  assert losses[2] != losses[0]
+  _assert_trees_close(state.params, ref.params, rtol=1e-4, atol=1e-6)
+  _assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-4, atol=1e-6)
+
+
+def _bytes_per_device(tree):
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+
+
+def test_distributed_optimizer_state_is_one_nth_per_device():
+  """Read from the arrays' shards on device 0, not from a formula."""
+  mesh = make_mesh((8,), ('data',))
+  sizes = {}
+  for strategy in (AllReduce(mesh.axis_names), DistributedServer(mesh)):
+    tx = _optimizer('sgd', strategy)
+    state = init_state(TinyResNet(), tx, strategy, mesh, IMAGE, jax.random.key(0))
+    sizes[type(strategy).__name__] = _bytes_per_device(state.opt_state)
+  ratio = sizes['DistributedServer'] / sizes['AllReduce']
+  # Each tensor's slice is ⌈size/8⌉: a little over 1/8 for the small tensors.
+  assert 1 / 8 <= ratio < 1 / 8 * 1.05, sizes
+
+
+def test_distributed_checkpoint_resumes_exactly(tmp_path):
+  mesh = make_mesh((2, 4), ('x', 'y'))
+  server = DistributedServer(mesh)
+  tx = _optimizer('sgd', server)
+  model = TinyResNet(bn_axis_name=mesh.axis_names)
+  step = make_train_step(model, tx, mesh, server)
+  fresh = lambda: init_state(model, tx, server, mesh, IMAGE, jax.random.key(0))
+  batches = [to_global(mesh, b) for b in _batches(4, batch=32)]
+
+  state = fresh()
+  for b in batches:
+    state, _ = step(state, b, jax.random.key(7))
+  whole = jax.device_get(state)
+
+  checkpoints = Checkpoints(str(tmp_path), every=2, keep=1)
+  state = fresh()
+  for i, b in enumerate(batches[:2]):
+    state, _ = step(state, b, jax.random.key(7))
+  checkpoints.save(2, state)
+  checkpoints.close()
+  restored = Checkpoints(str(tmp_path), every=2, keep=1).restore_latest(fresh())
+  assert int(restored.step) == 2
+  opt_leaf = next(x for x in jax.tree.leaves(restored.opt_state) if x.ndim)
+  assert opt_leaf.sharding.spec == jax.sharding.PartitionSpec(('x', 'y'))  # still sharded
+  for b in batches[2:]:
+    restored, _ = step(restored, b, jax.random.key(7))
+  _assert_trees_close(jax.device_get(restored.params), whole.params, rtol=1e-6, atol=1e-7)
+  _assert_trees_close(jax.device_get(restored.opt_state), whole.opt_state, rtol=1e-6, atol=1e-7)
