@@ -38,20 +38,16 @@ def strategy(cfg, mesh):
   """The parallel method of `config.server` (and `grad_reduce` for all-reduce)."""
   dtype = jnp.dtype(cfg.grad_reduce_dtype)
   if cfg.server == 'distributed':
-    return DistributedServer(mesh, dtype)
+    return DistributedServer(mesh, dtype, cfg.placement)
   return AllReduce(mesh.axis_names, cfg.grad_reduce, dtype)
 
 
 def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_steps: int):
-  """(optax transformation, learning-rate schedule). Weight decay and LARS' trust ratio
-  select kernels by the whole parameters' shapes, whatever the strategy hands the
-  optimizer."""
+  """(optax transformation, learning-rate schedule), for the strategy's layout."""
   schedule = optim.learning_rate(cfg.optimizer, global_batch, total_steps)
   params = jax.eval_shape(lambda: init_variables(model, _input_shape(cfg, channels),
                                                  jax.random.key(0)))['params']
-  tx = optim.make_optimizer(cfg.optimizer, schedule, mask=optim.decay_mask(params),
-                            norm_axes=strategy.norm_axes)
-  return tx, schedule
+  return strategy.make_optimizer(cfg.optimizer, schedule, params), schedule
 
 
 def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng) -> TrainState:

@@ -56,6 +56,9 @@ def defaults() -> ml_collections.ConfigDict:
   # weights) or distributed (each device owns 1/N of every tensor: gradients are
   # reduce-scattered to the owners, which alone hold the optimizer state).
   c.server = 'allreduce'
+  # distributed: which device owns what. even = 1/N of every tensor; greedy = [T]'s
+  # Algorithm 3.7, whole tensors to the least-loaded device.
+  c.placement = 'even'
   # How gradients are summed over the data axes: psum (XLA's all-reduce), ring
   # ([L]: ppermute ring over all devices), torus2d ([Y]: a 2-axis mesh only).
   c.grad_reduce = 'psum'
@@ -130,6 +133,7 @@ def validate(c) -> None:
   from jaxpar.optim import OPTIMIZERS, SCHEDULES
   from jaxpar.parallel.allreduce import SUMS
   from jaxpar.parallel.group_batchnorm import group_sizes
+  from jaxpar.parallel.servers import PLACEMENTS
 
   if c.model not in MODELS:
     _fail('model', c.model, f'choose one of {sorted(MODELS)}')
@@ -176,6 +180,10 @@ def validate(c) -> None:
     _fail('server', c.server, f'choose one of {list(SERVERS)}')
   if c.grad_reduce not in SUMS:
     _fail('grad_reduce', c.grad_reduce, f'choose one of {list(SUMS)}')
+  if c.placement not in PLACEMENTS:
+    _fail('placement', c.placement, f'choose one of {list(PLACEMENTS)}')
+  if c.placement != 'even' and c.server != 'distributed':
+    _fail('placement', c.placement, "placement applies to server='distributed'; leave it 'even'")
   if c.server != 'allreduce' and c.grad_reduce != 'psum':
     _fail('grad_reduce', c.grad_reduce,
           f'server={c.server!r} reduce-scatters gradients to their owners; ring and torus2d '

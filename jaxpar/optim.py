@@ -3,7 +3,7 @@
 Weight decay (and LARS' trust ratio) apply to kernels only: biases and BN
 scale/bias are excluded through optax masks, as in [Y] and MLPerf's ResNet.
 """
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,26 +35,16 @@ def learning_rate(opt_config, global_batch: int, total_steps: int) -> optax.Sche
       [c.warmup_steps])
 
 
-def make_optimizer(opt_config, schedule: optax.Schedule, mask: Any = decay_mask,
-                   norm_axes: Optional[tuple] = None) -> optax.GradientTransformation:
-  """SGD or LARS from config.
-
-  `mask` selects the leaves that get weight decay and LARS' trust ratio: a
-  callable on the parameters or a tree of bools. A strategy that hands the
-  optimizer shards of the parameters passes the tree computed from the whole
-  parameters, and in `norm_axes` the mesh axes the shards are spread over, so
-  that LARS' norms are those of whole tensors.
-  """
+def make_optimizer(opt_config, schedule: optax.Schedule) -> optax.GradientTransformation:
   c = opt_config
   if c.name == 'lars':
-    # optax.lars, with norms that may span the devices holding a tensor's shards.
-    return optax.chain(
-        optax.add_decayed_weights(c.weight_decay, mask=mask),
-        optax.masked(scale_by_trust_ratio(c.trust_coefficient, norm_axes), mask),
-        optax.scale_by_learning_rate(schedule),
-        optax.trace(decay=c.momentum, nesterov=c.nesterov))
+    # You et al. 2017: each kernel's step is scaled by trust_coefficient·‖w‖/‖g + λw‖;
+    # biases and BN parameters take the plain learning rate, undecayed.
+    return optax.lars(schedule, weight_decay=c.weight_decay, weight_decay_mask=decay_mask,
+                      trust_coefficient=c.trust_coefficient, trust_ratio_mask=decay_mask,
+                      momentum=c.momentum, nesterov=c.nesterov)
   return optax.chain(
-      optax.add_decayed_weights(c.weight_decay, mask=mask),
+      optax.add_decayed_weights(c.weight_decay, mask=decay_mask),
       optax.sgd(schedule, momentum=c.momentum, nesterov=c.nesterov))
 
 
@@ -62,20 +52,35 @@ class _Empty(NamedTuple):
   pass
 
 
-def scale_by_trust_ratio(trust_coefficient: float, norm_axes: Optional[tuple] = None):
-  """LARS' trust ratio (You et al. 2017): scales each update u of a tensor w by
-  η·‖w‖/‖u‖ (u is the decayed gradient g + λw), or by 1 where either norm is 0,
-  as `optax.scale_by_trust_ratio`. With `norm_axes` (inside `shard_map`) each
-  device holds a shard of every tensor and the squared norms are summed over
-  those axes first."""
-  def norm(x):
-    squares = jnp.sum(jnp.square(x))
-    return jnp.sqrt(lax.psum(squares, norm_axes) if norm_axes else squares)
+def make_packed_optimizer(opt_config, schedule: optax.Schedule, segments, decayed,
+                          axes: tuple) -> optax.GradientTransformation:
+  """SGD or LARS on packed vectors: each device of the mesh `axes` updates one vector
+  holding its share of the elements of many tensors (a parameter server's slices).
 
-  def update(updates, state, params):
-    def scale(u, w):
-      w_norm, u_norm = norm(w), norm(u)
-      ratio = trust_coefficient * w_norm / u_norm
-      return u * jnp.where((w_norm == 0) | (u_norm == 0), 1.0, ratio).astype(u.dtype)
-    return jax.tree.map(scale, updates, params), state
-  return optax.GradientTransformation(lambda params: _Empty(), update)
+  `segments` (N, capacity) gives each element's tensor on each device and
+  `decayed[t]` whether tensor t is a kernel (weight decay and trust ratio); the
+  trust ratio's norms are those of whole tensors, summed over the devices holding
+  their pieces. Runs inside `shard_map`. Equal, element by element, to
+  `make_optimizer` on the unpacked tensors.
+  """
+  c = opt_config
+  table, kernel = jnp.asarray(segments), jnp.asarray(decayed)
+
+  def update(u, state, params):
+    segment = lax.dynamic_index_in_dim(table, lax.axis_index(axes), keepdims=False)
+    mask = kernel[segment]
+    u = u + c.weight_decay * jnp.where(mask, params, 0.0)
+    if c.name == 'lars':
+      def norms(x):
+        squares = jax.ops.segment_sum(jnp.square(x), segment, num_segments=len(decayed))
+        return jnp.sqrt(lax.psum(squares, axes))[segment]
+      w_norm, u_norm = norms(params), norms(u)
+      ratio = jnp.where((w_norm == 0) | (u_norm == 0), 1.0, c.trust_coefficient * w_norm / u_norm)
+      u = u * jnp.where(mask, ratio, 1.0)
+    return u, state
+  decay_and_trust = optax.GradientTransformation(lambda params: _Empty(), update)
+  if c.name == 'lars':
+    return optax.chain(decay_and_trust, optax.scale_by_learning_rate(schedule),
+                       optax.trace(decay=c.momentum, nesterov=c.nesterov))
+  return optax.chain(decay_and_trust,
+                     optax.sgd(schedule, momentum=c.momentum, nesterov=c.nesterov))

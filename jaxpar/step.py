@@ -60,7 +60,8 @@ class Strategy(Protocol):
   dimension), or one copy per device. `parallel/allreduce.py: AllReduce` and
   `parallel/servers.py` implement it.
   """
-  norm_axes: Any  # mesh axes over which the optimizer's leaves are sharded (None: whole)
+  def make_optimizer(self, opt_config, schedule, params) -> optax.GradientTransformation:
+    """The optimizer of `config.optimizer` for this layout (`params`' shapes suffice)."""
 
   def state_specs(self, state: TrainState) -> TrainState:
     """A PartitionSpec for every leaf of the (global) state."""

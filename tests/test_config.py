@@ -45,6 +45,8 @@ def test_defaults_are_valid():
     ({'distributed.num_processes': 3, 'distributed.coordinator': 'localhost:1234'},
      'config.distributed.num_processes', 'split evenly'),
     ({'server': 'central-ish'}, 'config.server', "'distributed'"),
+    ({'server': 'distributed', 'placement': 'random'}, 'config.placement', "'greedy'"),
+    ({'placement': 'greedy'}, 'config.placement', "server='distributed'"),
     ({'server': 'distributed', 'grad_reduce': 'ring'}, 'config.grad_reduce',
      'leave grad_reduce=psum'),
     ({'grad_reduce': 'tree'}, 'config.grad_reduce', "'torus2d'"),

@@ -6,11 +6,10 @@ import optax
 import pytest
 
 from jaxpar import config as config_lib
-from jaxpar import optim
 from jaxpar.checkpoint import Checkpoints
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
-from jaxpar.parallel.servers import DistributedServer
+from jaxpar.parallel.servers import DistributedServer, Packing, greedy_owners
 from jaxpar.step import init_state, init_variables, make_train_step, to_global
 from test_step import TinyResNet, _assert_trees_close, _batches, _sharded_run
 
@@ -21,17 +20,18 @@ def _optimizer(name, strategy):
   c = config_lib.defaults().optimizer
   c.name, c.weight_decay, c.momentum = name, 1e-3, 0.9
   params = jax.eval_shape(lambda: init_variables(TinyResNet(), IMAGE, jax.random.key(0)))['params']
-  return optim.make_optimizer(c, optax.constant_schedule(0.5 if name == 'lars' else 0.05),
-                              mask=optim.decay_mask(params), norm_axes=strategy.norm_axes)
+  return strategy.make_optimizer(c, optax.constant_schedule(0.5 if name == 'lars' else 0.05),
+                                 params)
 
 
+@pytest.mark.parametrize('placement', ['even', 'greedy'])
 @pytest.mark.parametrize('name', ['sgd', 'lars'])
-def test_distributed_server_trains_like_all_reduce(name):
+def test_distributed_server_trains_like_all_reduce(name, placement):
   """Three steps of SGD + momentum, or of LARS (whose trust ratios need whole-tensor norms,
   summed over the owners of a tensor's slices), give the all-reduce parameters."""
   mesh = make_mesh((2, 4), ('x', 'y'))
   batches = _batches(3, batch=32)
-  server = DistributedServer(mesh)
+  server = DistributedServer(mesh, placement=placement)
   state, losses = _sharded_run(TinyResNet(), _optimizer(name, server), mesh, batches, server)
   allreduce = AllReduce(mesh.axis_names)
   ref, ref_losses = _sharded_run(TinyResNet(), _optimizer(name, allreduce), mesh, batches,
@@ -43,20 +43,37 @@ def test_distributed_server_trains_like_all_reduce(name):
 
 
 def _bytes_per_device(tree):
-  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+  """Bytes of the per-element state (momentum) on one device; scalar counters aside."""
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree) if x.ndim)
 
 
 def test_distributed_optimizer_state_is_one_nth_per_device():
   """Read from the arrays' shards on device 0, not from a formula."""
   mesh = make_mesh((8,), ('data',))
-  sizes = {}
-  for strategy in (AllReduce(mesh.axis_names), DistributedServer(mesh)):
+  sizes, servers = {}, {}
+  for name, strategy in [('replicated', AllReduce(mesh.axis_names)),
+                         ('even', DistributedServer(mesh, placement='even')),
+                         ('greedy', DistributedServer(mesh, placement='greedy'))]:
     tx = _optimizer('sgd', strategy)
     state = init_state(TinyResNet(), tx, strategy, mesh, IMAGE, jax.random.key(0))
-    sizes[type(strategy).__name__] = _bytes_per_device(state.opt_state)
-  ratio = sizes['DistributedServer'] / sizes['AllReduce']
-  # Each tensor's slice is ⌈size/8⌉: a little over 1/8 for the small tensors.
-  assert 1 / 8 <= ratio < 1 / 8 * 1.05, sizes
+    sizes[name], servers[name] = _bytes_per_device(state.opt_state), strategy
+  # Even: each tensor's slice is ⌈size/8⌉, a little over 1/8 for the small tensors.
+  assert 1 / 8 <= sizes['even'] / sizes['replicated'] < 1 / 8 * 1.05, sizes
+  # Greedy: whole tensors; every device's vector is as long as the largest load.
+  loads = servers['greedy'].packing.loads
+  assert sum(loads) * 4 == sizes['replicated']
+  assert sizes['greedy'] == max(loads) * 4 < sizes['replicated'] / 2
+
+
+def test_greedy_placement_is_algorithm_3_7():
+  """Each tensor in turn to the least-loaded unit, the lowest index on ties."""
+  assert greedy_owners([5, 3, 3, 2, 2], 2) == ([0, 1, 1, 0, 1], [7, 8])
+  assert greedy_owners([1, 1, 1], 4) == ([0, 1, 2], [1, 1, 1, 0])
+  packing = Packing.build([5, 3, 3, 2, 2], 2, 'greedy')
+  # Device 1 holds tensors 1, 2, 4 whole (elements 5..10 and 13..14), padded to 8.
+  assert packing.index[1].tolist() == [5, 6, 7, 8, 9, 10, 13, 14]
+  assert packing.index[0].tolist() == [0, 1, 2, 3, 4, 11, 12, 15]  # 15: padding
+  assert packing.segment[0].tolist() == [0, 0, 0, 0, 0, 3, 3, 5]
 
 
 def test_distributed_checkpoint_resumes_exactly(tmp_path):

@@ -52,6 +52,10 @@ def _tfds(cfg) -> Source:
                       f'config.dataset.data_dir={str(builder.data_dir_root)!r}: '
                       + ' '.join(str(e).split())) from e
   image_key, label_key = builder.info.supervised_keys
+  if not isinstance(builder.info.features[image_key], tfds.features.Image):
+    # The pipeline decodes (and for JPEG crops while decoding) encoded images itself.
+    raise ConfigError(f'config.dataset.name={cfg.name!r} is invalid: its {image_key!r} feature '
+                      f'is not an encoded image (tfds.features.Image); use an image dataset')
 
   def split(name):
     own = tfds.split_for_jax_process(name)

@@ -16,6 +16,7 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import optim
 from jaxpar.parallel.collectives import ring_psum, torus2d_psum
 
 SUMS = {'psum': lax.psum, 'ring': ring_psum, 'torus2d': torus2d_psum}
@@ -41,10 +42,12 @@ class AllReduce:
   """The step's strategy for all-reduce data parallelism: every device holds the whole
   parameters and optimizer state (replicated), averages the gradients with
   `mean_all_reduce` and applies the same update."""
-  norm_axes = None  # the optimizer sees whole tensors
-
   def __init__(self, axes, kind: str = 'psum', dtype=None):
     self.reduce = mean_all_reduce(axes, kind, dtype)
+
+  def make_optimizer(self, opt_config, schedule, params):
+    del params  # the optimizer sees whole tensors: masks come from their shapes
+    return optim.make_optimizer(opt_config, schedule)
 
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state)

@@ -1,78 +1,162 @@
 """[T]'s parameter servers as strategies of the one train step.
 
 The distributed server ([T] §3.3.3, eq. 4.12): every worker is also the server of
-one part of the weights. Here each tensor is split evenly over the N devices
-(flattened, padded to a multiple of N): device i owns slice i of every tensor.
-One step:
+part of the weights. Placement (config `placement`) decides which part:
+
+- `even`: every tensor is split evenly over the N devices (flattened, padded to a
+  multiple of N): device i owns slice i of every tensor;
+- `greedy`: [T]'s Algorithm 3.7: whole tensors, in order, each to the device with
+  the lowest load so far (load = elements owned); the imbalance (largest load over
+  the mean) is reported.
+
+Each device's owned elements are packed into one vector (padded to the largest
+device's load). One step:
 
 1. every device computes the gradient of its share of the batch (the step);
 2. gradients are reduce-scattered to their owners: device i receives the mean
-   over devices of slice i of every gradient (per device (N−1)/N of the
-   gradients' bytes, [T]'s "send each part to its owner");
-3. each owner updates its slices with the optimizer; **optimizer state lives only
-   with its owner**, so it takes 1/N of the replicated layout's memory per
-   device (what ZeRO-1 calls optimizer-state sharding); LARS' norms are summed
-   over the owners so they are those of whole tensors;
-4. the updated slices are all-gathered, so every device holds the new weights
-   for the next forward pass ((N−1)/N of the weights' bytes: "the owner sends
-   the new values to every other worker").
+   over devices of its packed elements ([T]'s "send each part to its owner");
+3. each owner updates its elements; **optimizer state lives only with its owner**,
+   so it takes 1/N (even) or the greedy load's share of the replicated layout's
+   memory per device (what ZeRO-1 calls optimizer-state sharding); weight decay and
+   LARS' trust ratio apply per whole tensor (norms are summed over the owners);
+4. the updated elements are all-gathered, so every device holds the new weights
+   for the next forward pass ("the owner sends the new values to every worker").
 
-Steps 2 and 4 together move 2(N−1)/N of the network per device, eq. 4.12's
-2·t_comm·(N−1)/N.
+Steps 2 and 4 together move 2(N−1)/N of the packed network per device,
+eq. 4.12's 2·t_comm·(N−1)/N.
 """
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
-import optax
+import numpy as np
+from absl import logging
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import optim
+
+PLACEMENTS = ('even', 'greedy')
+
+
+def greedy_owners(sizes, n: int):
+  """[T] Algorithm 3.7: each tensor in turn to the least-loaded of `n` units (the lowest
+  index on ties). Returns (owner of each tensor, load of each unit)."""
+  loads = [0] * n
+  owners = []
+  for size in sizes:
+    unit = loads.index(min(loads))
+    owners.append(unit)
+    loads[unit] += size
+  return owners, loads
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+  """Where every element of the flattened parameters lives in the devices' packed vectors.
+
+  `index[d, j]` is the position, in all tensors raveled and concatenated, of device
+  d's j-th element (`total` for padding); `segment[d, j]` its tensor (`len(sizes)`
+  for padding).
+  """
+  index: np.ndarray    # (N, capacity) int32
+  segment: np.ndarray  # (N, capacity) int32
+  loads: tuple         # elements each device owns
+  total: int
+
+  @classmethod
+  def build(cls, sizes, n: int, placement: str):
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    pieces = [[] for _ in range(n)]  # per device: (tensor, start, length, padded length)
+    if placement == 'even':
+      for t, size in enumerate(sizes):
+        k = -(-size // n)
+        for d in range(n):
+          start = min(d * k, size)
+          pieces[d].append((t, start, min(k, size - start), k))
+    else:
+      owners, _ = greedy_owners(sizes, n)
+      for t, (size, d) in enumerate(zip(sizes, owners)):
+        pieces[d].append((t, 0, size, size))
+    capacity = max(1, max(sum(p[3] for p in device) for device in pieces))
+    total = int(offsets[-1])
+    index = np.full((n, capacity), total, np.int32)
+    segment = np.full((n, capacity), len(sizes), np.int32)
+    for d, device in enumerate(pieces):
+      j = 0
+      for t, start, length, padded in device:
+        index[d, j:j + length] = offsets[t] + start + np.arange(length)
+        segment[d, j:j + length] = t
+        j += padded
+    loads = tuple(int(sum(p[2] for p in device)) for device in pieces)
+    return cls(index, segment, loads, total)
+
 
 class DistributedServer:
-  """Strategy: weights replicated for the forward pass, optimizer state and the update
-  split evenly among the devices of the data `axes`."""
+  """Strategy: weights replicated for the forward pass; the update and the optimizer
+  state split among the devices of the mesh by `placement`."""
 
-  def __init__(self, mesh, dtype=None):
+  def __init__(self, mesh, dtype=None, placement: str = 'even'):
     self.axes = tuple(mesh.axis_names)
     self.devices = mesh.size
-    self.norm_axes = self.axes  # the optimizer sees shards: LARS sums norms over owners
     self.dtype = dtype          # the dtype gradients travel in (None: their own)
+    self.placement = placement
+    self.packing = None         # set by make_optimizer, which sees the parameters
+
+  def make_optimizer(self, opt_config, schedule, params):
+    """The optimizer of the packed vectors; `params` (shapes suffice) fixes the packing."""
+    leaves = jax.tree.leaves(params)
+    self.packing = Packing.build([math.prod(p.shape) for p in leaves], self.devices,
+                                 self.placement)
+    loads = self.packing.loads
+    logging.info('Distributed server, %s placement: %d-%d elements per device '
+                 '(imbalance max/mean %.3f).', self.placement, min(loads), max(loads),
+                 max(loads) / (sum(loads) / len(loads)))
+    decayed = np.array([p.ndim > 1 for p in leaves] + [False])  # kernels; padding never
+    return optim.make_packed_optimizer(opt_config, schedule, self.packing.segment, decayed,
+                                       self.axes)
 
   def state_specs(self, state):
-    # Optimizer state is a tree of per-slice arrays (and scalar counters, the same
-    # everywhere); everything else is replicated.
+    # Optimizer state is packed per device (and scalar counters, the same everywhere);
+    # everything else is replicated.
     opt = jax.tree.map(lambda x: P(self.axes) if jnp.ndim(x) else P(), state.opt_state)
     return state.replace(**{f: jax.tree.map(lambda _: P(), getattr(state, f))
                             for f in ('step', 'examples_seen', 'params', 'batch_stats')},
                          opt_state=opt)
 
   def init_opt_state(self, tx, params):
-    """The optimizer state of every slice, laid out as global arrays of shape (N·k,)
-    per tensor (device i's shard is slice i); run under jit with `state_specs`."""
-    return tx.init(jax.tree.map(lambda p: _padded(p, self.devices), params))
+    """The optimizer state of every device's packed vector, as global arrays of shape
+    (N·capacity,) (device d's shard is its own); run under jit with `state_specs`."""
+    return tx.init(self._pack(_flat(params), jnp.asarray(self.packing.index.reshape(-1))))
 
   def update(self, tx, grads, state):
     n = lax.axis_size(self.axes)
-    me = lax.axis_index(self.axes)
+    everyone = jnp.asarray(self.packing.index.reshape(-1))
+    mine = lax.dynamic_index_in_dim(jnp.asarray(self.packing.index), lax.axis_index(self.axes),
+                                    keepdims=False)
+    flat_grads = _flat(grads)
+    sent = flat_grads if self.dtype is None else flat_grads.astype(self.dtype)
+    owned_grads = lax.psum_scatter(self._pack(sent, everyone), self.axes, scatter_dimension=0,
+                                   tiled=True).astype(flat_grads.dtype) / n
+    owned = self._pack(_flat(state.params), mine)
+    updates, opt_state = tx.update(owned_grads, state.opt_state, owned)
+    gathered = lax.all_gather(owned + updates, self.axes, tiled=True, to='invarying')
+    flat = jnp.zeros(self.packing.total + 1, gathered.dtype).at[everyone].set(gathered)
+    return _unflat(flat[:-1], state.params), opt_state
 
-    def owned_gradient(g):
-      sent = g if self.dtype is None else g.astype(self.dtype)
-      part = lax.psum_scatter(_padded(sent, n), self.axes, scatter_dimension=0, tiled=True)
-      return part.astype(g.dtype) / n
-
-    def owned_params(p):
-      flat = _padded(p, n)
-      k = flat.size // n
-      return lax.dynamic_slice_in_dim(flat, me * k, k)
-
-    params = jax.tree.map(owned_params, state.params)
-    updates, opt_state = tx.update(jax.tree.map(owned_gradient, grads), state.opt_state, params)
-    params = optax.apply_updates(params, updates)
-    gathered = jax.tree.map(
-        lambda part, p: lax.all_gather(part, self.axes, tiled=True, to='invarying')[:p.size]
-        .reshape(p.shape), params, state.params)
-    return gathered, opt_state
+  @staticmethod
+  def _pack(flat, index):
+    return jnp.concatenate([flat, jnp.zeros(1, flat.dtype)])[index]
 
 
-def _padded(x, n):
-  flat = jnp.ravel(x)
-  return jnp.pad(flat, (0, -flat.size % n))
+def _flat(tree):
+  return jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(tree)])
+
+
+def _unflat(flat, like):
+  leaves, treedef = jax.tree.flatten(like)
+  sizes = [math.prod(x.shape) for x in leaves]
+  parts = jnp.split(flat, np.cumsum(sizes)[:-1])
+  return jax.tree.unflatten(treedef, [p.reshape(x.shape).astype(x.dtype)
+                                      for p, x in zip(parts, leaves)])
