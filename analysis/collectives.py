@@ -39,7 +39,7 @@ def all_gather(nbytes: float, n: int, alpha: float, beta: float) -> float:
 
 
 def torus2d_all_reduce(nbytes: float, x: int, y: int, alpha: float, beta: float) -> float:
-  """[Y]'s 2-D gradient summation on an X×Y torus (SOURCES.md §3).
+  """[Y]'s 2-D gradient summation on an X×Y torus (docs/sources.md).
 
   Each tensor splits into two halves. Phase 1 all-reduces one half along the X
   rings while the other half goes along the Y rings; phase 2 swaps dimensions.

@@ -1,4 +1,4 @@
-"""The thesis' timing and speedup equations ([T] ch. 4 and 7; SOURCES.md §2), SparkNet's
+"""The thesis' timing and speedup equations ([T] ch. 4 and 7; docs/sources.md), SparkNet's
 speedup models ([S], §5) and [H]'s FC-layer communication volumes (§4).
 
 Symbols as in the thesis: `t_grad` is one worker's time for one batch's gradients,

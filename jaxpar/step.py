@@ -138,9 +138,8 @@ def make_eval_step(model, mesh) -> Callable:
   over the whole global batch; padding rows (mask 0) count nowhere."""
   axes = mesh.axis_names
 
-  def local_eval(state, batch):
-    logits = model.apply({'params': state.params, 'batch_stats': state.batch_stats},
-                         batch['image'], train=False)
+  def local_eval(variables, batch):
+    logits = model.apply(variables, batch['image'], train=False)
     k = min(5, logits.shape[-1])
     top_k = lax.top_k(logits, k)[1]
     labels, mask = batch['label'], batch['mask']
@@ -150,7 +149,12 @@ def make_eval_step(model, mesh) -> Callable:
             'count': jnp.sum(mask)}
     return lax.psum(sums, axes)
 
-  step = jax.shard_map(local_eval, mesh=mesh, in_specs=(P(), batch_spec(mesh)), out_specs=P())
+  sharded = jax.shard_map(local_eval, mesh=mesh, in_specs=(P(), batch_spec(mesh)),
+                          out_specs=P())
+
+  def step(state, batch):
+    # Only the model's variables enter: a strategy's sharded optimizer state stays put.
+    return sharded({'params': state.params, 'batch_stats': state.batch_stats}, batch)
   return jax.jit(step)
 
 

@@ -33,7 +33,7 @@ def test_vgg16e_parameters():
 
 
 def test_googlenet_parameters():
-  table = {  # SOURCES.md §1: in, 1×1, 3×3 red, 3×3, 5×5 red, 5×5, pool proj
+  table = {  # docs/sources.md: in, 1×1, 3×3 red, 3×3, 5×5 red, 5×5, pool proj
       '3a': (192, 64, 96, 128, 16, 32, 32), '3b': (256, 128, 128, 192, 32, 96, 64),
       '4a': (480, 192, 96, 208, 16, 48, 64), '4b': (512, 160, 112, 224, 24, 64, 64),
       '4c': (512, 128, 128, 256, 24, 64, 64), '4d': (512, 112, 144, 288, 32, 64, 64),

@@ -1,4 +1,4 @@
-"""GoogLeNet (Inception v1) with its two auxiliary classifiers ([T] ch. 2, SOURCES.md §1)."""
+"""GoogLeNet (Inception v1) with its two auxiliary classifiers ([T] ch. 2, docs/sources.md)."""
 import functools
 from typing import Any
 

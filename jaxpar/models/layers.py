@@ -1,4 +1,4 @@
-"""Building blocks shared by the networks of [T] ch. 2 (SOURCES.md §1)."""
+"""Building blocks shared by the networks of [T] ch. 2 (docs/sources.md)."""
 import functools
 from typing import Any, Optional
 

@@ -1,4 +1,4 @@
-"""ResNet34 ([T] ch. 2, SOURCES.md §1), in the style of flax's examples/imagenet."""
+"""ResNet34 ([T] ch. 2, docs/sources.md), in the style of flax's examples/imagenet."""
 import functools
 from typing import Any, Sequence
 

@@ -1,4 +1,4 @@
-"""SqueezeNet v1.0 ([T] ch. 2, SOURCES.md §1; the thesis numbers the fire modules 1..8)."""
+"""SqueezeNet v1.0 ([T] ch. 2, docs/sources.md; the thesis numbers the fire modules 1..8)."""
 import functools
 from typing import Any
 

@@ -1,4 +1,4 @@
-"""VGG16E: VGG configuration E, 16 convolutions + 3 FC layers ([T] ch. 2, SOURCES.md §1)."""
+"""VGG16E: VGG configuration E, 16 convolutions + 3 FC layers ([T] ch. 2, docs/sources.md)."""
 import functools
 from typing import Any, Sequence
 

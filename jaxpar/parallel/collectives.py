@@ -17,7 +17,7 @@ from jax import lax
 def ring_psum(tree, axis_name):
   """All-reduce along a ring of the devices of `axis_name` (a name or a tuple of names).
 
-  [L]'s ring all-reduce (SOURCES.md §6): the buffer is cut into N chunks and in
+  [L]'s ring all-reduce (docs/sources.md): the buffer is cut into N chunks and in
   N−1 `ppermute` steps each device passes one chunk, accumulated so far, to its
   right neighbour; after them device i holds the complete sum of chunk i+1
   (reduce-scatter, each step moving 1/N of the buffer). The reduced chunks are
@@ -45,7 +45,7 @@ def ring_psum(tree, axis_name):
 
 
 def torus2d_psum(tree, axis_names):
-  """All-reduce over two mesh axes (x, y) by [Y]'s 2-D torus algorithm (SOURCES.md §3).
+  """All-reduce over two mesh axes (x, y) by [Y]'s 2-D torus algorithm (docs/sources.md).
 
   Each buffer is split in two halves. Half A is reduced along x, then y; half B
   along y, then x; both in the same step, so the two directions' links work at

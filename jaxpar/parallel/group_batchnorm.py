@@ -1,4 +1,4 @@
-"""[Y]'s distributed batch normalization over sub-groups of devices (SOURCES.md §3).
+"""[Y]'s distributed batch normalization over sub-groups of devices (docs/sources.md).
 
 Each device computes the mean and mean square of its batch; a sub-group of
 `bn_group_size` devices combines them (flax's BatchNorm with `axis_name`:
