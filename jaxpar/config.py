@@ -135,22 +135,13 @@ def validate(c) -> None:
   from jaxpar.parallel.group_batchnorm import group_sizes
   from jaxpar.parallel.servers import PLACEMENTS
 
-  if c.model not in MODELS:
-    _fail('model', c.model, f'choose one of {sorted(MODELS)}')
-  if c.shortcut not in SHORTCUTS:
-    _fail('shortcut', c.shortcut, f'choose one of {list(SHORTCUTS)}')
-  if c.dtype not in DTYPES:
-    _fail('dtype', c.dtype, f'choose one of {list(DTYPES)}')
-  if c.grad_reduce_dtype not in REDUCE_DTYPES:
-    _fail('grad_reduce_dtype', c.grad_reduce_dtype, f'choose one of {list(REDUCE_DTYPES)}')
-  if c.scheme not in SCHEMES:
-    _fail('scheme', c.scheme, f'choose one of {list(SCHEMES)}')
-  if c.optimizer.name not in OPTIMIZERS:
-    _fail('optimizer.name', c.optimizer.name, f'choose one of {list(OPTIMIZERS)}')
-  if c.optimizer.schedule not in SCHEDULES:
-    _fail('optimizer.schedule', c.optimizer.schedule, f'choose one of {list(SCHEDULES)}')
-  if c.augment.kind not in AUGMENTATIONS:
-    _fail('augment.kind', c.augment.kind, f'choose one of {list(AUGMENTATIONS)}')
+  for field, choices in (('model', sorted(MODELS)), ('shortcut', SHORTCUTS), ('dtype', DTYPES),
+                         ('grad_reduce_dtype', REDUCE_DTYPES), ('scheme', SCHEMES),
+                         ('server', SERVERS), ('placement', PLACEMENTS), ('grad_reduce', SUMS),
+                         ('optimizer.name', OPTIMIZERS), ('optimizer.schedule', SCHEDULES),
+                         ('augment.kind', AUGMENTATIONS)):
+    if _get(c, field) not in choices:
+      _fail(field, _get(c, field), f'choose one of {list(choices)}')
 
   if c.dataset.name == sources.IMAGE_FOLDER:
     if not os.path.isdir(c.dataset.path):
@@ -176,12 +167,6 @@ def validate(c) -> None:
   if len(axes) != len(shape) or len(set(axes)) != len(axes):
     _fail('mesh.axes', axes, f'expected {len(shape)} distinct names, one per mesh.shape entry')
 
-  if c.server not in SERVERS:
-    _fail('server', c.server, f'choose one of {list(SERVERS)}')
-  if c.grad_reduce not in SUMS:
-    _fail('grad_reduce', c.grad_reduce, f'choose one of {list(SUMS)}')
-  if c.placement not in PLACEMENTS:
-    _fail('placement', c.placement, f'choose one of {list(PLACEMENTS)}')
   if c.placement != 'even' and c.server != 'distributed':
     _fail('placement', c.placement, "placement applies to server='distributed'; leave it 'even'")
   if c.server != 'allreduce' and c.grad_reduce != 'psum':
