@@ -1,6 +1,6 @@
 """From a validated config to what a run needs: the mesh, the model, the parallel
-strategy, the optimizer, the initial state and the input stream. `train.py` and the benchmarks in
-`analysis/` build a run the same way."""
+strategy, the optimizer, the initial state and the input stream. `train.py` and the
+benchmarks in `analysis/` build a run the same way."""
 import jax
 import jax.numpy as jnp
 

@@ -92,7 +92,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.optimizer.base_batch = 256
   c.optimizer.momentum = 0.9
   c.optimizer.nesterov = True
-  c.optimizer.weight_decay = 5e-4   # kernels only: not biases or BN scale/bias (nor lars' trust ratio)
+  c.optimizer.weight_decay = 5e-4   # kernels only (as lars' trust ratio): not biases, BN scale/bias
   c.optimizer.warmup_steps = 50
 
   c.seed = 0

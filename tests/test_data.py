@@ -136,7 +136,8 @@ def test_unreadable_files_are_skipped_named_once_and_counted(tmp_path, caplog, m
     source = sources.open_source(c)
   assert sorted(source.unreadable) == ['ant/truncated.jpg', 'bee/notes.jpg']
   warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
-  assert len(warnings) == 1 and 'ant/truncated.jpg' in warnings[0] and 'bee/notes.jpg' in warnings[0]
+  assert len(warnings) == 1
+  assert 'ant/truncated.jpg' in warnings[0] and 'bee/notes.jpg' in warnings[0]
   assert source.num_train_global + source.num_test_global == 12
   # Two epochs of training and a whole evaluation run through without an error.
   batches = pipeline.train_batches(source, batch=4, start=0, seed=0, **{

@@ -58,7 +58,8 @@ def test_one_lars_update_equals_the_hand_computation():
   """You et al. 2017 as optax and MLPerf compute it: a kernel's step is
   lr · η‖w‖/‖g + λw‖ · (g + λw); biases and BN scale/bias take lr · g, undecayed."""
   c = config_lib.defaults().optimizer
-  c.name, c.weight_decay, c.trust_coefficient, c.momentum, c.nesterov = 'lars', 0.01, 0.002, 0.9, True
+  c.name, c.weight_decay, c.trust_coefficient = 'lars', 0.01, 0.002
+  c.momentum, c.nesterov = 0.9, True
   lr = 0.5
   tx = optim.make_optimizer(c, optax.constant_schedule(lr))
   rng = np.random.default_rng(0)

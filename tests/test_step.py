@@ -1,6 +1,5 @@
 """The training step under shard_map against single-device references ([T] ch. 3)."""
 import functools
-import re
 
 import flax.linen as nn
 import jax
