@@ -113,17 +113,16 @@ class DistributedServer:
     logging.info('Distributed server, %s placement: %d-%d elements per device '
                  '(imbalance max/mean %.3f).', self.placement, min(loads), max(loads),
                  max(loads) / (sum(loads) / len(loads)))
-    decayed = np.array([p.ndim > 1 for p in leaves] + [False])  # kernels; padding never
+    decayed = np.array(jax.tree.leaves(optim.decay_mask(params)) + [False])  # padding: never
     return optim.make_packed_optimizer(opt_config, schedule, self.packing.segment, decayed,
                                        self.axes)
 
   def state_specs(self, state):
     # Optimizer state is packed per device (and scalar counters, the same everywhere);
     # everything else is replicated.
-    opt = jax.tree.map(lambda x: P(self.axes) if jnp.ndim(x) else P(), state.opt_state)
-    return state.replace(**{f: jax.tree.map(lambda _: P(), getattr(state, f))
-                            for f in ('step', 'examples_seen', 'params', 'batch_stats')},
-                         opt_state=opt)
+    replicated = jax.tree.map(lambda _: P(), state)
+    return replicated.replace(opt_state=jax.tree.map(
+        lambda x: P(self.axes) if jnp.ndim(x) else P(), state.opt_state))
 
   def init_opt_state(self, tx, params):
     """The optimizer state of every device's packed vector, as global arrays of shape
