@@ -9,9 +9,10 @@ from jaxpar import mesh as mesh_lib
 from jaxpar import models, optim
 from jaxpar.data import pipeline
 from jaxpar.parallel.allreduce import AllReduce
+from jaxpar.parallel.async_sgd import AsyncServer, Downpour
 from jaxpar.parallel.group_batchnorm import group_axes
-from jaxpar.parallel.servers import DistributedServer
-from jaxpar.step import TrainState, init_state, init_variables
+from jaxpar.parallel.servers import CentralServer, DistributedServer
+from jaxpar.step import Synchronous, TrainState, init_state, init_variables, make_train_step
 
 
 def mesh(cfg):
@@ -35,8 +36,13 @@ def model(cfg, num_classes: int, mesh):
 
 
 def strategy(cfg, mesh):
-  """The parallel method of `config.server` (and `grad_reduce` for all-reduce)."""
+  """The parallel method of `config.scheme` and `config.server`: how gradients are
+  combined, the weights updated and the state laid out."""
   dtype = jnp.dtype(cfg.grad_reduce_dtype)
+  if cfg.scheme == 'async':
+    return AsyncServer(mesh, cfg.server)
+  if cfg.server == 'central':
+    return CentralServer(mesh, dtype, cfg.central_schedule)
   if cfg.server == 'distributed':
     return DistributedServer(mesh, dtype, cfg.placement)
   return AllReduce(mesh.axis_names, cfg.grad_reduce, dtype)
@@ -54,6 +60,18 @@ def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng) -> TrainSt
   """Freshly initialised parameters, BN statistics and optimizer state, in the
   strategy's layout on the mesh."""
   return init_state(model, tx, strategy, mesh, _input_shape(cfg, channels), rng)
+
+
+def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):
+  """`loop(state) -> (state, metrics)`, called `steps` times from `state`: one synchronous
+  step on the next global batch, or (async) one applied push of a worker's batch."""
+  start = int(state.examples_seen)
+  if cfg.scheme == 'async':
+    return Downpour(model, tx, strategy, train_batches(cfg, source, cfg.per_device_batch, start),
+                    steps, rng)
+  batches = train_batches(cfg, source, config_lib.global_batch(cfg), start)
+  return Synchronous(make_train_step(model, tx, mesh, strategy),
+                     pipeline.prefetch_to_device(batches, mesh), rng)
 
 
 def _input_shape(cfg, channels):

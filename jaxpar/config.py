@@ -10,8 +10,8 @@ import os
 
 import ml_collections
 
-SCHEMES = ('sync-split', 'sync-join')
-SERVERS = ('allreduce', 'distributed')
+SCHEMES = ('sync-split', 'sync-join', 'async')
+SERVERS = ('allreduce', 'central', 'distributed')
 DTYPES = ('float32', 'bfloat16', 'float16')
 REDUCE_DTYPES = ('float32', 'bfloat16')
 
@@ -53,9 +53,13 @@ def defaults() -> ml_collections.ConfigDict:
   c.mesh.emulate_cpu_devices = True  # on CPU, create as many devices as the mesh needs
 
   # [T]'s parameter servers: allreduce (every device holds and updates all the
-  # weights) or distributed (each device owns 1/N of every tensor: gradients are
-  # reduce-scattered to the owners, which alone hold the optimizer state).
+  # weights), central (device 0 receives every gradient, updates, and sends the
+  # weights back) or distributed (each device owns part of the weights: gradients
+  # are reduce-scattered to the owners, which alone hold its optimizer state).
   c.server = 'allreduce'
+  # central: serial = one worker at a time ([T] eq. 4.4, best case; the semaphore
+  # of §7.2), parallel = all at once (eq. 4.7, worst case).
+  c.central_schedule = 'serial'
   # distributed: which device owns what. even = 1/N of every tensor; greedy = [T]'s
   # Algorithm 3.7, whole tensors to the least-loaded device.
   c.placement = 'even'
@@ -74,7 +78,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.distributed.process_id = 0
 
   # [T] ch. 3: sync-split divides `global_batch` among the devices (= sequential
-  # training); sync-join gives each device `per_device_batch` (global = N × per-device).
+  # training); sync-join gives each device `per_device_batch` (global = N × per-device);
+  # async (Downpour SGD) lets every device train on its own `per_device_batch`
+  # batches, the server (central or distributed) applying each gradient as it arrives.
   c.scheme = 'sync-split'
   c.global_batch = 128
   c.per_device_batch = 16
@@ -85,7 +91,7 @@ def defaults() -> ml_collections.ConfigDict:
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = 'sgd'      # sgd | lars (You et al. 2017)
-  c.optimizer.schedule = 'cosine'  # cosine | poly: warm-up, then cosine or (1 - t)^poly_power decay
+  c.optimizer.schedule = 'cosine'  # cosine | poly | constant: warm-up, then cosine or (1 - t)^poly_power decay, or none
   c.optimizer.poly_power = 2.0
   c.optimizer.trust_coefficient = 0.001  # lars: η of the trust ratio η·‖w‖/‖g + λw‖
   c.optimizer.base_lr = 0.1     # for a global batch of base_batch; scaled linearly ([Y] §3)
@@ -133,11 +139,12 @@ def validate(c) -> None:
   from jaxpar.optim import OPTIMIZERS, SCHEDULES
   from jaxpar.parallel.allreduce import SUMS
   from jaxpar.parallel.group_batchnorm import group_sizes
-  from jaxpar.parallel.servers import PLACEMENTS
+  from jaxpar.parallel.servers import CENTRAL_SCHEDULES, PLACEMENTS
 
   for field, choices in (('model', sorted(MODELS)), ('shortcut', SHORTCUTS), ('dtype', DTYPES),
                          ('grad_reduce_dtype', REDUCE_DTYPES), ('scheme', SCHEMES),
-                         ('server', SERVERS), ('placement', PLACEMENTS), ('grad_reduce', SUMS),
+                         ('server', SERVERS), ('placement', PLACEMENTS),
+                         ('central_schedule', CENTRAL_SCHEDULES), ('grad_reduce', SUMS),
                          ('optimizer.name', OPTIMIZERS), ('optimizer.schedule', SCHEDULES),
                          ('augment.kind', AUGMENTATIONS)):
     if _get(c, field) not in choices:
@@ -169,6 +176,11 @@ def validate(c) -> None:
 
   if c.placement != 'even' and c.server != 'distributed':
     _fail('placement', c.placement, "placement applies to server='distributed'; leave it 'even'")
+  if c.central_schedule != 'serial' and c.server != 'central':
+    _fail('central_schedule', c.central_schedule,
+          "central_schedule applies to server='central'; leave it 'serial'")
+  if c.scheme == 'async':
+    _validate_async(c)
   if c.server != 'allreduce' and c.grad_reduce != 'psum':
     _fail('grad_reduce', c.grad_reduce,
           f'server={c.server!r} reduce-scatters gradients to their owners; ring and torus2d '
@@ -217,12 +229,34 @@ def validate(c) -> None:
       _fail(field, _get(c, field), 'expected > 0')
 
 
+def _validate_async(c) -> None:
+  """Downpour SGD: per-device loops on one host, whole tensors on the server(s)."""
+  if c.server == 'allreduce':
+    _fail('server', c.server, "scheme='async' needs a parameter server: 'central' or "
+          "'distributed'")
+  if c.server == 'distributed' and c.placement != 'greedy':
+    _fail('placement', c.placement, "scheme='async' with server='distributed' places whole "
+          "tensors by [T]'s Algorithm 3.7: set placement='greedy'")
+  if c.server == 'central' and c.central_schedule != 'serial':
+    _fail('central_schedule', c.central_schedule, "scheme='async' applies one push at a time "
+          "(the serial schedule): leave it 'serial'")
+  for field, synchronous_only in (('grad_reduce', 'psum'), ('grad_reduce_dtype', 'float32'),
+                                  ('bn_group_size', 0), ('distributed.num_processes', 1)):
+    if _get(c, field) != synchronous_only:
+      _fail(field, _get(c, field), f"not supported with scheme='async' (one host; each "
+            f"worker's BN statistics are its own; pushes are float32): set it to "
+            f"{synchronous_only!r}")
+
+
 def num_devices(c) -> int:
   return math.prod(c.mesh.shape)
 
 
 def global_batch(c) -> int:
-  """Examples per step: given (sync-split) or N × per-device (sync-join), [T] ch. 3."""
+  """Examples per step: given (sync-split), N × per-device (sync-join), or one worker's
+  batch (async, where a step is one applied push), [T] ch. 3."""
+  if c.scheme == 'async':
+    return c.per_device_batch
   return c.global_batch if c.scheme == 'sync-split' else num_devices(c) * c.per_device_batch
 
 

@@ -67,6 +67,14 @@ class Reporter:
       self.writer.scalar(f'{prefix}/{k}', v, step)
     self.writer.flush()
 
+  def histograms(self, step: int, values: dict):
+    """Distributions over the run (e.g. async staleness) to TensorBoard."""
+    if self.is_main:
+      for k, v in values.items():
+        if len(v):
+          self.writer.histogram(f'train/{k}', v, step)
+      self.writer.flush()
+
   def close(self):
     self.bar.close()
     if self.writer:

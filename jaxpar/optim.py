@@ -11,7 +11,7 @@ import optax
 from jax import lax
 
 OPTIMIZERS = ('sgd', 'lars')
-SCHEDULES = ('cosine', 'poly')
+SCHEDULES = ('cosine', 'poly', 'constant')
 
 
 def decay_mask(params):
@@ -23,12 +23,15 @@ def learning_rate(opt_config, global_batch: int, total_steps: int) -> optax.Sche
   """Linear scaling with the batch, gradual warm-up from 0, then decay to 0 ([Y] §3).
 
   `cosine`: half a cosine. `poly`: (1 − t)^poly_power over the steps after the
-  warm-up, as [Y] and MLPerf's LARS ResNet (power 2).
+  warm-up, as [Y] and MLPerf's LARS ResNet (power 2). `constant`: no decay ([T]).
   """
   c = opt_config
   peak = c.base_lr * global_batch / c.base_batch
   if c.schedule == 'cosine':
     return optax.warmup_cosine_decay_schedule(0.0, peak, c.warmup_steps, total_steps)
+  if c.schedule == 'constant':
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, c.warmup_steps),
+                                 optax.constant_schedule(peak)], [c.warmup_steps])
   return optax.join_schedules(
       [optax.linear_schedule(0.0, peak, c.warmup_steps),
        optax.polynomial_schedule(peak, 0.0, c.poly_power, total_steps - c.warmup_steps)],

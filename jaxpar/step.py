@@ -8,10 +8,11 @@ which devices share batch statistics (the running statistics are then averaged
 over the rest: `parallel/group_batchnorm.py`).
 
 Gradients are taken w.r.t. a *varying* copy of the replicated parameters
-(`lax.pcast(..., to='varying')`), so they stay per-device and their combination
-is exactly what the strategy does. (Differentiating w.r.t. the replicated `P()`
+(`lax.pcast(..., to='varying')`, `ReplicatedParams.local_params`), so they stay
+per-device and their combination is exactly what the strategy does. (Differentiating w.r.t. the replicated `P()`
 parameters would make JAX sum them across devices implicitly.)
 """
+import functools
 from typing import Any, Callable, Protocol
 
 import flax
@@ -47,6 +48,15 @@ def loss_and_logits(outputs, labels):
   return cross_entropy(outputs, labels), outputs
 
 
+def model_loss(model, params, batch_stats, batch, rng):
+  """A batch's training loss, with (logits, updated BN statistics): what every scheme
+  differentiates, synchronous (`make_train_step`) or not (`parallel/async_sgd.py`)."""
+  outputs, new_vars = model.apply({'params': params, 'batch_stats': batch_stats}, batch['image'],
+                                  train=True, mutable=['batch_stats'], rngs={'dropout': rng})
+  loss, logits = loss_and_logits(outputs, batch['label'])
+  return loss, (logits, new_vars.get('batch_stats', {}))
+
+
 def batch_spec(mesh):
   """Batches are split over every mesh axis (all are data axes)."""
   return P(mesh.axis_names)
@@ -57,8 +67,8 @@ class Strategy(Protocol):
 
   The step computes each device's loss and gradients; the strategy does the rest.
   Layouts: replicated (`P()`), split among owner devices (`P(axes)` on a leading
-  dimension), or one copy per device. `parallel/allreduce.py: AllReduce` and
-  `parallel/servers.py` implement it.
+  dimension), or one copy per device (`P(axes)` on a leading dimension of size N).
+  `parallel/allreduce.py: AllReduce` and `parallel/servers.py` implement it.
   """
   def make_optimizer(self, opt_config, schedule, params) -> optax.GradientTransformation:
     """The optimizer of `config.optimizer` for this layout (`params`' shapes suffice)."""
@@ -66,11 +76,29 @@ class Strategy(Protocol):
   def state_specs(self, state: TrainState) -> TrainState:
     """A PartitionSpec for every leaf of the (global) state."""
 
-  def init_opt_state(self, tx, params):
-    """The initial optimizer state in this layout, from the whole parameters (under jit)."""
+  def init(self, tx, params):
+    """(parameters, optimizer state) in this layout, from the whole parameters (under jit)."""
+
+  def local_params(self, params):
+    """Inside shard_map: this device's whole parameters, typed varying over the mesh."""
 
   def update(self, tx, grads, state: TrainState):
     """Inside shard_map: (new params, new optimizer state) from this device's gradients."""
+
+  def variables(self, state: TrainState) -> dict:
+    """The model's {'params', 'batch_stats'} as global arrays replicated on the mesh, for
+    evaluation and for reading the trained weights whatever the layout."""
+
+
+class ReplicatedParams:
+  """For strategies whose parameters are replicated (`P()`) on every device."""
+
+  def local_params(self, params):
+    # A varying copy: its gradient stays per device (see the module docstring).
+    return jax.tree.map(lambda p: lax.pcast(p, tuple(self.axes), to='varying'), params)
+
+  def variables(self, state):
+    return {'params': state.params, 'batch_stats': state.batch_stats}
 
 
 def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Strategy) -> Callable:
@@ -84,16 +112,9 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Str
 
   def local_step(state, batch, rng):
     rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), lax.axis_index(axes))
-    params = lax.pcast(state.params, axes, to='varying')
-
-    def loss_fn(params):
-      outputs, new_vars = model.apply(
-          {'params': params, 'batch_stats': state.batch_stats}, batch['image'], train=True,
-          mutable=['batch_stats'], rngs={'dropout': rng})
-      loss, logits = loss_and_logits(outputs, batch['label'])
-      return loss, (logits, new_vars.get('batch_stats', {}))
-
-    (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    params = strategy.local_params(state.params)
+    (loss, (logits, batch_stats)), grads = jax.value_and_grad(
+        functools.partial(model_loss, model), has_aux=True)(params, state.batch_stats, batch, rng)
     params, opt_state = strategy.update(tx, grads, state)
     local_batch = batch['label'].shape[0]
     new_state = state.replace(
@@ -114,6 +135,24 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Str
   return jax.jit(step, donate_argnums=0)
 
 
+class Synchronous:
+  """The training loop's step for the synchronous schemes: `loop(state) -> (state, metrics)`
+  runs the train step on the next batch of the stream (`parallel/async_sgd.py: Downpour`
+  is the asynchronous one)."""
+
+  def __init__(self, train_step: Callable, batches, rng):
+    self.train_step, self.batches, self.rng = train_step, batches, rng
+
+  def __call__(self, state):
+    return self.train_step(state, next(self.batches), self.rng)
+
+  def histograms(self) -> dict:
+    return {}
+
+  def close(self):
+    pass
+
+
 def init_variables(model, input_shape, rng):
   """The model's freshly initialised {'params', 'batch_stats'?}."""
   # BN's axis name is bound only inside shard_map; the parameters do not depend on it.
@@ -126,16 +165,17 @@ def init_state(model, tx, strategy: Strategy, mesh, input_shape, rng) -> TrainSt
   mesh in the strategy's layout."""
   def init():
     variables = init_variables(model, input_shape, rng)
-    return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=variables['params'],
-                      batch_stats=variables.get('batch_stats', {}),
-                      opt_state=strategy.init_opt_state(tx, variables['params']))
+    params, opt_state = strategy.init(tx, variables['params'])
+    return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=params,
+                      batch_stats=variables.get('batch_stats', {}), opt_state=opt_state)
   specs = strategy.state_specs(jax.eval_shape(init))
   return jax.jit(init, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), specs))()
 
 
 def make_eval_step(model, mesh) -> Callable:
-  """Returns jitted `step(state, batch) -> sums` of correct top-1/top-5 and of the mask,
-  over the whole global batch; padding rows (mask 0) count nowhere."""
+  """Returns jitted `step(variables, batch) -> sums` of correct top-1/top-5 and of the
+  mask, over the whole global batch; padding rows (mask 0) count nowhere. `variables`
+  are a strategy's `variables(state)`: a sharded optimizer state never moves."""
   axes = mesh.axis_names
 
   def local_eval(variables, batch):
@@ -149,13 +189,8 @@ def make_eval_step(model, mesh) -> Callable:
             'count': jnp.sum(mask)}
     return lax.psum(sums, axes)
 
-  sharded = jax.shard_map(local_eval, mesh=mesh, in_specs=(P(), batch_spec(mesh)),
-                          out_specs=P())
-
-  def step(state, batch):
-    # Only the model's variables enter: a strategy's sharded optimizer state stays put.
-    return sharded({'params': state.params, 'batch_stats': state.batch_stats}, batch)
-  return jax.jit(step)
+  return jax.jit(jax.shard_map(local_eval, mesh=mesh, in_specs=(P(), batch_spec(mesh)),
+                               out_specs=P()))
 
 
 def to_global(mesh, local_batch):

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import sys
+import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TensorFlow loads: no C++ INFO lines
 
@@ -23,7 +24,7 @@ from jaxpar import config as config_lib
 from jaxpar.checkpoint import Checkpoints
 from jaxpar.data import pipeline, sources
 from jaxpar.metrics import Reporter
-from jaxpar.step import make_eval_step, make_train_step
+from jaxpar.step import make_eval_step
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].',
                                           lock_config=True)
@@ -36,16 +37,17 @@ class Result:
   train_loss: dict      # step → loss, for every step this process ran
   step: int             # the step training stopped at
   examples_seen: int    # the data position reached
+  wall_time: float      # seconds, from the config check to the end (compilation included)
 
 
-def evaluate(eval_step, state, mesh, source, cfg) -> dict:
+def evaluate(eval_step, variables, mesh, source, cfg) -> dict:
   per_process = cfg.eval_batch // jax.process_count()
   num_batches = math.ceil(math.ceil(source.num_test_global / jax.process_count()) / per_process)
   sums = None
   batches = pipeline.eval_batches(source, batch=per_process, num_batches=num_batches,
                                   image_size=cfg.image_size, augment=cfg.augment.kind)
   for batch in pipeline.prefetch_to_device(batches, mesh):
-    out = eval_step(state, batch)
+    out = eval_step(variables, batch)
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
   sums = jax.device_get(sums)
   count = float(sums.pop('count'))
@@ -54,6 +56,7 @@ def evaluate(eval_step, state, mesh, source, cfg) -> dict:
 
 
 def train_and_evaluate(cfg, workdir: str) -> Result:
+  started = time.perf_counter()
   # ------------------------------------------------------------------ config
   config_lib.validate(cfg)
   # ------------------------------------------------------------------ mesh
@@ -90,36 +93,41 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
     logging.info('Resumed from step %d (example %d).', first_step, int(state.examples_seen))
 
   # ------------------------------------------------------------------ loop
-  train_step = make_train_step(model, tx, mesh, strategy)
-  eval_step = make_eval_step(model, mesh)
-  batches = pipeline.prefetch_to_device(
-      build.train_batches(cfg, source, global_batch, start=int(state.examples_seen)), mesh)
-  reporter = Reporter(workdir, total_steps, first_step, global_batch)
   last_step = total_steps
   if cfg.stop_after_steps:
     last_step = min(total_steps, first_step + cfg.stop_after_steps)
+  loop = build.loop(cfg, model, tx, mesh, strategy, source, state, last_step - first_step,
+                    rng_dropout)
+  eval_step = make_eval_step(model, mesh)
+  reporter = Reporter(workdir, total_steps, first_step, global_batch)
   step = first_step
   while step < last_step:
-    state, metrics = train_step(state, next(batches), rng_dropout)
+    state, metrics = loop(state)
     step += 1
     reporter.step(step, metrics)
     if step % cfg.log_every == 0 or step == last_step:
       reporter.report(step, float(schedule(step - 1)))
     if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
-      reporter.evaluation(step, evaluate(eval_step, state, mesh, source, cfg))
+      reporter.evaluation(step, evaluate(eval_step, strategy.variables(state), mesh, source, cfg))
     checkpoints.save(step, state, force=step == last_step)
     if checkpoints.reached_preemption(step):
       logging.warning('Preempted: saved step %d; run again to resume.', step)
       break
 
+  loop.close()
+  reporter.histograms(step, loop.histograms())
+
   # ------------------------------------------------------------------ final eval
-  results = evaluate(eval_step, state, mesh, source, cfg) if step == total_steps else {}
-  if results:
+  results = {}
+  if step == total_steps:
+    results = evaluate(eval_step, strategy.variables(state), mesh, source, cfg)
     reporter.evaluation(step, results)
   checkpoints.close()
   reporter.close()
+  wall_time = time.perf_counter() - started
+  logging.info('Wall time %.1f s for steps %d-%d.', wall_time, first_step, step)
   return Result(eval=results, train_loss=reporter.history, step=step,
-                examples_seen=int(state.examples_seen))
+                examples_seen=int(state.examples_seen), wall_time=wall_time)
 
 
 def _quiet_libraries():
@@ -144,7 +152,8 @@ def main(argv):
     skipped = result.eval['unreadable_files']
     print(f"test accuracy: top-1 {result.eval['top1']:.2%}, top-5 {result.eval['top5']:.2%} "
           f"on {int(result.eval['count'])} examples"
-          + (f' ({skipped} unreadable image files skipped)' if skipped else ''))
+          + (f' ({skipped} unreadable image files skipped)' if skipped else '')
+          + f'; wall time {result.wall_time:.1f} s')
   else:
     print(f'stopped at step {result.step}; run again with the same --workdir to resume.')
 

@@ -31,7 +31,23 @@ def test_defaults_are_valid():
     ({'dataset.name': 'image_folder', 'dataset.path': '/no/such/dir'}, 'config.dataset.path',
      'sub-folder per class'),
     ({'dtype': 'float8'}, 'config.dtype', 'bfloat16'),
-    ({'scheme': 'async'}, 'config.scheme', 'sync-join'),
+    ({'scheme': 'hogwild'}, 'config.scheme', "'async'"),
+    ({'scheme': 'async'}, 'config.server', "'central' or 'distributed'"),
+    ({'scheme': 'async', 'server': 'distributed'}, 'config.placement', "placement='greedy'"),
+    ({'scheme': 'async', 'server': 'central', 'central_schedule': 'parallel'},
+     'config.central_schedule', "leave it 'serial'"),
+    ({'scheme': 'async', 'server': 'central', 'grad_reduce_dtype': 'bfloat16'},
+     'config.grad_reduce_dtype', "scheme='async'"),
+    ({'scheme': 'async', 'server': 'central', 'bn_group_size': 4}, 'config.bn_group_size',
+     "scheme='async'"),
+    ({'scheme': 'async', 'server': 'central', 'distributed.num_processes': 2,
+      'distributed.coordinator': 'localhost:1234'}, 'config.distributed.num_processes',
+     'one host'),
+    ({'central_schedule': 'parallel'}, 'config.central_schedule', "server='central'"),
+    ({'server': 'central', 'central_schedule': 'round_robin'}, 'config.central_schedule',
+     "'parallel'"),
+    ({'server': 'central', 'grad_reduce': 'torus2d'}, 'config.grad_reduce',
+     'leave grad_reduce=psum'),
     ({'total_steps': -5}, 'config.total_steps', 'positive'),
     ({'total_steps': 0, 'num_epochs': 0.0}, 'config.num_epochs', '> 0'),
     ({'global_batch': 0}, 'config.global_batch', 'positive'),
@@ -82,6 +98,50 @@ def test_global_batch_must_divide_among_the_data_devices():
 def test_sync_join_consumes_n_times_the_per_device_batch():
   assert config_lib.global_batch(_config(scheme='sync-join', per_device_batch=3)) == 24
   assert config_lib.global_batch(_config(scheme='sync-split', global_batch=24)) == 24
+
+
+def test_async_consumes_one_workers_batch_per_step():
+  c = _config(scheme='async', server='central', per_device_batch=5)
+  config_lib.validate(c)
+  assert config_lib.global_batch(c) == 5
+
+
+def _thesis(arg):
+  import importlib.util
+  root = __file__.rsplit('/tests/', 1)[0]
+  spec = importlib.util.spec_from_file_location('thesis', f'{root}/configs/thesis.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.mark.parametrize('net', ['vgg16e', 'googlenet', 'squeezenet', 'resnet34'])
+@pytest.mark.parametrize('scheme', ['sync-join', 'sync-split', 'async'])
+@pytest.mark.parametrize('server', ['central', 'distributed'])
+def test_every_cell_of_the_thesis_grid_is_a_valid_config(net, scheme, server):
+  for workers, iterations in ((1, 128), (4, 128 if scheme != 'sync-join' else 32),
+                              (8, 128 if scheme != 'sync-join' else 16)):
+    c = _thesis(f'net={net},scheme={scheme},server={server},workers={workers}')
+    config_lib.validate(c)
+    config_lib.validate_devices(c, workers, 1)
+    assert c.total_steps == iterations
+    # D = 128 batches of d = 32, whatever the scheme and N.
+    assert c.total_steps * config_lib.global_batch(c) == 128 * 32
+
+
+@pytest.mark.parametrize('arg, hint', [
+    ('net=squeezenet,workers=0', 'workers=\'0\' is invalid'),
+    ('netz=squeezenet', "with keys \\['net'"),
+    ('data=imagenet', 'digits or caltech256'),
+])
+def test_thesis_config_arguments_are_checked(arg, hint):
+  with pytest.raises(config_lib.ConfigError, match=hint):
+    _thesis(arg)
+
+
+def test_thesis_config_rejects_a_bad_cell_by_field():
+  with pytest.raises(config_lib.ConfigError, match='config.central_schedule'):
+    config_lib.validate(_thesis('server=distributed,schedule=parallel'))
 
 
 def test_warmup_must_fit_in_the_run():

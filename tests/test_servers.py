@@ -1,5 +1,8 @@
-"""[T]'s distributed parameter server against all-reduce: same training, 1/N of the
-optimizer state per device, checkpoints of the sharded layout."""
+"""[T]'s central and distributed parameter servers against all-reduce: same training;
+the central server alone updates; 1/N of the optimizer state per device with the
+distributed one; checkpoints of every layout resume exactly."""
+import functools
+
 import jax
 import numpy as np
 import optax
@@ -9,7 +12,8 @@ from jaxpar import config as config_lib
 from jaxpar.checkpoint import Checkpoints
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
-from jaxpar.parallel.servers import DistributedServer, Packing, greedy_owners
+from analysis.hlo import collectives
+from jaxpar.parallel.servers import CentralServer, DistributedServer, Packing, greedy_owners
 from jaxpar.step import init_state, init_variables, make_train_step, to_global
 from test_step import TinyResNet, _assert_trees_close, _batches, _sharded_run
 
@@ -24,22 +28,62 @@ def _optimizer(name, strategy):
                                  params)
 
 
+@functools.cache
+def _all_reduce_run(name):
+  mesh = make_mesh((2, 4), ('x', 'y'))
+  allreduce = AllReduce(mesh.axis_names)
+  return _sharded_run(TinyResNet(), _optimizer(name, allreduce), mesh, _batches(3, batch=32),
+                      allreduce)
+
+
+def _assert_trains_like_all_reduce(name, server):
+  mesh = server.mesh
+  state, losses = _sharded_run(TinyResNet(), _optimizer(name, server), mesh,
+                               _batches(3, batch=32), server)
+  ref, ref_losses = _all_reduce_run(name)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+  assert losses[2] != losses[0]
+  _assert_trees_close(state.params, ref.params, rtol=1e-4, atol=1e-6)
+  _assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-4, atol=1e-6)
+  return state
+
+
 @pytest.mark.parametrize('placement', ['even', 'greedy'])
 @pytest.mark.parametrize('name', ['sgd', 'lars'])
 def test_distributed_server_trains_like_all_reduce(name, placement):
   """Three steps of SGD + momentum, or of LARS (whose trust ratios need whole-tensor norms,
   summed over the owners of a tensor's slices), give the all-reduce parameters."""
-  mesh = make_mesh((2, 4), ('x', 'y'))
-  batches = _batches(3, batch=32)
-  server = DistributedServer(mesh, placement=placement)
-  state, losses = _sharded_run(TinyResNet(), _optimizer(name, server), mesh, batches, server)
-  allreduce = AllReduce(mesh.axis_names)
-  ref, ref_losses = _sharded_run(TinyResNet(), _optimizer(name, allreduce), mesh, batches,
-                                 allreduce)
-  np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-  assert losses[2] != losses[0]
-  _assert_trees_close(state.params, ref.params, rtol=1e-4, atol=1e-6)
-  _assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-4, atol=1e-6)
+  _assert_trains_like_all_reduce(
+      name, DistributedServer(make_mesh((2, 4), ('x', 'y')), placement=placement))
+
+
+@pytest.mark.parametrize('schedule', ['serial', 'parallel'])
+@pytest.mark.parametrize('name', ['sgd', 'lars'])
+def test_central_server_trains_like_all_reduce(name, schedule):
+  state = _assert_trains_like_all_reduce(
+      name, CentralServer(make_mesh((2, 4), ('x', 'y')), schedule=schedule))
+  # Only the server (device 0) ran the optimizer: the workers' momentum is still zero.
+  momentum = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 1]
+  assert all(np.any(m[0] != 0) for m in momentum)
+  assert all(np.all(m[1:] == 0) for m in momentum)
+
+
+@pytest.mark.parametrize('schedule', ['serial', 'parallel'])
+def test_central_server_moves_the_network_through_one_device(schedule):
+  """The lowered step: N−1 pushes of the gradients to device 0, N−1 pulls of the weights
+  from it, each one collective-permute of the whole (fused) network; serial chains
+  them with optimization barriers, parallel does not."""
+  mesh = make_mesh((4,), ('data',))
+  server = CentralServer(mesh, schedule=schedule)
+  tx = _optimizer('sgd', server)
+  model = TinyResNet(bn_axis_name=mesh.axis_names)
+  state = init_state(model, tx, server, mesh, IMAGE, jax.random.key(0))
+  text = make_train_step(model, tx, mesh, server).lower(
+      state, to_global(mesh, _batches(1, batch=8)[0]), jax.random.key(0)).as_text()
+  size = sum(x.size for x in jax.tree.leaves(server.variables(state)['params']))
+  permutes = [c for c in collectives(text) if c.op == 'collective_permute']
+  assert [c.shape for c in permutes] == [(size,)] * 6
+  assert ('optimization_barrier' in text) == (schedule == 'serial')
 
 
 def _bytes_per_device(tree):
@@ -76,9 +120,11 @@ def test_greedy_placement_is_algorithm_3_7():
   assert packing.segment[0].tolist() == [0, 0, 0, 0, 0, 3, 3, 5]
 
 
-def test_distributed_checkpoint_resumes_exactly(tmp_path):
+@pytest.mark.parametrize('kind', [DistributedServer, CentralServer])
+def test_server_checkpoint_resumes_exactly(tmp_path, kind):
+  """The owner-sharded and the one-copy-per-device layouts save and restore as laid out."""
   mesh = make_mesh((2, 4), ('x', 'y'))
-  server = DistributedServer(mesh)
+  server = kind(mesh)
   tx = _optimizer('sgd', server)
   model = TinyResNet(bn_axis_name=mesh.axis_names)
   step = make_train_step(model, tx, mesh, server)
@@ -99,7 +145,7 @@ def test_distributed_checkpoint_resumes_exactly(tmp_path):
   restored = Checkpoints(str(tmp_path), every=2, keep=1).restore_latest(fresh())
   assert int(restored.step) == 2
   opt_leaf = next(x for x in jax.tree.leaves(restored.opt_state) if x.ndim)
-  assert opt_leaf.sharding.spec == jax.sharding.PartitionSpec(('x', 'y'))  # still sharded
+  assert opt_leaf.sharding.spec == jax.sharding.PartitionSpec(('x', 'y'))  # still laid out
   for b in batches[2:]:
     restored, _ = step(restored, b, jax.random.key(7))
   _assert_trees_close(jax.device_get(restored.params), whole.params, rtol=1e-6, atol=1e-7)

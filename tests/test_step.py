@@ -45,7 +45,8 @@ def _sharded_run(model, tx, mesh, batches, strategy=None, bn_group_size=0):
   for b in batches:
     state, metrics = step(state, to_global(mesh, b), jax.random.key(7))
     losses.append(float(metrics['loss']))
-  return jax.device_get(state), losses
+  # The model's weights whatever the strategy's layout; the optimizer state as laid out.
+  return jax.device_get(state.replace(**strategy.variables(state))), losses
 
 
 def _reference_run(model, tx, batches):
@@ -149,7 +150,8 @@ def test_eval_step_counts_only_unmasked_rows():
                          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   batch = _batches(1, batch=16)[0]
   mask = np.array([1.0] * 11 + [0.0] * 5, np.float32)
-  sums = make_eval_step(model, mesh)(state, to_global(mesh, {**batch, 'mask': mask}))
+  variables = {'params': state.params, 'batch_stats': state.batch_stats}
+  sums = make_eval_step(model, mesh)(variables, to_global(mesh, {**batch, 'mask': mask}))
   logits = model.clone(bn_axis_name=None).apply(
       {'params': state.params, 'batch_stats': state.batch_stats}, batch['image'], train=False)
   correct = (np.argmax(logits, -1) == batch['label'])[:11].sum()

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel.collectives import ring_psum, torus2d_psum
+from jaxpar.step import ReplicatedParams
 
 SUMS = {'psum': lax.psum, 'ring': ring_psum, 'torus2d': torus2d_psum}
 
@@ -38,11 +39,12 @@ def mean_all_reduce(axes, kind: str = 'psum', dtype=None):
   return reduce
 
 
-class AllReduce:
+class AllReduce(ReplicatedParams):
   """The step's strategy for all-reduce data parallelism: every device holds the whole
   parameters and optimizer state (replicated), averages the gradients with
   `mean_all_reduce` and applies the same update."""
   def __init__(self, axes, kind: str = 'psum', dtype=None):
+    self.axes = axes
     self.reduce = mean_all_reduce(axes, kind, dtype)
 
   def make_optimizer(self, opt_config, schedule, params):
@@ -52,8 +54,8 @@ class AllReduce:
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state)
 
-  def init_opt_state(self, tx, params):
-    return tx.init(params)
+  def init(self, tx, params):
+    return params, tx.init(params)
 
   def update(self, tx, grads, state):
     updates, opt_state = tx.update(self.reduce(grads), state.opt_state, state.params)

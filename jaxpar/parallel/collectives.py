@@ -41,7 +41,7 @@ def ring_psum(tree, axis_name):
     # Device i now holds chunk (i + 1) mod n: gather, then rotate chunk 0 to the front.
     gathered = lax.all_gather(acc, axis_name, tiled=False, to='invarying')
     return jnp.roll(gathered, 1, axis=0).reshape(-1)[:buffer.size]
-  return _fused(tree, reduce)
+  return fused(tree, reduce)
 
 
 def torus2d_psum(tree, axis_names):
@@ -61,7 +61,7 @@ def torus2d_psum(tree, axis_names):
     half = (buffer.size + 1) // 2
     return jnp.concatenate([_scatter_reduce_gather(buffer[:half], x, y),
                             _scatter_reduce_gather(buffer[half:], y, x)])
-  return _fused(tree, reduce)
+  return fused(tree, reduce)
 
 
 def _scatter_reduce_gather(v, first, second):
@@ -75,7 +75,7 @@ def _pad_to(v, multiple):
   return jnp.pad(v, (0, -v.size % multiple))
 
 
-def _fused(tree, reduce):
+def fused(tree, reduce):
   """Applies `reduce` (flat buffer → flat buffer of equal size) to one buffer per dtype
   holding every leaf of `tree`, and restores the leaves' shapes."""
   leaves, treedef = jax.tree.flatten(tree)

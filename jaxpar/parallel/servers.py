@@ -1,5 +1,26 @@
 """[T]'s parameter servers as strategies of the one train step.
 
+The central server ([T] §3.3.2, eqs. 4.4–4.11): device 0 of the mesh is the server
+and also a worker (a mesh has no spare device). One step:
+
+1. every device computes the gradient of its share of the batch (the step);
+2. the N−1 other workers send their gradients to the server, one `ppermute` round
+   each; the server sums them with its own and averages;
+3. the server alone updates: it alone runs the optimizer, so only its optimizer
+   state changes (SPMD gives every device a shard of equal shape: the workers'
+   shards stay at their initial values and are never read — the memory is that of
+   the replicated layout);
+4. the server sends the new weights to each of the N−1 workers, one round each.
+
+Config `central_schedule` orders the rounds. `serial`: round k+1 starts only after
+round k has arrived (an optimization barrier chains them) — one worker at a time,
+the thesis' best case (eq. 4.4) and the semaphore of §7.2. `parallel`: the rounds
+are independent, so the runtime may run them all at once into the server's link —
+the worst case (eq. 4.7). Both move the same bytes: 2(N−1) copies of the network
+through the server's link, each worker sending and receiving one. Collective
+permutes give values typed *varying*, so the parameters are kept one copy per
+device (`P(axes)` on a leading dimension of size N), every copy equal.
+
 The distributed server ([T] §3.3.3, eq. 4.12): every worker is also the server of
 part of the weights. Placement (config `placement`) decides which part:
 
@@ -31,13 +52,83 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from absl import logging
 from jax import lax
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
+from jaxpar.parallel.collectives import fused
+from jaxpar.step import ReplicatedParams
 
 PLACEMENTS = ('even', 'greedy')
+CENTRAL_SCHEDULES = ('serial', 'parallel')
+SERVER = 0  # the central server's device: index 0 along the mesh's axes
+
+
+class CentralServer:
+  """Strategy: device 0 gathers the gradients, updates, and sends the weights back,
+  in rounds ordered by `schedule` (serial | parallel)."""
+
+  def __init__(self, mesh, dtype=None, schedule: str = 'serial'):
+    self.mesh, self.axes = mesh, tuple(mesh.axis_names)
+    self.devices = mesh.size
+    self.dtype = dtype          # the dtype gradients travel in (None: their own)
+    self.serial = schedule == 'serial'
+    self._first = jax.jit(lambda tree: jax.tree.map(lambda x: x[SERVER], tree),
+                          out_shardings=NamedSharding(mesh, P()))
+
+  def make_optimizer(self, opt_config, schedule, params):
+    del params  # the server updates whole tensors
+    return optim.make_optimizer(opt_config, schedule)
+
+  def state_specs(self, state):
+    per_device = lambda tree: jax.tree.map(lambda _: P(self.axes), tree)
+    return jax.tree.map(lambda _: P(), state).replace(params=per_device(state.params),
+                                                      opt_state=per_device(state.opt_state))
+
+  def init(self, tx, params):
+    copies = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (self.devices,) + x.shape),
+                                       tree)
+    return copies(params), copies(tx.init(params))
+
+  def local_params(self, params):
+    return jax.tree.map(lambda x: x[0], params)
+
+  def update(self, tx, grads, state):
+    me = lax.axis_index(self.axes)
+    params, opt_state = jax.tree.map(lambda x: x[0], (state.params, state.opt_state))
+    mean = fused(grads, lambda g: self._to_server(g) / self.devices)
+
+    def serve(params, opt_state, grads):
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+    params, opt_state = lax.cond(me == SERVER, serve, lambda p, o, _: (p, o),
+                                 params, opt_state, mean)
+    params = fused(params, lambda w: self._from_server(w, me))
+    return jax.tree.map(lambda x: x[None], (params, opt_state))
+
+  def _to_server(self, grads):
+    """The sum of every device's `grads`, on the server (elsewhere: meaningless)."""
+    sent = grads if self.dtype is None else grads.astype(self.dtype)
+    total = grads
+    for worker in range(1, self.devices):
+      if self.serial:  # this round waits for the previous one to arrive
+        sent, total = lax.optimization_barrier((sent, total))
+      total = total + lax.ppermute(sent, self.axes, [(worker, SERVER)]).astype(grads.dtype)
+    return total
+
+  def _from_server(self, weights, me):
+    """The server's `weights` on every device."""
+    out = weights
+    for worker in range(1, self.devices):
+      sent = lax.optimization_barrier((weights, out))[0] if self.serial else weights
+      out = jnp.where(me == worker, lax.ppermute(sent, self.axes, [(SERVER, worker)]), out)
+    return out
+
+  def variables(self, state):
+    return {'params': self._first(state.params), 'batch_stats': state.batch_stats}
 
 
 def greedy_owners(sizes, n: int):
@@ -93,12 +184,12 @@ class Packing:
     return cls(index, segment, loads, total)
 
 
-class DistributedServer:
+class DistributedServer(ReplicatedParams):
   """Strategy: weights replicated for the forward pass; the update and the optimizer
   state split among the devices of the mesh by `placement`."""
 
   def __init__(self, mesh, dtype=None, placement: str = 'even'):
-    self.axes = tuple(mesh.axis_names)
+    self.mesh, self.axes = mesh, tuple(mesh.axis_names)
     self.devices = mesh.size
     self.dtype = dtype          # the dtype gradients travel in (None: their own)
     self.placement = placement
@@ -124,10 +215,11 @@ class DistributedServer:
     return replicated.replace(opt_state=jax.tree.map(
         lambda x: P(self.axes) if jnp.ndim(x) else P(), state.opt_state))
 
-  def init_opt_state(self, tx, params):
-    """The optimizer state of every device's packed vector, as global arrays of shape
-    (N·capacity,) (device d's shard is its own); run under jit with `state_specs`."""
-    return tx.init(self._pack(_flat(params), jnp.asarray(self.packing.index.reshape(-1))))
+  def init(self, tx, params):
+    """The parameters, and the optimizer state of every device's packed vector as global
+    arrays of shape (N·capacity,) (device d's shard is its own); under jit with `state_specs`."""
+    return params, tx.init(self._pack(_flat(params),
+                                      jnp.asarray(self.packing.index.reshape(-1))))
 
   def update(self, tx, grads, state):
     n = lax.axis_size(self.axes)
