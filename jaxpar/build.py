@@ -10,6 +10,8 @@ from jaxpar import models, optim
 from jaxpar.data import pipeline
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.async_sgd import AsyncServer, Downpour
+from jaxpar.parallel.averaging import LocalSGD
+from jaxpar.parallel.gossip import Gossip
 from jaxpar.parallel.group_batchnorm import group_axes
 from jaxpar.parallel.servers import CentralServer, DistributedServer
 from jaxpar.step import Synchronous, TrainState, init_state, init_variables, make_train_step
@@ -41,6 +43,10 @@ def strategy(cfg, mesh):
   dtype = jnp.dtype(cfg.grad_reduce_dtype)
   if cfg.scheme == 'async':
     return AsyncServer(mesh, cfg.server)
+  if cfg.sync_every:
+    return LocalSGD(mesh, cfg.sync_every, cfg.local_sgd_warmup)
+  if cfg.server == 'gossip':
+    return Gossip(mesh)
   if cfg.server == 'central':
     return CentralServer(mesh, dtype, cfg.central_schedule)
   if cfg.server == 'distributed':

@@ -11,7 +11,7 @@ import os
 import ml_collections
 
 SCHEMES = ('sync-split', 'sync-join', 'async')
-SERVERS = ('allreduce', 'central', 'distributed')
+SERVERS = ('allreduce', 'central', 'distributed', 'gossip')
 DTYPES = ('float32', 'bfloat16', 'float16')
 REDUCE_DTYPES = ('float32', 'bfloat16')
 
@@ -54,8 +54,10 @@ def defaults() -> ml_collections.ConfigDict:
 
   # [T]'s parameter servers: allreduce (every device holds and updates all the
   # weights), central (device 0 receives every gradient, updates, and sends the
-  # weights back) or distributed (each device owns part of the weights: gradients
-  # are reduce-scattered to the owners, which alone hold its optimizer state).
+  # weights back), distributed (each device owns part of the weights: gradients
+  # are reduce-scattered to the owners, which alone hold its optimizer state) or
+  # gossip ([L]: no server; each device mixes gradients with two ring neighbours and
+  # keeps its own replica).
   c.server = 'allreduce'
   # central: serial = one worker at a time ([T] eq. 4.4, best case; the semaphore
   # of §7.2), parallel = all at once (eq. 4.7, worst case).
@@ -66,6 +68,11 @@ def defaults() -> ml_collections.ConfigDict:
   # How gradients are summed over the data axes: psum (XLA's all-reduce), ring
   # ([L]: ppermute ring over all devices), torus2d ([Y]: a 2-axis mesh only).
   c.grad_reduce = 'psum'
+  # Local SGD / model averaging ([S], [L]): > 0 trains one replica per device and
+  # averages parameters and BN statistics every `sync_every` steps (1 = synchronous
+  # SGD), after `local_sgd_warmup` fully synchronous steps. 0 = off.
+  c.sync_every = 0
+  c.local_sgd_warmup = 0
   # [Y]'s sub-group batch norm: how many devices share BN statistics, a product
   # of trailing mesh axes (mesh (2, 4): 1, 4 or 8). 0 = all devices.
   c.bn_group_size = 0
@@ -181,10 +188,18 @@ def validate(c) -> None:
           "central_schedule applies to server='central'; leave it 'serial'")
   if c.scheme == 'async':
     _validate_async(c)
+  for field in ('sync_every', 'local_sgd_warmup'):
+    if not isinstance(_get(c, field), int) or _get(c, field) < 0:
+      _fail(field, _get(c, field), 'expected 0 or a positive integer')
+  if c.local_sgd_warmup and not c.sync_every:
+    _fail('local_sgd_warmup', c.local_sgd_warmup,
+          'warm-up steps precede Local SGD: set sync_every (τ) too, or leave it 0')
+  if c.sync_every or c.server == 'gossip':
+    _validate_replicas(c)
   if c.server != 'allreduce' and c.grad_reduce != 'psum':
     _fail('grad_reduce', c.grad_reduce,
-          f'server={c.server!r} reduce-scatters gradients to their owners; ring and torus2d '
-          f'apply to server=allreduce: leave grad_reduce=psum')
+          f"ring and torus2d are all-reduce algorithms, for server='allreduce'; "
+          f"server={c.server!r} moves gradients its own way: leave grad_reduce=psum")
   if c.grad_reduce == 'torus2d' and len(shape) != 2:
     _fail('grad_reduce', c.grad_reduce,
           f'torus2d reduces over two mesh axes but mesh.shape={shape} has {len(shape)}; '
@@ -231,7 +246,7 @@ def validate(c) -> None:
 
 def _validate_async(c) -> None:
   """Downpour SGD: per-device loops on one host, whole tensors on the server(s)."""
-  if c.server == 'allreduce':
+  if c.server not in ('central', 'distributed'):
     _fail('server', c.server, "scheme='async' needs a parameter server: 'central' or "
           "'distributed'")
   if c.server == 'distributed' and c.placement != 'greedy':
@@ -246,6 +261,25 @@ def _validate_async(c) -> None:
       _fail(field, _get(c, field), f"not supported with scheme='async' (one host; each "
             f"worker's BN statistics are its own; pushes are float32): set it to "
             f"{synchronous_only!r}")
+
+
+def _validate_replicas(c) -> None:
+  """Local SGD and gossip: one replica per device, no server, no all-reduce of gradients."""
+  method = 'gossip' if c.server == 'gossip' else 'Local SGD'
+  if c.server == 'gossip' and c.sync_every:
+    _fail('sync_every', c.sync_every, "Local SGD and server='gossip' do not combine (yet): "
+          "choose one")
+  if c.scheme == 'async' or c.server not in ('allreduce', 'gossip'):
+    _fail('sync_every', c.sync_every, f"Local SGD averages replicas with an all-reduce: it "
+          f"needs scheme='sync-split' or 'sync-join' and server='allreduce', not "
+          f"scheme={c.scheme!r}, server={c.server!r}")
+  for field, default in (('grad_reduce', 'psum'), ('grad_reduce_dtype', 'float32')):
+    if _get(c, field) != default:
+      _fail(field, _get(c, field), f'{method} does not all-reduce gradients: leave it '
+            f'{default!r}')
+  if (c.model == 'resnet34' or c.batch_norm) and c.bn_group_size != 1:
+    _fail('bn_group_size', c.bn_group_size, f'{method} trains one replica per device, whose '
+          f'BatchNorm normalises over its own batch: set bn_group_size=1')
 
 
 def num_devices(c) -> int:

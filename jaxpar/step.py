@@ -4,13 +4,15 @@ Every parallel method is a variation of: compute a local loss and gradients on
 this device's share of the batch, combine them across devices, update. The step
 owns the shared parts; a method is a `Strategy` (see `parallel/`) that combines
 the gradients, updates, and lays out the state. The model's BatchNorm axes decide
-which devices share batch statistics (the running statistics are then averaged
-over the rest: `parallel/group_batchnorm.py`).
+which devices share batch statistics; the strategy decides what becomes of the
+running statistics (replicated strategies average them over the other groups:
+`parallel/group_batchnorm.py`).
 
 Gradients are taken w.r.t. a *varying* copy of the replicated parameters
-(`lax.pcast(..., to='varying')`, `ReplicatedParams.local_params`), so they stay
-per-device and their combination is exactly what the strategy does. (Differentiating w.r.t. the replicated `P()`
-parameters would make JAX sum them across devices implicitly.)
+(`lax.pcast(..., to='varying')` in `ReplicatedParams.local_variables`), so they
+stay per-device and their combination is exactly what the strategy does.
+(Differentiating w.r.t. the replicated `P()` parameters would make JAX sum them
+across devices implicitly.)
 """
 import functools
 from typing import Any, Callable, Protocol
@@ -24,7 +26,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.models import AUX_LOSS_WEIGHT
-from jaxpar.parallel.group_batchnorm import sync_batch_stats
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -76,14 +77,16 @@ class Strategy(Protocol):
   def state_specs(self, state: TrainState) -> TrainState:
     """A PartitionSpec for every leaf of the (global) state."""
 
-  def init(self, tx, params):
-    """(parameters, optimizer state) in this layout, from the whole parameters (under jit)."""
+  def init(self, tx, params, batch_stats):
+    """(params, batch_stats, optimizer state) in this layout, from the model's freshly
+    initialised variables (under jit)."""
 
-  def local_params(self, params):
-    """Inside shard_map: this device's whole parameters, typed varying over the mesh."""
+  def local_variables(self, state: TrainState):
+    """Inside shard_map: this device's whole (params, batch_stats); params typed varying."""
 
-  def update(self, tx, grads, state: TrainState):
-    """Inside shard_map: (new params, new optimizer state) from this device's gradients."""
+  def update(self, tx, grads, batch_stats, state: TrainState):
+    """Inside shard_map: (params, batch_stats, optimizer state) after this step, from this
+    device's gradients and the running statistics its BatchNorm layers computed."""
 
   def variables(self, state: TrainState) -> dict:
     """The model's {'params', 'batch_stats'} as global arrays replicated on the mesh, for
@@ -91,11 +94,13 @@ class Strategy(Protocol):
 
 
 class ReplicatedParams:
-  """For strategies whose parameters are replicated (`P()`) on every device."""
+  """For strategies whose parameters and BN statistics are replicated (`P()`) on every
+  device."""
 
-  def local_params(self, params):
+  def local_variables(self, state):
     # A varying copy: its gradient stays per device (see the module docstring).
-    return jax.tree.map(lambda p: lax.pcast(p, tuple(self.axes), to='varying'), params)
+    return (jax.tree.map(lambda p: lax.pcast(p, tuple(self.axes), to='varying'), state.params),
+            state.batch_stats)
 
   def variables(self, state):
     return {'params': state.params, 'batch_stats': state.batch_stats}
@@ -112,19 +117,15 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Str
 
   def local_step(state, batch, rng):
     rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), lax.axis_index(axes))
-    params = strategy.local_params(state.params)
+    params, batch_stats = strategy.local_variables(state)
     (loss, (logits, batch_stats)), grads = jax.value_and_grad(
-        functools.partial(model_loss, model), has_aux=True)(params, state.batch_stats, batch, rng)
-    params, opt_state = strategy.update(tx, grads, state)
+        functools.partial(model_loss, model), has_aux=True)(params, batch_stats, batch, rng)
+    params, batch_stats, opt_state = strategy.update(tx, grads, batch_stats, state)
     local_batch = batch['label'].shape[0]
     new_state = state.replace(
         step=state.step + 1,
         examples_seen=state.examples_seen + local_batch * lax.psum(1, axes),
-        params=params,
-        # BatchNorm combined them within its group; the groups' running
-        # statistics are averaged so the state stays replicated.
-        batch_stats=sync_batch_stats(batch_stats),
-        opt_state=opt_state)
+        params=params, batch_stats=batch_stats, opt_state=opt_state)
     metrics = {'loss': loss, 'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label'])}
     return new_state, lax.pmean(metrics, axes)
 
@@ -165,9 +166,10 @@ def init_state(model, tx, strategy: Strategy, mesh, input_shape, rng) -> TrainSt
   mesh in the strategy's layout."""
   def init():
     variables = init_variables(model, input_shape, rng)
-    params, opt_state = strategy.init(tx, variables['params'])
+    params, batch_stats, opt_state = strategy.init(tx, variables['params'],
+                                                   variables.get('batch_stats', {}))
     return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=params,
-                      batch_stats=variables.get('batch_stats', {}), opt_state=opt_state)
+                      batch_stats=batch_stats, opt_state=opt_state)
   specs = strategy.state_specs(jax.eval_shape(init))
   return jax.jit(init, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), specs))()
 

@@ -44,6 +44,18 @@ def test_defaults_are_valid():
       'distributed.coordinator': 'localhost:1234'}, 'config.distributed.num_processes',
      'one host'),
     ({'central_schedule': 'parallel'}, 'config.central_schedule', "server='central'"),
+    ({'sync_every': -1}, 'config.sync_every', '0 or a positive'),
+    ({'local_sgd_warmup': 5}, 'config.local_sgd_warmup', 'set sync_every'),
+    ({'sync_every': 4, 'server': 'central'}, 'config.sync_every', "server='allreduce'"),
+    ({'sync_every': 4, 'bn_group_size': 1, 'grad_reduce': 'ring'}, 'config.grad_reduce',
+     'does not all-reduce'),
+    ({'sync_every': 4}, 'config.bn_group_size', 'set bn_group_size=1'),
+    ({'server': 'gossip'}, 'config.bn_group_size', 'gossip trains one replica'),
+    ({'scheme': 'async', 'server': 'gossip'}, 'config.server', "'central' or 'distributed'"),
+    ({'server': 'gossip', 'bn_group_size': 1, 'sync_every': 2}, 'config.sync_every',
+     'do not combine'),
+    ({'server': 'gossip', 'bn_group_size': 1, 'grad_reduce_dtype': 'bfloat16'},
+     'config.grad_reduce_dtype', 'does not all-reduce'),
     ({'server': 'central', 'central_schedule': 'round_robin'}, 'config.central_schedule',
      "'parallel'"),
     ({'server': 'central', 'grad_reduce': 'torus2d'}, 'config.grad_reduce',
@@ -181,6 +193,19 @@ def test_config_files_are_valid(name, arg):
   assert c.model == name.split('_')[0]
   config_lib.validate(c)
   config_lib.validate_devices(c, config_lib.num_devices(c), 1)
+
+
+@pytest.mark.parametrize('arg, devices, every', [('post_local', 8, 4), ('sparknet', 5, 50)])
+def test_local_sgd_configs_are_valid(arg, devices, every):
+  import importlib.util
+  root = __file__.rsplit('/tests/', 1)[0]
+  spec = importlib.util.spec_from_file_location('local_sgd', f'{root}/configs/local_sgd.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config(arg)
+  config_lib.validate(c)
+  config_lib.validate_devices(c, devices, 1)
+  assert c.sync_every == every
 
 
 def test_unknown_config_argument():

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel.collectives import ring_psum, torus2d_psum
+from jaxpar.parallel.group_batchnorm import sync_batch_stats
 from jaxpar.step import ReplicatedParams
 
 SUMS = {'psum': lax.psum, 'ring': ring_psum, 'torus2d': torus2d_psum}
@@ -54,9 +55,9 @@ class AllReduce(ReplicatedParams):
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state)
 
-  def init(self, tx, params):
-    return params, tx.init(params)
+  def init(self, tx, params, batch_stats):
+    return params, batch_stats, tx.init(params)
 
-  def update(self, tx, grads, state):
+  def update(self, tx, grads, batch_stats, state):
     updates, opt_state = tx.update(self.reduce(grads), state.opt_state, state.params)
-    return optax.apply_updates(state.params, updates), opt_state
+    return optax.apply_updates(state.params, updates), sync_batch_stats(batch_stats), opt_state

@@ -81,9 +81,9 @@ class AsyncServer:
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state)
 
-  def init(self, tx, params):
+  def init(self, tx, params, batch_stats):
     leaves = jax.tree.leaves(params)
-    return params, tuple(tx.init([leaves[i] for i in part]) for _, part in self.parts)
+    return params, batch_stats, tuple(tx.init([leaves[i] for i in part]) for _, part in self.parts)
 
   def place(self, state: TrainState) -> TrainState:
     """Each tensor and its optimizer state on its owner; BN statistics on device 0."""

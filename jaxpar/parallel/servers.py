@@ -60,6 +60,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel.collectives import fused
+from jaxpar.parallel.group_batchnorm import sync_batch_stats
 from jaxpar.step import ReplicatedParams
 
 PLACEMENTS = ('even', 'greedy')
@@ -88,15 +89,15 @@ class CentralServer:
     return jax.tree.map(lambda _: P(), state).replace(params=per_device(state.params),
                                                       opt_state=per_device(state.opt_state))
 
-  def init(self, tx, params):
+  def init(self, tx, params, batch_stats):
     copies = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (self.devices,) + x.shape),
                                        tree)
-    return copies(params), copies(tx.init(params))
+    return copies(params), batch_stats, copies(tx.init(params))
 
-  def local_params(self, params):
-    return jax.tree.map(lambda x: x[0], params)
+  def local_variables(self, state):
+    return jax.tree.map(lambda x: x[0], state.params), state.batch_stats
 
-  def update(self, tx, grads, state):
+  def update(self, tx, grads, batch_stats, state):
     me = lax.axis_index(self.axes)
     params, opt_state = jax.tree.map(lambda x: x[0], (state.params, state.opt_state))
     mean = fused(grads, lambda g: self._to_server(g) / self.devices)
@@ -107,7 +108,8 @@ class CentralServer:
     params, opt_state = lax.cond(me == SERVER, serve, lambda p, o, _: (p, o),
                                  params, opt_state, mean)
     params = fused(params, lambda w: self._from_server(w, me))
-    return jax.tree.map(lambda x: x[None], (params, opt_state))
+    params, opt_state = jax.tree.map(lambda x: x[None], (params, opt_state))
+    return params, sync_batch_stats(batch_stats), opt_state
 
   def _to_server(self, grads):
     """The sum of every device's `grads`, on the server (elsewhere: meaningless)."""
@@ -215,13 +217,13 @@ class DistributedServer(ReplicatedParams):
     return replicated.replace(opt_state=jax.tree.map(
         lambda x: P(self.axes) if jnp.ndim(x) else P(), state.opt_state))
 
-  def init(self, tx, params):
-    """The parameters, and the optimizer state of every device's packed vector as global
+  def init(self, tx, params, batch_stats):
+    """The variables, and the optimizer state of every device's packed vector as global
     arrays of shape (N·capacity,) (device d's shard is its own); under jit with `state_specs`."""
-    return params, tx.init(self._pack(_flat(params),
-                                      jnp.asarray(self.packing.index.reshape(-1))))
+    return params, batch_stats, tx.init(self._pack(_flat(params),
+                                                   jnp.asarray(self.packing.index.reshape(-1))))
 
-  def update(self, tx, grads, state):
+  def update(self, tx, grads, batch_stats, state):
     n = lax.axis_size(self.axes)
     everyone = jnp.asarray(self.packing.index.reshape(-1))
     mine = lax.dynamic_index_in_dim(jnp.asarray(self.packing.index), lax.axis_index(self.axes),
@@ -234,7 +236,7 @@ class DistributedServer(ReplicatedParams):
     updates, opt_state = tx.update(owned_grads, state.opt_state, owned)
     gathered = lax.all_gather(owned + updates, self.axes, tiled=True, to='invarying')
     flat = jnp.zeros(self.packing.total + 1, gathered.dtype).at[everyone].set(gathered)
-    return _unflat(flat[:-1], state.params), opt_state
+    return _unflat(flat[:-1], state.params), sync_batch_stats(batch_stats), opt_state
 
   @staticmethod
   def _pack(flat, index):

@@ -1,0 +1,34 @@
+"""Local SGD / model averaging ([S], [L]; docs/communication.md): one replica per device,
+parameters and BN statistics averaged every τ steps.
+
+  python -m jaxpar.train --config configs/local_sgd.py:post_local --workdir /tmp/local_sgd
+  python -m jaxpar.train --config configs/local_sgd.py:sparknet --workdir /tmp/sparknet
+
+Argument (`configs/local_sgd.py:ARG`), on the bundled digits, ResNet34 on 8 devices:
+  post_local  τ = 4 after 20 synchronous warm-up steps (post-local SGD, Lin et al.)
+  sparknet    SparkNet's setting: τ = 50 from the first step, 5 workers ([S] §4)
+Each replica's BatchNorm normalises over its own batch (`bn_group_size=1`).
+"""
+from jaxpar.config import ConfigError, defaults, use_dataset
+
+VARIANTS = ('post_local', 'sparknet')
+
+
+def get_config(arg: str = 'post_local'):
+  if arg not in VARIANTS:
+    raise ConfigError(f'config file argument {arg!r} is invalid: choose one of {list(VARIANTS)}')
+  c = use_dataset(defaults(), 'digits')
+  c.model = 'resnet34'
+  c.image_size, c.augment.crop_padding = 16, 2
+  c.scheme = 'sync-join'
+  c.per_device_batch = 8
+  c.bn_group_size = 1
+  if arg == 'post_local':
+    c.mesh.shape = (8,)
+    c.sync_every, c.local_sgd_warmup = 4, 20
+  else:
+    c.mesh.shape = (5,)
+    c.eval_batch = 250  # a multiple of the 5 devices
+    c.sync_every = 50
+  c.mesh.axes = ('data',)
+  return c

@@ -1,0 +1,87 @@
+"""Model averaging / Local SGD ([S] §3, [L] Algorithm 1; docs/sources.md): one replica per
+device, averaged every τ steps (config `sync_every`).
+
+Every device trains its own copy of the parameters, BatchNorm statistics and optimizer
+state on its own batches (no gradient is sent); after every τ-th local update the
+parameters and BN statistics are averaged over all devices (an all-reduce of the model:
+communication falls by τ, [S]). The optimizer state stays each device's own, as with
+PyTorch's `PostLocalSGDOptimizer`.
+
+Averaging comes *after* the local update: τ = 1 is then exactly synchronous SGD, with
+momentum and weight decay too (the update is linear in the gradient, so the mean of the
+replicas' updates is the update of the mean gradient), and the replicas are identical
+right after each average. [L]'s literal order (average, then apply the local gradient)
+would leave them one local step apart even at τ = 1. LARS is not linear: its τ = 1 run is
+close to, not equal to, synchronous LARS.
+
+`local_sgd_warmup` steps of fully synchronous training come first (gradients averaged
+every step, as post-local SGD, Lin et al. 2020: replicas drift apart most early on).
+Evaluation reads the average of the replicas (`variables`); checkpoints keep every
+replica, so a resumed run continues exactly.
+"""
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxpar import optim
+
+
+class Replicas:
+  """The layout of one replica per device: parameters, BN statistics and optimizer state
+  stacked on a leading dimension of size N, sharded over every mesh axis (`P(axes)`).
+  Evaluation reads the replicas' mean. Strategies add `update`."""
+
+  def __init__(self, mesh):
+    self.axes = tuple(mesh.axis_names)
+    self.devices = mesh.size
+    self._mean = jax.jit(lambda tree: jax.tree.map(lambda x: jnp.mean(x, axis=0), tree),
+                         out_shardings=NamedSharding(mesh, P()))
+
+  def make_optimizer(self, opt_config, schedule, params):
+    del params  # every replica updates whole tensors
+    return optim.make_optimizer(opt_config, schedule)
+
+  def state_specs(self, state):
+    per_device = lambda tree: jax.tree.map(lambda _: P(self.axes), tree)
+    return jax.tree.map(lambda _: P(), state).replace(
+        params=per_device(state.params), batch_stats=per_device(state.batch_stats),
+        opt_state=per_device(state.opt_state))
+
+  def init(self, tx, params, batch_stats):
+    copies = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (self.devices,) + x.shape),
+                                       tree)
+    return copies(params), copies(batch_stats), copies(tx.init(params))
+
+  def local_variables(self, state):
+    return jax.tree.map(lambda x: x[0], (state.params, state.batch_stats))
+
+  def variables(self, state):
+    """The average of the replicas (what they would be averaged to now)."""
+    return self._mean({'params': state.params, 'batch_stats': state.batch_stats})
+
+
+class LocalSGD(Replicas):
+  """Strategy: replicas averaged after every `every`-th local step, after `warmup`
+  synchronous steps."""
+
+  def __init__(self, mesh, every: int, warmup: int = 0):
+    super().__init__(mesh)
+    self.every, self.warmup = every, warmup
+
+  def update(self, tx, grads, batch_stats, state):
+    params, opt_state = jax.tree.map(lambda x: x[0], (state.params, state.opt_state))
+    synchronous = state.step < self.warmup
+    grads = lax.cond(synchronous, self._average, lambda g: g, grads)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    average = synchronous | ((state.step + 1 - self.warmup) % self.every == 0)
+    params, batch_stats = lax.cond(average, self._average, lambda t: t, (params, batch_stats))
+    return jax.tree.map(lambda x: x[None], (params, batch_stats, opt_state))
+
+  def _average(self, tree):
+    """The mean over all devices, kept typed per device (as the other branch is)."""
+    return jax.tree.map(lambda x: lax.pcast(lax.pmean(x, self.axes), self.axes, to='varying'),
+                        tree)

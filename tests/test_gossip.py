@@ -1,0 +1,91 @@
+"""Gossip ([L] Algorithm 2): one exchange equals the mixing matrix (1/3 on the diagonal and
+at ±s) applied to the stacked per-device gradients; a few steps of the strategy equal a
+single-device simulation of every replica."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.mesh import make_mesh
+from jaxpar.parallel.gossip import Gossip, distances, gossip_mean
+from jaxpar.step import init_state, make_train_step, model_loss, to_global
+from test_step import TinyResNet, _assert_trees_close, _batches, _init
+
+IMAGE = (1, 16, 16, 3)
+
+
+def _mixing(n, s):
+  w = np.zeros((n, n))
+  for i in range(n):
+    for j in (i, (i + s) % n, (i - s) % n):
+      w[i, j] += 1 / 3  # a partner met twice (n = 2, or s = n/2) counts twice
+  return w
+
+
+@pytest.mark.parametrize('n, s', [(1, 1), (2, 1), (3, 1), (4, 1), (4, 2), (8, 1), (8, 3),
+                                  (8, 4)])
+def test_one_exchange_applies_the_mixing_matrix(n, s):
+  mesh = make_mesh((n,), ('data',))
+  rng = np.random.default_rng(n * 10 + s)
+  grads = {'w': rng.normal(size=(n, 3, 2)).astype(np.float32),
+           'b': rng.normal(size=(n, 5)).astype(np.float32)}
+  mixed = jax.shard_map(lambda g: gossip_mean(g, 'data', s), mesh=mesh, in_specs=P('data'),
+                        out_specs=P('data'))(grads)
+  w = _mixing(n, s)
+  for key in grads:
+    expected = np.einsum('ij,j...->i...', w, grads[key])
+    np.testing.assert_allclose(mixed[key], expected, rtol=1e-6, atol=1e-6)
+  if n == 2:  # both partners are the other device: 1/3 own, 2/3 the other's
+    np.testing.assert_allclose(w, [[1 / 3, 2 / 3], [2 / 3, 1 / 3]])
+
+
+def test_distances_cycle_to_half_the_ring():
+  assert distances(8) == [1, 2, 3, 4] and distances(4) == [1, 2]
+  assert distances(3) == [1] and distances(2) == [1] and distances(1) == [1]
+
+
+def test_gossip_steps_equal_a_simulation_of_every_replica():
+  """4 devices, 3 steps (s = 1, 2, 1), SGD + momentum: each replica's weights equal those
+  of a single-device loop that computes every replica's gradient on its own rows, mixes
+  them with W_s and updates each replica with its row."""
+  n, steps = 4, 3
+  tx = optax.sgd(0.1, momentum=0.9)
+  mesh = make_mesh((n,), ('data',))
+  model = TinyResNet(bn_axis_name=None)
+  gossip = Gossip(mesh)
+  state = init_state(model, tx, gossip, mesh, IMAGE, jax.random.key(0))
+  step = make_train_step(model, tx, mesh, gossip)
+  batches = _batches(steps, batch=8 * n)
+  for b in batches:
+    state, _ = step(state, to_global(mesh, b), jax.random.key(7))
+  state = jax.device_get(state)
+
+  init = _init(model, tx, IMAGE)
+  replicas = [(init.params, init.batch_stats, init.opt_state)] * n
+  for k, b in enumerate(batches):
+    grads, stats = [], []
+    for i, (params, batch_stats, _) in enumerate(replicas):
+      rows = {key: v[8 * i:8 * (i + 1)] for key, v in b.items()}
+      (_, (_, new_stats)), g = jax.value_and_grad(
+          lambda p: model_loss(model, p, batch_stats, rows, jax.random.key(0)),
+          has_aux=True)(params)
+      grads.append(g)
+      stats.append(new_stats)
+    w = _mixing(n, distances(n)[k % len(distances(n))])
+    new = []
+    for i, (params, _, opt_state) in enumerate(replicas):
+      mixed = jax.tree.map(lambda *g: sum(w[i, j] * g[j] for j in range(n)), *grads)
+      updates, opt_state = tx.update(mixed, opt_state, params)
+      new.append((optax.apply_updates(params, updates), stats[i], opt_state))
+    replicas = new
+  for i, (params, batch_stats, _) in enumerate(replicas):
+    _assert_trees_close(jax.tree.map(lambda x: x[i], state.params), params, rtol=1e-4, atol=1e-6)
+    _assert_trees_close(jax.tree.map(lambda x: x[i], state.batch_stats), batch_stats,
+                        rtol=1e-4, atol=1e-6)
+  # The replicas are close but not equal; evaluation reads their mean.
+  kernel = jax.tree.leaves(state.params)[-1]
+  assert not np.array_equal(kernel[0], kernel[1])
+  np.testing.assert_allclose(jax.tree.leaves(gossip.variables(state)['params'])[-1],
+                             jnp.mean(kernel, axis=0), rtol=1e-6)
