@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
+from jaxpar.parallel import layouts
 
 
 class Replicas:
@@ -45,18 +46,16 @@ class Replicas:
     return optim.make_optimizer(opt_config, schedule)
 
   def state_specs(self, state):
-    per_device = lambda tree: jax.tree.map(lambda _: P(self.axes), tree)
     return jax.tree.map(lambda _: P(), state).replace(
-        params=per_device(state.params), batch_stats=per_device(state.batch_stats),
-        opt_state=per_device(state.opt_state))
+        params=layouts.specs(state.params, self.axes),
+        batch_stats=layouts.specs(state.batch_stats, self.axes),
+        opt_state=layouts.specs(state.opt_state, self.axes))
 
   def init(self, tx, params, batch_stats):
-    copies = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (self.devices,) + x.shape),
-                                       tree)
-    return copies(params), copies(batch_stats), copies(tx.init(params))
+    return layouts.copies((params, batch_stats, tx.init(params)), self.devices)
 
   def local_variables(self, state):
-    return jax.tree.map(lambda x: x[0], (state.params, state.batch_stats))
+    return layouts.own((state.params, state.batch_stats))
 
   def variables(self, state):
     """The average of the replicas (what they would be averaged to now)."""
@@ -72,14 +71,14 @@ class LocalSGD(Replicas):
     self.every, self.warmup = every, warmup
 
   def update(self, tx, grads, batch_stats, state):
-    params, opt_state = jax.tree.map(lambda x: x[0], (state.params, state.opt_state))
+    params, opt_state = layouts.own((state.params, state.opt_state))
     synchronous = state.step < self.warmup
     grads = lax.cond(synchronous, self._average, lambda g: g, grads)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     average = synchronous | ((state.step + 1 - self.warmup) % self.every == 0)
     params, batch_stats = lax.cond(average, self._average, lambda t: t, (params, batch_stats))
-    return jax.tree.map(lambda x: x[None], (params, batch_stats, opt_state))
+    return layouts.stack((params, batch_stats, opt_state))
 
   def _average(self, tree):
     """The mean over all devices, kept typed per device (as the other branch is)."""

@@ -20,6 +20,7 @@ import jax
 import optax
 from jax import lax
 
+from jaxpar.parallel import layouts
 from jaxpar.parallel.averaging import Replicas
 
 
@@ -43,10 +44,10 @@ class Gossip(Replicas):
   """Strategy: one replica per device, updated with its gossip-mixed gradient."""
 
   def update(self, tx, grads, batch_stats, state):
-    params, opt_state = jax.tree.map(lambda x: x[0], (state.params, state.opt_state))
+    params, opt_state = layouts.own((state.params, state.opt_state))
     cycle = distances(self.devices)
     branches = [lambda g, s=s: gossip_mean(g, self.axes, s) for s in cycle]
     mixed = lax.switch(state.step % len(cycle), branches, grads)
     updates, opt_state = tx.update(mixed, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return jax.tree.map(lambda x: x[None], (params, batch_stats, opt_state))
+    return layouts.stack((params, batch_stats, opt_state))

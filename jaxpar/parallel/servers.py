@@ -59,6 +59,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
+from jaxpar.parallel import layouts
 from jaxpar.parallel.collectives import fused
 from jaxpar.parallel.group_batchnorm import sync_batch_stats
 from jaxpar.step import ReplicatedParams
@@ -85,21 +86,20 @@ class CentralServer:
     return optim.make_optimizer(opt_config, schedule)
 
   def state_specs(self, state):
-    per_device = lambda tree: jax.tree.map(lambda _: P(self.axes), tree)
-    return jax.tree.map(lambda _: P(), state).replace(params=per_device(state.params),
-                                                      opt_state=per_device(state.opt_state))
+    return jax.tree.map(lambda _: P(), state).replace(
+        params=layouts.specs(state.params, self.axes),
+        opt_state=layouts.specs(state.opt_state, self.axes))
 
   def init(self, tx, params, batch_stats):
-    copies = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (self.devices,) + x.shape),
-                                       tree)
-    return copies(params), batch_stats, copies(tx.init(params))
+    params, opt_state = layouts.copies((params, tx.init(params)), self.devices)
+    return params, batch_stats, opt_state
 
   def local_variables(self, state):
-    return jax.tree.map(lambda x: x[0], state.params), state.batch_stats
+    return layouts.own(state.params), state.batch_stats
 
   def update(self, tx, grads, batch_stats, state):
     me = lax.axis_index(self.axes)
-    params, opt_state = jax.tree.map(lambda x: x[0], (state.params, state.opt_state))
+    params, opt_state = layouts.own((state.params, state.opt_state))
     mean = fused(grads, lambda g: self._to_server(g) / self.devices)
 
     def serve(params, opt_state, grads):
@@ -108,7 +108,7 @@ class CentralServer:
     params, opt_state = lax.cond(me == SERVER, serve, lambda p, o, _: (p, o),
                                  params, opt_state, mean)
     params = fused(params, lambda w: self._from_server(w, me))
-    params, opt_state = jax.tree.map(lambda x: x[None], (params, opt_state))
+    params, opt_state = layouts.stack((params, opt_state))
     return params, sync_batch_stats(batch_stats), opt_state
 
   def _to_server(self, grads):
