@@ -14,6 +14,7 @@ from jaxpar.parallel.averaging import LocalSGD
 from jaxpar.parallel.gossip import Gossip
 from jaxpar.parallel.group_batchnorm import group_axes
 from jaxpar.parallel.servers import CentralServer, DistributedServer
+from jaxpar.parallel.sparsify import SparseGossip
 from jaxpar.step import Synchronous, TrainState, init_state, init_variables, make_train_step
 
 
@@ -45,6 +46,9 @@ def strategy(cfg, mesh):
     return AsyncServer(mesh, cfg.server)
   if cfg.sync_every:
     return LocalSGD(mesh, cfg.sync_every, cfg.local_sgd_warmup)
+  if cfg.server == 'gossip' and cfg.sparsify.capacity:
+    return SparseGossip(mesh, cfg.sparsify.threshold, cfg.sparsify.capacity,
+                        cfg.sparsify.error_feedback)
   if cfg.server == 'gossip':
     return Gossip(mesh)
   if cfg.server == 'central':

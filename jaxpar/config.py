@@ -73,6 +73,13 @@ def defaults() -> ml_collections.ConfigDict:
   # SGD), after `local_sgd_warmup` fully synchronous steps. 0 = off.
   c.sync_every = 0
   c.local_sgd_warmup = 0
+  # Sparsified gossip ([L] Algorithm 3), server='gossip' only: each tensor's message
+  # holds its ⌈capacity·size⌉ largest entries, those above `threshold` sent; error
+  # feedback keeps the rest for the next step. capacity 0 = off (dense gossip).
+  c.sparsify = ml_collections.ConfigDict()
+  c.sparsify.capacity = 0.0
+  c.sparsify.threshold = 0.0
+  c.sparsify.error_feedback = True
   # [Y]'s sub-group batch norm: how many devices share BN statistics, a product
   # of trailing mesh axes (mesh (2, 4): 1, 4 or 8). 0 = all devices.
   c.bn_group_size = 0
@@ -196,6 +203,7 @@ def validate(c) -> None:
           'warm-up steps precede Local SGD: set sync_every (τ) too, or leave it 0')
   if c.sync_every or c.server == 'gossip':
     _validate_replicas(c)
+  _validate_sparsify(c)
   if c.server != 'allreduce' and c.grad_reduce != 'psum':
     _fail('grad_reduce', c.grad_reduce,
           f"ring and torus2d are all-reduce algorithms, for server='allreduce'; "
@@ -280,6 +288,22 @@ def _validate_replicas(c) -> None:
   if (c.model == 'resnet34' or c.batch_norm) and c.bn_group_size != 1:
     _fail('bn_group_size', c.bn_group_size, f'{method} trains one replica per device, whose '
           f'BatchNorm normalises over its own batch: set bn_group_size=1')
+
+
+def _validate_sparsify(c) -> None:
+  sp = c.sparsify
+  if not isinstance(sp.capacity, (int, float)) or not 0 <= sp.capacity <= 1:
+    _fail('sparsify.capacity', sp.capacity, 'expected a fraction of each tensor in (0, 1], '
+          'or 0 for no sparsification')
+  if not isinstance(sp.threshold, (int, float)) or sp.threshold < 0:
+    _fail('sparsify.threshold', sp.threshold, 'expected a magnitude >= 0')
+  if sp.capacity and c.server != 'gossip':
+    _fail('sparsify.capacity', sp.capacity, "sparsification applies to server='gossip'")
+  if not sp.capacity:
+    for field, default in (('sparsify.threshold', 0.0), ('sparsify.error_feedback', True)):
+      if _get(c, field) != default:
+        _fail(field, _get(c, field), 'applies to sparsified gossip: set sparsify.capacity '
+              '(e.g. 0.01) too, or leave it at its default')
 
 
 def num_devices(c) -> int:

@@ -85,8 +85,11 @@ class Strategy(Protocol):
     """Inside shard_map: this device's whole (params, batch_stats); params typed varying."""
 
   def update(self, tx, grads, batch_stats, state: TrainState):
-    """Inside shard_map: (params, batch_stats, optimizer state) after this step, from this
-    device's gradients and the running statistics its BatchNorm layers computed."""
+    """Inside shard_map: (params, batch_stats, optimizer state, report) after this step,
+    from this device's gradients and the running statistics its BatchNorm layers
+    computed. `report` holds per-device scalars for the step's metrics, at least
+    `sent_bytes`: what this device sent of gradients and weights, by the method's own
+    accounting (BN statistics and metrics, a few hundred bytes, not counted)."""
 
   def variables(self, state: TrainState) -> dict:
     """The model's {'params', 'batch_stats'} as global arrays replicated on the mesh, for
@@ -120,13 +123,14 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Str
     params, batch_stats = strategy.local_variables(state)
     (loss, (logits, batch_stats)), grads = jax.value_and_grad(
         functools.partial(model_loss, model), has_aux=True)(params, batch_stats, batch, rng)
-    params, batch_stats, opt_state = strategy.update(tx, grads, batch_stats, state)
+    params, batch_stats, opt_state, report = strategy.update(tx, grads, batch_stats, state)
     local_batch = batch['label'].shape[0]
     new_state = state.replace(
         step=state.step + 1,
         examples_seen=state.examples_seen + local_batch * lax.psum(1, axes),
         params=params, batch_stats=batch_stats, opt_state=opt_state)
-    metrics = {'loss': loss, 'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label'])}
+    metrics = {'loss': loss, 'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label']),
+               **report}
     return new_state, lax.pmean(metrics, axes)
 
   def step(state, batch, rng):

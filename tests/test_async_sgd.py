@@ -51,6 +51,8 @@ def test_one_worker_is_sequential_sgd(server_kind):
   _assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-6)
   _assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-5, atol=1e-6)
   assert int(state.step) == 4 and int(state.examples_seen) == 64
+  # A push's gradient up and the weights down, float32.
+  assert metrics[0]['sent_bytes'] == 2 * 4 * sum(x.size for x in jax.tree.leaves(ref.params))
 
 
 @pytest.mark.parametrize('server_kind', ['central', 'distributed'])

@@ -39,6 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
+from jaxpar.parallel.collectives import nbytes
 from jaxpar.parallel.servers import greedy_owners
 from jaxpar.step import TrainState, model_loss
 
@@ -170,7 +171,9 @@ class Downpour:
                            self.published[2] - push.version))
     state = self._apply(state, push)
     push.applied.set()
-    return state, {**push.metrics, 'staleness': self.log[-1].staleness}
+    # The worker pushed its gradient and pulls the weights for its next batch.
+    return state, {**push.metrics, 'staleness': self.log[-1].staleness,
+                   'sent_bytes': 2 * nbytes(push.grads)}
 
   def histograms(self) -> dict:
     """Per-update values of this run whose distribution is worth seeing."""

@@ -28,6 +28,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel import layouts
+from jaxpar.parallel.allreduce import all_reduce_bytes
+from jaxpar.parallel.collectives import nbytes
 
 
 class Replicas:
@@ -78,7 +80,11 @@ class LocalSGD(Replicas):
     params = optax.apply_updates(params, updates)
     average = synchronous | ((state.step + 1 - self.warmup) % self.every == 0)
     params, batch_stats = lax.cond(average, self._average, lambda t: t, (params, batch_stats))
-    return layouts.stack((params, batch_stats, opt_state))
+    # An all-reduce of the gradients while synchronous, of the model when averaging.
+    sent = jnp.where(synchronous, all_reduce_bytes('psum', nbytes(grads), self.axes),
+                     jnp.where(average, all_reduce_bytes('psum', nbytes((params, batch_stats)),
+                                                         self.axes), 0.0))
+    return (*layouts.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
 
   def _average(self, tree):
     """The mean over all devices, kept typed per device (as the other branch is)."""

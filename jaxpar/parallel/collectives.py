@@ -71,6 +71,12 @@ def _scatter_reduce_gather(v, first, second):
   return lax.all_gather(part, first, tiled=True, to='invarying')[:v.size]
 
 
+def nbytes(tree, dtype=None) -> int:
+  """Bytes of every leaf of `tree` (in `dtype` if given): a message's size."""
+  return sum(math.prod(jnp.shape(x)) * jnp.dtype(dtype or jnp.result_type(x)).itemsize
+             for x in jax.tree.leaves(tree))
+
+
 def _pad_to(v, multiple):
   return jnp.pad(v, (0, -v.size % multiple))
 

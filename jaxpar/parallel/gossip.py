@@ -22,6 +22,7 @@ from jax import lax
 
 from jaxpar.parallel import layouts
 from jaxpar.parallel.averaging import Replicas
+from jaxpar.parallel.collectives import nbytes
 
 
 def gossip_mean(tree, axes, s: int):
@@ -50,4 +51,5 @@ class Gossip(Replicas):
     mixed = lax.switch(state.step % len(cycle), branches, grads)
     updates, opt_state = tx.update(mixed, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return layouts.stack((params, batch_stats, opt_state))
+    # The gradient to each of the two partners.
+    return (*layouts.stack((params, batch_stats, opt_state)), {'sent_bytes': 2 * nbytes(grads)})

@@ -60,7 +60,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel import layouts
-from jaxpar.parallel.collectives import fused
+from jaxpar.parallel.collectives import fused, nbytes
 from jaxpar.parallel.group_batchnorm import sync_batch_stats
 from jaxpar.step import ReplicatedParams
 
@@ -109,7 +109,10 @@ class CentralServer:
                                  params, opt_state, mean)
     params = fused(params, lambda w: self._from_server(w, me))
     params, opt_state = layouts.stack((params, opt_state))
-    return params, sync_batch_stats(batch_stats), opt_state
+    # A worker sends its gradients once; the server sends the weights N−1 times.
+    grads_bytes, weights_bytes = nbytes(grads, self.dtype), nbytes(grads)
+    sent = jnp.where(me == SERVER, (self.devices - 1) * weights_bytes, grads_bytes)
+    return params, sync_batch_stats(batch_stats), opt_state, {'sent_bytes': sent}
 
   def _to_server(self, grads):
     """The sum of every device's `grads`, on the server (elsewhere: meaningless)."""
@@ -236,7 +239,11 @@ class DistributedServer(ReplicatedParams):
     updates, opt_state = tx.update(owned_grads, state.opt_state, owned)
     gathered = lax.all_gather(owned + updates, self.axes, tiled=True, to='invarying')
     flat = jnp.zeros(self.packing.total + 1, gathered.dtype).at[everyone].set(gathered)
-    return _unflat(flat[:-1], state.params), sync_batch_stats(batch_stats), opt_state
+    # Reduce-scatter (gradients, in the dtype they travel in) and all-gather (weights):
+    # N−1 of the N packed slices each.
+    sent_bytes = (n - 1) * owned.size * (sent.dtype.itemsize + owned.dtype.itemsize)
+    return (_unflat(flat[:-1], state.params), sync_batch_stats(batch_stats), opt_state,
+            {'sent_bytes': sent_bytes})
 
   @staticmethod
   def _pack(flat, index):
