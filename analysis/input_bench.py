@@ -58,8 +58,8 @@ def measure(cfg, batches: int, steps: int) -> dict:
   input_time = (time.perf_counter() - start) / batches
   print(file=sys.stderr)
 
-  model = build.model(cfg, source.num_classes, mesh)
-  strategy = build.strategy(cfg, mesh)
+  model = build.model(cfg, source.num_classes, source.channels, mesh)
+  strategy = build.strategy(cfg, mesh, model)
   tx, _ = build.optimizer(cfg, model, source.channels, strategy, global_batch,
                           total_steps=max(steps, cfg.optimizer.warmup_steps) + 1)
   state = build.initial_state(cfg, model, tx, strategy, source.channels, mesh, jax.random.key(0))

@@ -3,6 +3,7 @@ strategy, the optimizer, the initial state and the input stream. `train.py` and 
 benchmarks in `analysis/` build a run the same way."""
 import jax
 import jax.numpy as jnp
+from absl import logging
 
 from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
@@ -12,6 +13,7 @@ from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.async_sgd import AsyncServer, Downpour
 from jaxpar.parallel.averaging import LocalSGD
 from jaxpar.parallel.gossip import Gossip
+from jaxpar.parallel.hybrid import MODEL_AXIS, HybridFC, choose_split
 from jaxpar.parallel.group_batchnorm import group_axes
 from jaxpar.parallel.servers import CentralServer, DistributedServer
 from jaxpar.parallel.sparsify import SparseGossip
@@ -28,20 +30,36 @@ def mesh(cfg):
   return mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes)
 
 
-def model(cfg, num_classes: int, mesh):
+def model(cfg, num_classes: int, channels: int, mesh):
+  """The network, its FC layers split over the 'model' axis as `fc_parallel` decides."""
   kwargs = dict(num_classes=num_classes, dtype=jnp.dtype(cfg.dtype),
                 bn_axis_name=group_axes(cfg.mesh.shape, mesh.axis_names, cfg.bn_group_size))
   if cfg.model == 'resnet34':
     kwargs['shortcut'] = cfg.shortcut
   else:
     kwargs['batch_norm'] = cfg.batch_norm
-  return models.MODELS[cfg.model](**kwargs)
+  network = models.MODELS[cfg.model](**kwargs)
+  if cfg.fc_parallel == 'data':
+    return network
+  params = jax.eval_shape(lambda: init_variables(network, _input_shape(cfg, channels),
+                                                 jax.random.key(0)))['params']
+  r = dict(zip(mesh.axis_names, mesh.devices.shape))[MODEL_AXIS]
+  per_device = config_lib.global_batch(cfg) // config_lib.num_devices(cfg)
+  try:
+    split = choose_split(params, network.FC_LAYERS, cfg.fc_parallel, per_device, r)
+  except ValueError as e:
+    raise config_lib.ConfigError(f'config.fc_parallel={cfg.fc_parallel!r} is invalid: {e}; '
+                                 f"use 'auto' or a 'model' axis size that divides it") from None
+  logging.info('FC layers split over the %d-device model axis: %s.', r, ', '.join(split) or 'none')
+  return network.clone(fc_axis=MODEL_AXIS, fc_split=split)
 
 
-def strategy(cfg, mesh):
-  """The parallel method of `config.scheme` and `config.server`: how gradients are
-  combined, the weights updated and the state laid out."""
+def strategy(cfg, mesh, model):
+  """The parallel method of `config.scheme`, `config.server` and the like: how gradients
+  are combined, the weights updated and the state laid out."""
   dtype = jnp.dtype(cfg.grad_reduce_dtype)
+  if cfg.fc_parallel != 'data':
+    return HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype)
   if cfg.scheme == 'async':
     return AsyncServer(mesh, cfg.server)
   if cfg.sync_every:

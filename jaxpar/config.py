@@ -73,6 +73,10 @@ def defaults() -> ml_collections.ConfigDict:
   # SGD), after `local_sgd_warmup` fully synchronous steps. 0 = off.
   c.sync_every = 0
   c.local_sgd_warmup = 0
+  # Hybrid parallelism ([H]): FC layers data-parallel, or model-parallel over the mesh
+  # axis named 'model' (weights split along the output dimension), or `auto`: per layer,
+  # model-parallel where [H]'s rule M·R < (K+1)·N / (3K + 2N) says it moves less.
+  c.fc_parallel = 'data'
   # Sparsified gossip ([L] Algorithm 3), server='gossip' only: each tensor's message
   # holds its ⌈capacity·size⌉ largest entries, those above `threshold` sent; error
   # feedback keeps the rest for the next step. capacity 0 = off (dense gossip).
@@ -153,12 +157,14 @@ def validate(c) -> None:
   from jaxpar.optim import OPTIMIZERS, SCHEDULES
   from jaxpar.parallel.allreduce import SUMS
   from jaxpar.parallel.group_batchnorm import group_sizes
+  from jaxpar.parallel.hybrid import FC_PARALLEL
   from jaxpar.parallel.servers import CENTRAL_SCHEDULES, PLACEMENTS
 
   for field, choices in (('model', sorted(MODELS)), ('shortcut', SHORTCUTS), ('dtype', DTYPES),
                          ('grad_reduce_dtype', REDUCE_DTYPES), ('scheme', SCHEMES),
                          ('server', SERVERS), ('placement', PLACEMENTS),
                          ('central_schedule', CENTRAL_SCHEDULES), ('grad_reduce', SUMS),
+                         ('fc_parallel', FC_PARALLEL),
                          ('optimizer.name', OPTIMIZERS), ('optimizer.schedule', SCHEDULES),
                          ('augment.kind', AUGMENTATIONS)):
     if _get(c, field) not in choices:
@@ -204,6 +210,8 @@ def validate(c) -> None:
   if c.sync_every or c.server == 'gossip':
     _validate_replicas(c)
   _validate_sparsify(c)
+  if c.fc_parallel != 'data':
+    _validate_hybrid(c, axes)
   if c.server != 'allreduce' and c.grad_reduce != 'psum':
     _fail('grad_reduce', c.grad_reduce,
           f"ring and torus2d are all-reduce algorithms, for server='allreduce'; "
@@ -304,6 +312,23 @@ def _validate_sparsify(c) -> None:
       if _get(c, field) != default:
         _fail(field, _get(c, field), 'applies to sparsified gossip: set sparsify.capacity '
               '(e.g. 0.01) too, or leave it at its default')
+
+
+def _validate_hybrid(c, axes) -> None:
+  if 'model' not in axes or len(axes) < 2:
+    _fail('fc_parallel', c.fc_parallel, f"model-parallel FC layers are split over a mesh axis "
+          f"named 'model' beside the data axes; mesh.axes={axes}: use e.g. "
+          f"mesh.shape=(2, 4), mesh.axes=('data', 'model')")
+  if c.model == 'squeezenet':
+    _fail('fc_parallel', c.fc_parallel, 'squeezenet has no FC layer (its classifier is a 1×1 '
+          "convolution): leave fc_parallel='data'")
+  if (c.scheme == 'async' or c.server != 'allreduce' or c.sync_every
+      or c.grad_reduce != 'psum'):
+    _fail('fc_parallel', c.fc_parallel, "hybrid parallelism runs with synchronous all-reduce "
+          "(scheme sync-*, server='allreduce', grad_reduce='psum', sync_every=0)")
+  if c.optimizer.name == 'lars':
+    _fail('fc_parallel', c.fc_parallel, "LARS needs whole-tensor norms, which split FC layers "
+          "do not have on one device: use optimizer.name='sgd'")
 
 
 def num_devices(c) -> int:

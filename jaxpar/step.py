@@ -184,6 +184,8 @@ def make_eval_step(model, mesh) -> Callable:
   are a strategy's `variables(state)`: a sharded optimizer state never moves."""
   axes = mesh.axis_names
 
+  model = model.clone(fc_axis=None)  # whole FC layers: `variables` are the whole weights
+
   def local_eval(variables, batch):
     logits = model.apply(variables, batch['image'], train=False)
     k = min(5, logits.shape[-1])

@@ -77,8 +77,8 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
                cfg.optimizer.schedule)
 
   # ------------------------------------------------------------------ model and optimizer
-  model = build.model(cfg, source.num_classes, mesh)
-  strategy = build.strategy(cfg, mesh)
+  model = build.model(cfg, source.num_classes, source.channels, mesh)
+  strategy = build.strategy(cfg, mesh, model)
   tx, schedule = build.optimizer(cfg, model, source.channels, strategy, global_batch, total_steps)
 
   # ------------------------------------------------------------------ state

@@ -1,11 +1,12 @@
 """GoogLeNet (Inception v1) with its two auxiliary classifiers ([T] ch. 2, docs/sources.md)."""
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import ConvReLU, batch_norm, dense_init, global_avg_pool, max_pool_ceil
+from jaxpar.models.layers import (ConvReLU, batch_norm, dense, dense_init, global_avg_pool,
+                                  max_pool_ceil)
 
 # Module name → (1×1, 3×3 reduce, 3×3, 5×5 reduce, 5×5, pool proj); 'M' is a 3×3/2 max-pool.
 INCEPTIONS = (
@@ -65,6 +66,10 @@ class GoogLeNet(nn.Module):
   batch_norm: bool = False
   bn_axis_name: Any = None
   dropout_rate: float = 0.4
+  fc_axis: Any = None       # [H]: the mesh axis FC layers named in `fc_split` are split over
+  fc_split: Sequence[str] = ()
+
+  FC_LAYERS = ('Dense_0',)  # the main classifier; the auxiliary heads stay data-parallel
 
   @nn.compact
   def __call__(self, x, train: bool = True):
@@ -85,7 +90,7 @@ class GoogLeNet(nn.Module):
         aux.append(AuxClassifier(self.num_classes, norm=norm, dtype=self.dtype,
                                  name=f'aux_{name}')(x, train))
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(global_avg_pool(x))
-    x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init())(x)
+    x = dense(self.num_classes, 'Dense_0', self.dtype, self.fc_axis, self.fc_split)(x)
     if train:
       return tuple(y.astype(jnp.float32) for y in (x, *aux))
     return x.astype(jnp.float32)

@@ -4,6 +4,8 @@ from typing import Any, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
+from flax.linen.dtypes import promote_dtype
+from jax import lax
 
 ModuleDef = Any
 
@@ -73,3 +75,40 @@ def batch_norm(train: bool, axis_name, dtype):
   """
   return functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9,
                            epsilon=1e-5, dtype=dtype, axis_name=axis_name)
+
+
+class ModelParallelDense(nn.Module):
+  """[H]'s model-parallel FC layer (docs/communication.md), inside `shard_map`.
+
+  The kernel (K, N) and bias (N) are split along the output dimension over the mesh
+  axis `axis` (R devices: each holds (K, N/R) and N/R). Forward: all-gather the R
+  devices' inputs (R·M, K), multiply by the local slice, add the bias slice, and
+  exchange the (R·M, N/R) result with an all-to-all so each device gets its own M
+  samples' N outputs. Backward (by JAX's transposes): the output gradients come back
+  through an all-to-all, each device's weight gradient comes from the gathered inputs,
+  and the input gradients are reduce-scattered. At initialisation (outside shard_map)
+  it is an ordinary `nn.Dense` with the same parameters.
+  """
+  features: int
+  axis: str
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    # Created whole; inside shard_map each device holds (and flax checks) its slice.
+    r = 1 if self.is_initializing() else lax.axis_size(self.axis)
+    kernel = self.param('kernel', dense_init(), (x.shape[-1], self.features // r))
+    bias = self.param('bias', nn.initializers.zeros_init(), (self.features // r,))
+    x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
+    if self.is_initializing():
+      return x @ kernel + bias
+    gathered = lax.all_gather(x, self.axis, tiled=True)
+    return lax.all_to_all(gathered @ kernel + bias, self.axis, 0, 1, tiled=True)
+
+
+def dense(features: int, name: str, dtype, fc_axis=None, fc_split=()):
+  """An FC layer named `name`: model-parallel over `fc_axis` if `name` is in `fc_split`
+  ([H]), else `nn.Dense` (data-parallel). Both have the same parameters."""
+  if fc_axis is not None and name in fc_split:
+    return ModelParallelDense(features, fc_axis, dtype, name=name)
+  return nn.Dense(features, dtype=dtype, kernel_init=dense_init(), name=name)

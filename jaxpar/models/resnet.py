@@ -5,7 +5,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import batch_norm, dense_init, global_avg_pool, same_padding
+from jaxpar.models.layers import batch_norm, dense, global_avg_pool, same_padding
 
 SHORTCUTS = ('projection', 'zero_pad')
 
@@ -48,6 +48,10 @@ class ResNet(nn.Module):
   dtype: Any = jnp.float32
   shortcut: str = 'projection'
   bn_axis_name: Any = None
+  fc_axis: Any = None       # [H]: the mesh axis FC layers named in `fc_split` are split over
+  fc_split: Sequence[str] = ()
+
+  FC_LAYERS = ('Dense_0',)
 
   @nn.compact
   def __call__(self, x, train: bool = True):
@@ -63,7 +67,8 @@ class ResNet(nn.Module):
       for j in range(size):
         strides = 2 if i > 0 and j == 0 else 1
         x = BasicBlock(self.num_filters * 2**i, strides, norm, self.shortcut, self.dtype)(x)
-    x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init())(global_avg_pool(x))
+    x = dense(self.num_classes, 'Dense_0', self.dtype, self.fc_axis, self.fc_split)(
+        global_avg_pool(x))
     return x.astype(jnp.float32)
 
 

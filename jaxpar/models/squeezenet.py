@@ -1,6 +1,6 @@
 """SqueezeNet v1.0 ([T] ch. 2, docs/sources.md; the thesis numbers the fire modules 1..8)."""
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -33,6 +33,10 @@ class SqueezeNet(nn.Module):
   batch_norm: bool = False
   bn_axis_name: Any = None
   dropout_rate: float = 0.5
+  fc_axis: Any = None       # no FC layer: the classifier is a 1×1 convolution
+  fc_split: Sequence[str] = ()
+
+  FC_LAYERS = ()
 
   @nn.compact
   def __call__(self, x, train: bool = True):

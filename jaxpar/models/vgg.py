@@ -5,7 +5,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import ConvReLU, batch_norm, dense_init
+from jaxpar.models.layers import ConvReLU, batch_norm, dense
 
 # Channels per 3×3 convolution; 'M' is a 2×2/2 max-pool.
 CONFIG_E = (64, 64, 'M', 128, 128, 'M', 256, 256, 256, 256, 'M',
@@ -19,6 +19,11 @@ class VGG(nn.Module):
   batch_norm: bool = False  # the published VGG has none; True adds BN after each conv
   bn_axis_name: Any = None
   dropout_rate: float = 0.5
+  fc_features: int = 4096   # the two hidden FC layers' width
+  fc_axis: Any = None       # [H]: the mesh axis FC layers named in `fc_split` are split over
+  fc_split: Sequence[str] = ()
+
+  FC_LAYERS = ('Dense_0', 'Dense_1', 'Dense_2')
 
   @nn.compact
   def __call__(self, x, train: bool = True):
@@ -30,10 +35,11 @@ class VGG(nn.Module):
       else:
         x = ConvReLU(layer, 3, norm=norm, dtype=self.dtype)(x)
     x = x.reshape((x.shape[0], -1))
-    for _ in range(2):  # FC 4096 → ReLU → dropout, twice, as in the VGG paper
-      x = nn.relu(nn.Dense(4096, dtype=self.dtype, kernel_init=dense_init())(x))
+    fc = functools.partial(dense, dtype=self.dtype, fc_axis=self.fc_axis, fc_split=self.fc_split)
+    for name in self.FC_LAYERS[:2]:  # FC 4096 → ReLU → dropout, twice, as in the VGG paper
+      x = nn.relu(fc(self.fc_features, name)(x))
       x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-    x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init())(x)
+    x = fc(self.num_classes, self.FC_LAYERS[2])(x)
     return x.astype(jnp.float32)
 
 
