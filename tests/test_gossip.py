@@ -64,13 +64,14 @@ def test_gossip_steps_equal_a_simulation_of_every_replica():
 
   init = _init(model, tx, IMAGE)
   replicas = [(init.params, init.batch_stats, init.opt_state)] * n
+  grad_fn = jax.jit(jax.value_and_grad(
+      lambda p, stats, rows: model_loss(model, p, stats, rows, jax.random.key(0)),
+      has_aux=True))
   for k, b in enumerate(batches):
     grads, stats = [], []
     for i, (params, batch_stats, _) in enumerate(replicas):
       rows = {key: v[8 * i:8 * (i + 1)] for key, v in b.items()}
-      (_, (_, new_stats)), g = jax.value_and_grad(
-          lambda p: model_loss(model, p, batch_stats, rows, jax.random.key(0)),
-          has_aux=True)(params)
+      (_, (_, new_stats)), g = grad_fn(params, batch_stats, rows)
       grads.append(g)
       stats.append(new_stats)
     w = _mixing(n, distances(n)[k % len(distances(n))])
