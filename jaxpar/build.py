@@ -59,7 +59,8 @@ def strategy(cfg, mesh, model):
   are combined, the weights updated and the state laid out."""
   dtype = jnp.dtype(cfg.grad_reduce_dtype)
   if cfg.fc_parallel != 'data':
-    return HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype)
+    return HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype,
+                    config_lib.global_batch(cfg) // config_lib.num_devices(cfg), cfg.dtype)
   if cfg.scheme == 'async':
     return AsyncServer(mesh, cfg.server)
   if cfg.sync_every:

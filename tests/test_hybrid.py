@@ -44,7 +44,7 @@ def test_model_parallel_fc_trains_like_data_parallel(split):
   mesh = make_mesh((2, 4), ('data', 'model'))
   tx = optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.1, momentum=0.9))
   batches = _batches(3, batch=32)
-  hybrid = HybridFC(mesh, 'model', split)
+  hybrid = HybridFC(mesh, 'model', split, per_device_batch=4)
   hybrid.tx = tx  # the optimizer whose state follows the parameters' layout
   state, losses, sent = _run(TinyVGG(fc_axis='model', fc_split=split), hybrid, mesh, batches,
                              tx)
@@ -53,9 +53,11 @@ def test_model_parallel_fc_trains_like_data_parallel(split):
   assert losses[2] != losses[0]
   _assert_trees_close(jax.device_get(state.params), jax.device_get(ref.params), rtol=1e-4,
                       atol=1e-6)
-  if len(split) == 3:  # gradients sent (by hand): the conv's 224 floats all-reduced over 8
-    # devices, each device's 618 floats of FC slices over the 2 data devices
-    assert sent == 2 * 7 / 8 * 224 * 4 + 2 * 1 / 2 * 618 * 4
+  if len(split) == 3:  # bytes sent, by hand: the conv's 224 gradients all-reduced over 8
+    # devices, each device's 618 FC-slice gradients over the 2 data devices, and the
+    # activations: 2·(R−1)·M·(K + N/R) per layer, M = 4, R = 4, (K, N/R) = (128, 4),
+    # (16, 4), (16, 2): 3168 + 480 + 432 values.
+    assert sent == 2 * 7 / 8 * 224 * 4 + 2 * 1 / 2 * 618 * 4 + (3168 + 480 + 432) * 4
   # The split layers' slices (and their momentum) live 1/4 per device.
   for name in split:
     kernel = state.params[name]['kernel']

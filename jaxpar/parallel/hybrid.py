@@ -55,9 +55,12 @@ def choose_split(params, fc_layers, mode: str, per_device_batch: int, r: int) ->
 class HybridFC(ReplicatedParams):
   """Strategy: the FC layers in `split` sharded over `model_axis`, the rest replicated."""
 
-  def __init__(self, mesh, model_axis: str, split, dtype=None):
+  def __init__(self, mesh, model_axis: str, split, dtype=None, per_device_batch: int = 0,
+               compute_dtype=jnp.float32):
     self.axes = tuple(mesh.axis_names)
     self.model_axis, self.split, self.dtype = model_axis, tuple(split), dtype
+    # For the accounting of the split layers' activations (M samples, in compute dtype).
+    self.per_device_batch, self.compute_dtype = per_device_batch, jnp.dtype(compute_dtype)
     self.data_axes = tuple(a for a in self.axes if a != model_axis)
     self.tx = None
 
@@ -105,5 +108,13 @@ class HybridFC(ReplicatedParams):
     sent = (all_reduce_bytes('psum', nbytes(whole, self.dtype), self.axes)
             + (all_reduce_bytes('psum', nbytes(split, self.dtype), self.data_axes)
                if self.data_axes else 0.0))
+    # Each split layer (K inputs, N/R local outputs) moves activations too: forward, the
+    # all-gather of the inputs ((R−1)·M·K values) and the all-to-all of the outputs
+    # ((R−1)·M·N/R); backward, their transposes, the same again.
+    r = lax.axis_size(self.model_axis)
+    for name in self.split:
+      k, local_n = grads[name]['kernel'].shape
+      sent += (2 * (r - 1) * self.per_device_batch * (k + local_n)
+               * self.compute_dtype.itemsize)
     return (optax.apply_updates(state.params, updates), sync_batch_stats(batch_stats), opt_state,
             {'sent_bytes': jnp.float32(sent)})
