@@ -13,6 +13,8 @@ OPS = ('all_reduce', 'reduce_scatter', 'all_gather', 'collective_permute', 'all_
 _OP = re.compile(r'stablehlo\.(' + '|'.join(OPS) + r')\b')
 _SIGNATURE = re.compile(r':\s*\(([^()]*)\)\s*->[^()]*$')
 _TENSOR = re.compile(r'tensor<((?:\d+x)*)([a-z]+\d*)>')
+_GROUPS = re.compile(r'replica_groups = dense<[^>]*> : tensor<(\d+)x(\d+)xi64>')
+_PAIRS = re.compile(r'source_target_pairs = dense<[^>]*> : tensor<(\d+)x2xi64>')
 BYTES = {'f64': 8, 'f32': 4, 'bf16': 2, 'f16': 2, 'i64': 8, 'i32': 4, 'i8': 1, 'i1': 1,
          'ui32': 4, 'ui8': 1}
 
@@ -22,6 +24,8 @@ class Collective:
   op: str
   shape: tuple
   dtype: str
+  group: int = 0   # devices in each replica group (reductions, gathers, all-to-all)
+  pairs: int = 0   # source → target pairs (collective permute)
 
   @property
   def size(self) -> int:
@@ -51,6 +55,24 @@ def collectives(stablehlo: str) -> list:
       if lines[j].lstrip().startswith('})'):
         signature = _SIGNATURE.search(lines[j])
         break
+    groups, pairs = _GROUPS.search(line), _PAIRS.search(line)
     for dims, dtype in _TENSOR.findall(signature.group(1)):
-      found.append(Collective(op.group(1), tuple(int(d) for d in dims.split('x') if d), dtype))
+      found.append(Collective(op.group(1), tuple(int(d) for d in dims.split('x') if d), dtype,
+                              group=int(groups.group(2)) if groups else 0,
+                              pairs=int(pairs.group(1)) if pairs else 0))
   return found
+
+
+def bytes_per_device(c: Collective, devices: int) -> float:
+  """What one device sends for collective `c`, on average over the `devices`, counted as
+  the bandwidth-optimal algorithms do: all-reduce 2(n−1)/n of its operand (a ring),
+  reduce-scatter (n−1)/n of its input, all-gather n−1 times its piece, all-to-all
+  (n−1)/n, a collective permute its operand from each source (pairs of `devices`)."""
+  n = c.group
+  if c.op == 'collective_permute':
+    return c.nbytes * c.pairs / devices
+  if c.op == 'all_reduce':
+    return 2 * (n - 1) / n * c.nbytes
+  if c.op == 'all_gather':
+    return (n - 1) * c.nbytes
+  return (n - 1) / n * c.nbytes  # reduce_scatter, all_to_all
