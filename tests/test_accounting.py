@@ -28,14 +28,20 @@ class Tiny(nn.Module):
     return nn.Dense(5)(nn.relu(nn.Dense(7)(x.reshape(x.shape[0], -1))))
 
 
-def _sent(strategy, mesh, steps=1):
+def _state_and_step(strategy, mesh):
+  """SGD for the Tiny model in the strategy's layout (the distributed server packs its
+  optimizer by the parameters' shapes)."""
   tx = optax.sgd(0.1)
   if hasattr(strategy, 'packing'):
     params = jax.eval_shape(lambda: Tiny().init(jax.random.key(0), jnp.zeros((1, 4, 4, 3)),
                                                 train=True))['params']
     tx = strategy.make_optimizer(_SGD, optax.constant_schedule(0.1), params)
   state = init_state(Tiny(), tx, strategy, mesh, (1, 4, 4, 3), jax.random.key(0))
-  step = make_train_step(Tiny(), tx, mesh, strategy)
+  return state, make_train_step(Tiny(), tx, mesh, strategy)
+
+
+def _sent(strategy, mesh, steps=1):
+  state, step = _state_and_step(strategy, mesh)
   rng = np.random.default_rng(0)
   sent = []
   for _ in range(steps):
@@ -83,15 +89,9 @@ def test_local_sgd_sends_only_when_averaging():
 def _lowered_bytes(strategy, mesh):
   """Bytes per device of the lowered step's collectives of more than one element (the
   metrics' scalars aside), as `analysis.hlo` reads them from the StableHLO."""
-  tx = optax.sgd(0.1)
-  if hasattr(strategy, 'packing'):
-    params = jax.eval_shape(lambda: Tiny().init(jax.random.key(0), jnp.zeros((1, 4, 4, 3)),
-                                                train=True))['params']
-    tx = strategy.make_optimizer(_SGD, optax.constant_schedule(0.1), params)
-  state = init_state(Tiny(), tx, strategy, mesh, (1, 4, 4, 3), jax.random.key(0))
+  state, step = _state_and_step(strategy, mesh)
   batch = {'image': np.zeros((16, 4, 4, 3), np.float32), 'label': np.zeros(16, np.int32)}
-  text = make_train_step(Tiny(), tx, mesh, strategy).lower(
-      state, to_global(mesh, batch), jax.random.key(0)).as_text()
+  text = step.lower(state, to_global(mesh, batch), jax.random.key(0)).as_text()
   return sum(bytes_per_device(c, mesh.size) for c in collectives(text) if c.size > 1)
 
 
