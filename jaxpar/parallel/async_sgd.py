@@ -59,6 +59,7 @@ class AsyncServer:
     self.devices = list(mesh.devices.flat)  # workers; devices[0] is the central server
     self.server = server
     self.owners = None  # per parameter leaf, its device's index; set by make_optimizer
+    self.parts = None   # (device index, leaf indices) of every device that owns tensors
 
   def make_optimizer(self, opt_config, schedule, params):
     leaves = jax.tree.leaves(params)
@@ -69,15 +70,11 @@ class AsyncServer:
       logging.info('Asynchronous distributed server: %d tensors on %d devices by Algorithm 3.7, '
                    '%d-%d elements per device (imbalance max/mean %.3f).', len(leaves),
                    len(self.devices), min(loads), max(loads), max(loads) / np.mean(loads))
-    return optim.make_optimizer(opt_config, schedule)
-
-  @property
-  def parts(self):
-    """(device index, leaf indices) of every device that owns some tensors."""
     by_owner = collections.defaultdict(list)
     for leaf, owner in enumerate(self.owners):
       by_owner[owner].append(leaf)
-    return sorted(by_owner.items())
+    self.parts = sorted(by_owner.items())
+    return optim.make_optimizer(opt_config, schedule)
 
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state)
