@@ -41,12 +41,10 @@ def model(cfg, num_classes: int, channels: int, mesh):
   network = models.MODELS[cfg.model](**kwargs)
   if cfg.fc_parallel == 'data':
     return network
-  params = jax.eval_shape(lambda: init_variables(network, _input_shape(cfg, channels),
-                                                 jax.random.key(0)))['params']
   r = dict(zip(mesh.axis_names, mesh.devices.shape))[MODEL_AXIS]
-  per_device = config_lib.global_batch(cfg) // config_lib.num_devices(cfg)
   try:
-    split = choose_split(params, network.FC_LAYERS, cfg.fc_parallel, per_device, r)
+    split = choose_split(_abstract_params(cfg, network, channels), network.FC_LAYERS,
+                         cfg.fc_parallel, _per_device_batch(cfg), r)
   except ValueError as e:
     raise config_lib.ConfigError(f'config.fc_parallel={cfg.fc_parallel!r} is invalid: {e}; '
                                  f"use 'auto' or a 'model' axis size that divides it") from None
@@ -59,8 +57,7 @@ def strategy(cfg, mesh, model):
   are combined, the weights updated and the state laid out."""
   dtype = jnp.dtype(cfg.grad_reduce_dtype)
   if cfg.fc_parallel != 'data':
-    return HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype,
-                    config_lib.global_batch(cfg) // config_lib.num_devices(cfg), cfg.dtype)
+    return HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype, _per_device_batch(cfg), cfg.dtype)
   if cfg.scheme == 'async':
     return AsyncServer(mesh, cfg.server)
   if cfg.sync_every:
@@ -80,9 +77,8 @@ def strategy(cfg, mesh, model):
 def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_steps: int):
   """(optax transformation, learning-rate schedule), for the strategy's layout."""
   schedule = optim.learning_rate(cfg.optimizer, global_batch, total_steps)
-  params = jax.eval_shape(lambda: init_variables(model, _input_shape(cfg, channels),
-                                                 jax.random.key(0)))['params']
-  return strategy.make_optimizer(cfg.optimizer, schedule, params), schedule
+  return (strategy.make_optimizer(cfg.optimizer, schedule, _abstract_params(cfg, model, channels)),
+          schedule)
 
 
 def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng) -> TrainState:
@@ -105,6 +101,16 @@ def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):
 
 def _input_shape(cfg, channels):
   return (1, cfg.image_size, cfg.image_size, channels)
+
+
+def _abstract_params(cfg, model, channels):
+  """The model's parameters as shapes and dtypes (nothing is computed)."""
+  return jax.eval_shape(lambda: init_variables(model, _input_shape(cfg, channels),
+                                               jax.random.key(0)))['params']
+
+
+def _per_device_batch(cfg) -> int:
+  return config_lib.global_batch(cfg) // config_lib.num_devices(cfg)
 
 
 def train_batches(cfg, source, global_batch: int, start: int):
