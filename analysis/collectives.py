@@ -81,3 +81,19 @@ def gossip_round(nbytes: float, alpha: float, beta: float) -> float:
   r = (i+s) mod P and l = (i−s) mod P. With one duplex port the two exchanges run
   one after the other: 2·(α + P/β), independent of the number of workers."""
   return 2 * point_to_point(nbytes, alpha, beta)
+
+
+def collective_time(op: str, nbytes: float, group: int, alpha: float, beta: float) -> float:
+  """One collective of a lowered program (`analysis.hlo`: op, operand bytes, devices per
+  group) by the models above: a permute is one message (all pairs at once); all-reduce
+  a ring; reduce-scatter and all-to-all N−1 steps of 1/N of the operand; all-gather N−1
+  steps of its operand (one device's piece)."""
+  if op == 'collective_permute':
+    return point_to_point(nbytes, alpha, beta)
+  if group <= 1:
+    return 0.0
+  if op == 'all_reduce':
+    return ring_all_reduce(nbytes, group, alpha, beta)
+  if op == 'all_gather':
+    return all_gather(nbytes * group, group, alpha, beta)
+  return reduce_scatter(nbytes, group, alpha, beta)  # reduce_scatter, all_to_all

@@ -103,10 +103,14 @@ def _input_shape(cfg, channels):
   return (1, cfg.image_size, cfg.image_size, channels)
 
 
-def _abstract_params(cfg, model, channels):
-  """The model's parameters as shapes and dtypes (nothing is computed)."""
+def abstract_variables(cfg, model, channels) -> dict:
+  """The model's {'params', 'batch_stats'?} as shapes and dtypes (nothing is computed)."""
   return jax.eval_shape(lambda: init_variables(model, _input_shape(cfg, channels),
-                                               jax.random.key(0)))['params']
+                                               jax.random.key(0)))
+
+
+def _abstract_params(cfg, model, channels):
+  return abstract_variables(cfg, model, channels)['params']
 
 
 def _per_device_batch(cfg) -> int:

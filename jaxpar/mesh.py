@@ -31,10 +31,12 @@ def emulate_cpu_devices(count: int) -> bool:
     return False
 
 
-def make_mesh(shape, axes) -> Mesh:
+def make_mesh(shape, axes, devices=None) -> Mesh:
+  """A mesh of all devices, or of `devices` (e.g. the first N, to time N of them)."""
   # Auto axes: shard_map and NamedSharding place the data; Explicit axes (the
   # default of jax.make_mesh) would reject replicated inputs.
-  mesh = jax.make_mesh(tuple(shape), tuple(axes), axis_types=(AxisType.Auto,) * len(shape))
+  mesh = jax.make_mesh(tuple(shape), tuple(axes), axis_types=(AxisType.Auto,) * len(shape),
+                       devices=devices)
   if jax.default_backend() == 'cpu' and math.prod(shape) > (os.cpu_count() or 1):
     logging.info('Emulating %d CPU devices on %d cores: fine for correctness and '
                  'communication volume, not for speed.', math.prod(shape), os.cpu_count())

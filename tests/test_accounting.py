@@ -9,12 +9,15 @@ import numpy as np
 import optax
 import pytest
 
-from analysis.hlo import bytes_per_device, collectives
+from analysis.hlo import collectives, step_bytes
+from analysis.volume import analytic_bytes
+from jaxpar import config
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.averaging import LocalSGD
 from jaxpar.parallel.gossip import Gossip
 from jaxpar.parallel.servers import CentralServer, DistributedServer
+from jaxpar.parallel.sparsify import SparseGossip
 from jaxpar.step import init_state, make_train_step, to_global
 
 B = 383 * 4  # bytes of the model: Dense 48→7 and 7→5, float32
@@ -87,26 +90,51 @@ def test_local_sgd_sends_only_when_averaging():
 
 
 def _lowered_bytes(strategy, mesh):
-  """Bytes per device of the lowered step's collectives of more than one element (the
-  metrics' scalars aside), as `analysis.hlo` reads them from the StableHLO."""
+  """Bytes per device of the lowered step's collectives of arrays (the
+  metrics' scalars aside), as `analysis.hlo` reads them from the StableHLO: of a
+  conditional (Local SGD's averaging, gossip's ring distances) the costliest branch."""
   state, step = _state_and_step(strategy, mesh)
   batch = {'image': np.zeros((16, 4, 4, 3), np.float32), 'label': np.zeros(16, np.int32)}
   text = step.lower(state, to_global(mesh, batch), jax.random.key(0)).as_text()
-  return sum(bytes_per_device(c, mesh.size) for c in collectives(text) if c.size > 1)
+  return step_bytes([c for c in collectives(text) if c.shape], mesh.size)
 
 
-@pytest.mark.parametrize('name, strategy, ratio', [
-    ('psum', AllReduce(LINE.axis_names), 1.0),
+def _config(**overrides):
+  c = config.defaults()
+  c.update_from_flattened_dict({k.replace('__', '.'): v for k, v in overrides.items()})
+  return c
+
+
+TORUS = dict(grad_reduce='torus2d', mesh__shape=(2, 4), mesh__axes=('x', 'y'))
+
+
+@pytest.mark.parametrize('name, strategy, cfg, over_analytic, over_reported', [
+    ('psum', AllReduce(LINE.axis_names), _config(), 1.0, 1.0),
     # The ring pads 383 floats to 8 chunks of 48: 2·7·48 against 2·7/8·383 floats.
-    ('ring', AllReduce(LINE.axis_names, 'ring'), 48 * 8 / 383),
+    ('ring', AllReduce(LINE.axis_names, 'ring'), _config(grad_reduce='ring'), 384 / 383,
+     384 / 383),
+    ('bf16', AllReduce(LINE.axis_names, dtype=jnp.bfloat16),
+     _config(grad_reduce_dtype='bfloat16'), 1.0, 1.0),
     # Halves of 192 and 191 floats, the odd one padded for the x axis of 2.
-    ('torus2d', AllReduce(GRID.axis_names, 'torus2d'), 384 / 383),
-    ('central', CentralServer(LINE), 1.0),
-    ('distributed', DistributedServer(LINE), 1.0),
+    ('torus2d', AllReduce(GRID.axis_names, 'torus2d'), _config(**TORUS), 384 / 383, 384 / 383),
+    ('central', CentralServer(LINE), _config(server='central'), 1.0, 1.0),
+    ('central parallel', CentralServer(LINE, schedule='parallel'),
+     _config(server='central', central_schedule='parallel'), 1.0, 1.0),
+    # Every device owns 49 elements (8·49 = 392 for 383): the strategy counts the padding.
+    ('distributed', DistributedServer(LINE), _config(server='distributed'), 392 / 383, 1.0),
+    ('gossip', Gossip(LINE), _config(server='gossip'), 1.0, 1.0),
+    ('sparse gossip', SparseGossip(LINE, 0.0, 0.1, True),
+     _config(server='gossip', sparsify__capacity=0.1), 1.0, 1.0),
+    ('local SGD', LocalSGD(LINE, every=1), _config(sync_every=1), 1.0, 1.0),
 ])
-def test_reported_bytes_match_the_compiled_program(name, strategy, ratio):
-  """The strategies' own count against the collectives of their lowered step (the seed of
-  the measurement issue's volume table; methods with per-step branches — Local SGD,
-  gossip — lower every branch and need the branch taken, so they are not compared here)."""
+def test_compiled_program_sends_the_analytic_volume(name, strategy, cfg, over_analytic,
+                                                    over_reported):
+  """The volume table's three counts for each method: the lowered program's collectives,
+  the method's equations (`analysis.volume`) and its own `sent_bytes`, equal up to the
+  padding the program adds to split tensors evenly."""
   mesh = GRID if name == 'torus2d' else LINE
-  assert _lowered_bytes(strategy, mesh) == pytest.approx(_sent(strategy, mesh)[0] * ratio)
+  params = jax.eval_shape(lambda: Tiny().init(jax.random.key(0), jnp.zeros((1, 4, 4, 3)),
+                                              train=True))['params']
+  program = _lowered_bytes(strategy, mesh)
+  assert program == pytest.approx(analytic_bytes(cfg, params, {}) * over_analytic)
+  assert program == pytest.approx(_sent(strategy, mesh)[0] * over_reported)

@@ -74,8 +74,10 @@ class LocalSGD(Replicas):
 
   def update(self, tx, grads, batch_stats, state):
     params, opt_state = layouts.own((state.params, state.opt_state))
-    synchronous = state.step < self.warmup
-    grads = lax.cond(synchronous, self._average, lambda g: g, grads)
+    # Without warm-up no step is synchronous: the program then has no gradient all-reduce.
+    synchronous = state.step < self.warmup if self.warmup else False
+    if self.warmup:
+      grads = lax.cond(synchronous, self._average, lambda g: g, grads)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     average = synchronous | ((state.step + 1 - self.warmup) % self.every == 0)

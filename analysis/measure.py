@@ -1,0 +1,394 @@
+"""Measure the thesis' inputs and every scheme's step time on this machine.
+
+  python -m analysis.measure --config configs/thesis.py:net=resnet34 --out resnet34.json
+  python -m analysis.compare resnet34.json --out report/
+
+For the configured network and input size, after warm-up, repeated:
+  t_grad   one device, one batch's gradients ([T]'s definition), for every batch a
+           device computes below;
+  t_comm   the network's weights moved once from one device to another, and transfers of
+           smaller sizes for the α-β calibration (`analysis.calibrate`);
+  t_iter   a train step of every synchronous scheme × server at N = 1, 2, 4, ...;
+  t_train  D pushes of the asynchronous scheme (Downpour) on N workers;
+  volume   every collective of each step's lowered program, its bytes per device next
+           to the method's analytic volume and its own `sent_bytes` (`analysis.volume`).
+
+Two settings, always labelled:
+  emulated   one process with --workers CPU devices emulated on the machine's cores: the
+             communication volume is real; the speed says nothing about speedup (the
+             devices share the cores).
+  processes  1, 2, 4, ... up to --processes separate processes, each with one device and
+             pinned to its own core, joined by jax.distributed over loopback (gloo): the
+             code path of a GPU/TPU cluster. Async runs in one process only (its workers
+             are threads), so it is measured in the emulated setting alone.
+
+Progress lines go to stderr; the JSON records the machine, versions, the config and every
+sample. Each setting runs in child processes (`analysis.timing`).
+"""
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+from jax.sharding import AbstractMesh  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from analysis import calibrate, volume  # noqa: E402
+from analysis.timing import ONE_DEVICE  # noqa: E402
+from jaxpar import build, models  # noqa: E402
+from jaxpar import config as config_lib  # noqa: E402
+from jaxpar.data import sources  # noqa: E402
+
+SYNC_SCHEMES = ('sync-split', 'sync-join')
+ASYNC_SERVERS = ('central', 'distributed')
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Defined when run, not at import: jaxpar.train defines --config too, and tests import both."""
+  config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].', lock_config=False)
+  flags.DEFINE_string('out', None, 'The JSON file to write.')
+  flags.DEFINE_integer('workers', 8, 'Emulated setting: N = 1, 2, 4, ... up to this many '
+                       'devices (0: skip the setting).')
+  flags.DEFINE_integer('processes', os.cpu_count() or 1, 'Processes setting: N = 1, 2, 4, ... '
+                       'up to this many processes, one core each (0: skip the setting).')
+  flags.DEFINE_list('schemes', list(SYNC_SCHEMES), 'Synchronous schemes to time.')
+  flags.DEFINE_list('servers', list(config_lib.SERVERS), 'Servers to time.')
+  flags.DEFINE_list('async_servers', list(ASYNC_SERVERS),
+                    'Servers of the async scheme to time (empty: none).')
+  flags.DEFINE_integer('batches', 128, 'D: batches of a training run ([T]: 128); the async '
+                       'runs apply D pushes.')
+  flags.DEFINE_integer('repeats', 10, 'Timed repetitions of each measurement.')
+  flags.DEFINE_integer('warmup', 2, 'Untimed calls first (the first compiles).')
+  flags.DEFINE_integer('async_repeats', 2, 'Timed runs of D async pushes.')
+  flags.DEFINE_boolean('volume', True, 'Also lower (and run once) the variants that are not in '
+                       'the grid, on the largest emulated mesh: ring, bfloat16, torus2d, other '
+                       'schedules and placements, sparsified gossip, Local SGD, hybrid FC.')
+  flags.mark_flag_as_required('config')
+
+
+# --------------------------------------------------------------------------- arguments
+def _check_args():
+  """A usage error for every bad argument, before anything is measured."""
+  if not FLAGS.out:
+    raise app.UsageError('--out is required: the JSON file to write.')
+  folder = os.path.dirname(os.path.abspath(FLAGS.out))
+  if not os.path.isdir(folder):
+    raise app.UsageError(f'--out={FLAGS.out}: folder {folder} does not exist.')
+  for name, value, lowest in (('workers', FLAGS.workers, 0), ('processes', FLAGS.processes, 0),
+                              ('batches', FLAGS.batches, 1), ('repeats', FLAGS.repeats, 1),
+                              ('warmup', FLAGS.warmup, 1), ('async_repeats',
+                                                             FLAGS.async_repeats, 1)):
+    if value < lowest:
+      raise app.UsageError(f'--{name}={value}: must be at least {lowest}.')
+  if not (FLAGS.workers or FLAGS.processes):
+    raise app.UsageError('--workers=0 and --processes=0: nothing to measure.')
+  for name, values, valid in (('schemes', FLAGS.schemes, SYNC_SCHEMES),
+                              ('servers', FLAGS.servers, config_lib.SERVERS),
+                              ('async_servers', FLAGS.async_servers, ASYNC_SERVERS)):
+    bad = [v for v in values if v not in valid]
+    if bad:
+      raise app.UsageError(f'--{name}: {bad} unknown; choose from {list(valid)}.')
+  if FLAGS.processes > 1 and not shutil.which('taskset'):
+    raise app.UsageError('--processes > 1 pins each process to a core with taskset, which is '
+                         'not installed (util-linux); use --processes=1 or install it.')
+
+
+def powers_of_two(limit: int) -> list:
+  return [2 ** k for k in range(int(math.log2(limit)) + 1)] if limit else []
+
+
+# --------------------------------------------------------------------------- the cells
+def _grid_overrides(cfg, scheme: str, server: str, n: int) -> dict:
+  """One cell of the grid on a 1-D mesh of N devices; what belongs to another server or
+  method is reset, the config's own choice kept where it applies."""
+  return {'mesh.shape': (n,), 'mesh.axes': ('data',), 'mesh.emulate_cpu_devices': False,
+          'distributed.coordinator': '', 'distributed.num_processes': 1,
+          'distributed.process_id': 0, 'scheme': scheme, 'server': server,
+          'bn_group_size': 0, 'sync_every': 0, 'local_sgd_warmup': 0, 'fc_parallel': 'data',
+          'sparsify.capacity': 0.0,
+          'grad_reduce': 'psum' if scheme == 'async' or cfg.grad_reduce == 'torus2d'
+          else cfg.grad_reduce,
+          'grad_reduce_dtype': 'float32' if scheme == 'async' else cfg.grad_reduce_dtype,
+          'central_schedule': cfg.central_schedule
+          if server == 'central' and scheme != 'async' else 'serial',
+          'placement': 'greedy' if scheme == 'async' and server == 'distributed'
+          else cfg.placement if server == 'distributed' else 'even'}
+
+
+def _variants(cfg, n: int) -> list:
+  """(label, overrides) of the methods the volume table adds to the grid's, on N devices."""
+  base = _grid_overrides(cfg, 'sync-split', 'allreduce', n)
+  out = [('ring', {**base, 'grad_reduce': 'ring'}),
+         ('bfloat16', {**base, 'grad_reduce_dtype': 'bfloat16'}),
+         ('central parallel', {**base, 'server': 'central', 'central_schedule': 'parallel'}),
+         ('central serial', {**base, 'server': 'central', 'central_schedule': 'serial'}),
+         ('distributed greedy', {**base, 'server': 'distributed', 'placement': 'greedy'}),
+         ('distributed even', {**base, 'server': 'distributed', 'placement': 'even'}),
+         ('sparse gossip', {**base, 'server': 'gossip', 'sparsify.capacity': 0.01}),
+         ('local SGD', {**base, 'sync_every': 4})]
+  if n >= 4:
+    out.append(('torus2d', {**base, 'grad_reduce': 'torus2d', 'mesh.shape': (2, n // 2),
+                            'mesh.axes': ('x', 'y')}))
+  if n >= 2 and models.MODELS[cfg.model].FC_LAYERS:
+    out.append(('hybrid', {**base, 'fc_parallel': 'model', 'mesh.shape': (n // 2, 2),
+                           'mesh.axes': ('data', 'model')}))
+  return out
+
+
+def _cell(cfg, overrides):
+  c = ml_collections.ConfigDict(cfg.to_dict())
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+def _validated(cfg, overrides, where: str):
+  cell = _cell(cfg, overrides)
+  try:
+    config_lib.validate(cell)
+    config_lib.validate_devices(cell, config_lib.num_devices(cell), 1)
+  except config_lib.ConfigError as e:
+    raise config_lib.ConfigError(f'{e} (in the {where} cell)') from None
+  return overrides
+
+
+def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, with_volume: bool):
+  """What each setting's runs measure: {setting: [(processes, spec fields)]}, every cell
+  validated. Raises ConfigError naming the cell and field."""
+  batch = {'sync-split': cfg.global_batch, 'sync-join': cfg.per_device_batch}
+  skipped = []
+
+  def steps(ns):
+    return [{'scheme': s, 'server': v, 'n': n,
+             'per_device_batch': batch[s] // n if s == 'sync-split' else batch[s],
+             'overrides': _validated(cfg, _grid_overrides(cfg, s, v, n), f'{s} {v} N={n}')}
+            for n in ns for s in schemes for v in servers]
+
+  def grad_batches(ns):
+    return sorted({c['per_device_batch'] for c in steps(ns)} | {batch[s] for s in schemes}
+                  | ({cfg.per_device_batch} if async_servers else set()))
+
+  runs = {}
+  ns = powers_of_two(workers)
+  if ns:
+    grid = steps(ns)
+    in_grid = {volume.method(_cell(cfg, c['overrides'])) for c in grid if c['n'] == ns[-1]}
+    variants = []
+    for label, overrides in (_variants(cfg, ns[-1]) if with_volume and ns[-1] > 1 else []):
+      if volume.method(_cell(cfg, overrides)) in in_grid:
+        continue  # the grid's own step at this N has the row
+      try:
+        variants.append({'label': label, 'n': ns[-1],
+                         'overrides': _validated(cfg, overrides, label)})
+      except config_lib.ConfigError as e:
+        skipped.append(f'volume {label}: {e}')
+    runs['emulated'] = [(1, {
+        'local_devices': ns[-1], 'grad_batches': grad_batches(ns),
+        'steps': grid,
+        'async': [{'server': v, 'n': n, 'overrides': _validated(
+            cfg, _grid_overrides(cfg, 'async', v, n), f'async {v} N={n}')}
+                  for n in ns for v in async_servers],
+        'volume': variants})]
+  ps = powers_of_two(processes)
+  if ps:
+    runs['processes'] = [(p, {'local_devices': 1, 'grad_batches': grad_batches(ps) if p == 1
+                              else [], 'steps': steps([p]), 'async': [], 'volume': []})
+                         for p in ps]
+  return runs, skipped
+
+
+# --------------------------------------------------------------------------- running
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _child_env():
+  """The children choose their device count: no inherited forced host device count."""
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
+                              if 'xla_force_host_platform_device_count' not in f)
+  return env
+
+
+def run_setting(setting: str, processes: int, fields: dict, common: dict, folder: str) -> dict:
+  """Runs one setting's child processes (pinned to cores 0..P−1 when P > 1) and returns
+  process 0's results. A failed process stops the others and raises with its log."""
+  out = os.path.join(folder, f'{setting}_{processes}.json')
+  port = _free_port() if processes > 1 else 0
+  cores = os.cpu_count() or 1
+  procs, logs = [], []
+  for i in range(processes):
+    spec = {**common, **fields, 'setting': setting, 'process_id': i,
+            'num_processes': processes, 'coordinator': f'127.0.0.1:{port}' if port else '',
+            'transfer_sizes': fields.get('transfer_sizes', []), 'out': out,
+            'pinned_cores': [j % cores for j in range(processes)] if setting == 'processes'
+            else None}
+    path = os.path.join(folder, f'{setting}_{processes}_{i}.spec.json')
+    with open(path, 'w') as f:
+      json.dump(spec, f)
+    cmd = [sys.executable, '-m', 'analysis.timing', path]
+    if setting == 'processes':
+      cmd = ['taskset', '-c', str(i % cores)] + cmd
+    log = open(os.path.join(folder, f'{setting}_{processes}_{i}.log'), 'w+')
+    logs.append(log)
+    procs.append(subprocess.Popen(cmd, env=_child_env(), stdout=log if i else None,
+                                  stderr=log if i else None))
+  while any(p.poll() is None for p in procs):
+    failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+    if failed:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
+      break
+    time.sleep(0.5)
+  codes = [p.wait() for p in procs]
+  if any(codes):
+    tails = []
+    for i, log in enumerate(logs):
+      log.seek(0)
+      tails.append(f'--- process {i} (exit {codes[i]}) ---\n' + log.read()[-2000:])
+    raise RuntimeError(f'{setting} setting with {processes} processes failed:\n'
+                       + '\n'.join(tails))
+  with open(out) as f:
+    return json.load(f)
+
+
+def _merge(results: list) -> dict:
+  merged = {'processes': max(r['processes'] for r in results),
+            'pinned_cores': results[-1]['pinned_cores'], 't_grad': {}, 'transfers': [],
+            'all_reduces': [], 'steps': [], 'async': [], 'volume': []}
+  for r in results:
+    merged['t_grad'].update(r['t_grad'])
+    for key in ('transfers', 'all_reduces', 'steps', 'async', 'volume'):
+      merged[key] += r[key]
+  return merged
+
+
+def machine() -> dict:
+  model = ''
+  if os.path.exists('/proc/cpuinfo'):
+    with open('/proc/cpuinfo') as f:
+      model = next((line.split(':', 1)[1].strip() for line in f
+                    if line.startswith('model name')), '')
+  memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') if hasattr(os, 'sysconf') \
+      else None
+  return {'host': platform.node(), 'system': platform.platform(), 'cpu': model,
+          'cores': os.cpu_count(), 'memory_bytes': memory, 'python': platform.python_version()}
+
+
+def versions() -> dict:
+  from importlib import metadata
+  return {name: metadata.version(name) for name in ('jax', 'jaxlib', 'flax', 'optax', 'numpy')}
+
+
+def measure(cfg, argv) -> dict:
+  config_lib.validate(cfg)
+  runs, skipped = plan(cfg, FLAGS.workers, FLAGS.processes, FLAGS.schemes, FLAGS.servers,
+                       FLAGS.async_servers, FLAGS.volume)
+  source = sources.open_source(cfg.dataset)
+  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  one = _cell(cfg, ONE_DEVICE)
+  params = build.abstract_variables(one, build.model(one, meta['num_classes'], meta['channels'],
+                                                     AbstractMesh((1,), ('data',))),
+                                    meta['channels'])['params']
+  param_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
+  sizes = sorted({int(s) // 4 * 4 for s in
+                  [4096 * (param_bytes / 4096) ** (k / 7) for k in range(8)]} | {param_bytes})
+  common = {'config': cfg.to_dict(), 'meta': meta, 'repeats': FLAGS.repeats,
+            'warmup': FLAGS.warmup, 'batches': FLAGS.batches,
+            'async_repeats': FLAGS.async_repeats}
+  for note in skipped:
+    print(f'[measure] skipped {note}', file=sys.stderr)
+  settings = {}
+  with tempfile.TemporaryDirectory() as folder:
+    for setting, setting_runs in runs.items():
+      results = []
+      for processes, fields in setting_runs:
+        devices = fields['local_devices'] * processes
+        transfers = (setting == 'emulated' and devices > 1) or (setting == 'processes'
+                                                                and processes == 2)
+        print(f'[measure] {setting}: {processes} process(es), {devices} device(s)',
+              file=sys.stderr, flush=True)
+        results.append(run_setting(setting, processes,
+                                   {**fields, 'transfer_sizes': sizes if transfers else []},
+                                   common, folder))
+      settings[setting] = _merge(results)
+  return {'tool': 'analysis.measure', 'created': datetime.datetime.now().isoformat(
+      timespec='seconds'), 'command': ' '.join(['python -m analysis.measure'] + argv[1:]),
+          'machine': machine(), 'versions': versions(), 'config': cfg.to_dict(),
+          'network': {'model': cfg.model, 'image_size': cfg.image_size, **meta,
+                      'parameters': sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
+                      'param_bytes': param_bytes},
+          'batch': {'sync-split': cfg.global_batch, 'sync-join': cfg.per_device_batch,
+                    'async': cfg.per_device_batch},
+          'batches': FLAGS.batches, 'central_schedule': cfg.central_schedule,
+          'repeats': FLAGS.repeats, 'warmup': FLAGS.warmup,
+          'skipped': skipped, 'settings': settings}
+
+
+def summary(result) -> str:
+  """What was measured, in brief: the inputs, the fit, the step times, the volume table."""
+  lines = [f"{result['network']['model']} at {result['network']['image_size']}², "
+           f"{result['network']['param_bytes'] / 1e6:.1f} MB of weights"]
+  for name, s in result['settings'].items():
+    lines.append(f'\n## {name}')
+    for batch, samples in s['t_grad'].items():
+      lines.append(f't_grad (batch {batch}): {np.median(samples):.4g} s')
+    if s['transfers']:
+      fit = calibrate.from_transfers(s['transfers'])
+      reduce = calibrate.from_all_reduces(s['all_reduces'])
+      lines.append(f"t_comm ({s['transfers'][-1]['bytes']:,} B): "
+                   f"{np.median(s['transfers'][-1]['samples']):.4g} s")
+      for name, f in (('transfers', fit), ('all-reduces', reduce)):
+        lines.append(f'α-β fit of the {name}: α = {f.alpha:.3g} s, β = {f.beta / 1e9:.3g} GB/s '
+                     f'(largest residual {f.max_relative_residual:.1%})')
+    for c in s['steps']:
+      lines.append(f"t_iter {c['scheme']} {c['server']} N={c['n']}: "
+                   f"{np.median(c['samples']):.4g} s")
+    for c in s['async']:
+      lines.append(f"t_train async {c['server']} N={c['n']} ({result['batches']} pushes): "
+                   f"{np.median(c['samples']):.4g} s")
+    rows = list({(r['method'], tuple(r['mesh'])): r for r in
+                 [c['volume'] for c in s['steps'] if c['n'] > 1] + s['volume']}.values())
+    if rows:
+      lines.append('\n' + volume.markdown(rows))
+  return '\n'.join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  _check_args()
+  try:
+    result = measure(FLAGS.config, sys.argv)
+  except config_lib.ConfigError as e:
+    print(f'jaxpar: {e}', file=sys.stderr)
+    sys.exit(2)
+  except RuntimeError as e:
+    print(f'analysis.measure: {e}', file=sys.stderr)
+    sys.exit(1)
+  with open(FLAGS.out, 'w') as f:
+    json.dump(result, f, indent=1)
+  print(summary(result))
+  print(f'\nwrote {FLAGS.out}; next: python -m analysis.compare {FLAGS.out} --out DIR')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

@@ -1,0 +1,116 @@
+"""Communication volume per step: what each method should send, by its equations, next
+to what its lowered program sends (`analysis.hlo`) and what it reports (`sent_bytes`).
+
+Bytes are those one device sends in one step, averaged over the devices. P_g is the
+gradients' size in `grad_reduce_dtype`, P_w the weights' (float32), S the BN running
+statistics'. A gap between the analytic and the program's count is a finding: the
+program may hold collectives the equations leave out (BatchNorm's batch statistics
+are all-reduced in the forward and backward passes; metrics are a few scalars) or pad
+tensors to equal chunks.
+"""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from analysis import hlo
+from jaxpar.parallel.sparsify import capacity_of
+
+
+def _bytes(tree, itemsize=None) -> int:
+  return sum(math.prod(x.shape) * (itemsize or np.dtype(x.dtype).itemsize)
+             for x in jax.tree.leaves(tree))
+
+
+def method(cfg) -> str:
+  """The row label of a config's method: server or reduction and its variant."""
+  if cfg.fc_parallel != 'data':
+    return f'hybrid fc_parallel={cfg.fc_parallel}'
+  if cfg.sync_every:
+    return f'local-sgd τ={cfg.sync_every} (averaging step)'
+  if cfg.server == 'gossip' and cfg.sparsify.capacity:
+    return f'sparse gossip c={cfg.sparsify.capacity:g}'
+  if cfg.server == 'central':
+    return f'central {cfg.central_schedule}'
+  if cfg.server == 'distributed':
+    return f'distributed {cfg.placement}'
+  if cfg.server == 'allreduce':
+    dtype = '' if cfg.grad_reduce_dtype == 'float32' else f' {cfg.grad_reduce_dtype}'
+    return f'allreduce {cfg.grad_reduce}{dtype}'
+  return cfg.server
+
+
+def analytic_bytes(cfg, params, batch_stats):
+  """The bytes a device sends per step by the method's equations, or None where the
+  volume depends on activations inside the model (hybrid: its own `sent_bytes` counts
+  them, [H] §4 counts them for its own algorithm).
+
+  all-reduce (psum, ring: [L] §6): 2(N−1)/N·P_g. torus2d on X×Y ([Y]): each half a ring
+  all-reduce over X, then 1/X of it over Y: (2(X−1)/X + 2(Y−1)/(XY))·P_g. central and
+  distributed servers ([T] §3.3): N−1 gradient and N−1 weight messages per device's worth,
+  (N−1)/N·(P_g + P_w) on average (central: device 0 is also a worker, so N−1 pushes,
+  not [T]'s N). gossip ([L]): the gradient to two partners, 2·P_w. Sparsified gossip:
+  two messages of ⌈c·size⌉ values and int32 indices per tensor. Local SGD ([S], [L]),
+  an averaging step: an all-reduce of weights and BN statistics, 2(N−1)/N·(P_w + S).
+  """
+  shape = tuple(cfg.mesh.shape)
+  n = math.prod(shape)
+  p_g = _bytes(params, jnp.dtype(cfg.grad_reduce_dtype).itemsize)
+  p_w = _bytes(params)
+  if cfg.fc_parallel != 'data':
+    return None
+  if cfg.sync_every:
+    return 2 * (n - 1) / n * (p_w + _bytes(batch_stats))
+  if cfg.server == 'gossip' and cfg.sparsify.capacity:
+    return 2 * sum(capacity_of(math.prod(g.shape), cfg.sparsify.capacity)
+                   * (np.dtype(g.dtype).itemsize + 4) for g in jax.tree.leaves(params))
+  if cfg.server == 'gossip':
+    return 2 * p_w
+  if cfg.server in ('central', 'distributed'):
+    return (n - 1) / n * (p_g + p_w)
+  if cfg.grad_reduce == 'torus2d':
+    x, y = shape
+    return (2 * (x - 1) / x + 2 * (y - 1) / (x * y)) * p_g
+  return 2 * (n - 1) / n * p_g
+
+
+def program_collectives(stablehlo: str, devices: int) -> list:
+  """Every collective of a lowered step, with the bytes a device sends for it."""
+  return [{'op': c.op, 'shape': list(c.shape), 'dtype': c.dtype, 'group': c.group,
+           'pairs': c.pairs, 'branch': [list(b) for b in c.branch],
+           'bytes_per_device': hlo.bytes_per_device(c, devices)}
+          for c in hlo.collectives(stablehlo)]
+
+
+def from_row(collective: dict) -> hlo.Collective:
+  """A collective of a volume row (JSON) as `analysis.hlo` reads it."""
+  return hlo.Collective(collective['op'], tuple(collective['shape']), collective['dtype'],
+                        collective['group'], collective['pairs'],
+                        tuple(tuple(b) for b in collective['branch']))
+
+
+def row(cfg, stablehlo: str, params, batch_stats, reported=None) -> dict:
+  """One line of the volume table for a config's lowered step."""
+  devices = math.prod(cfg.mesh.shape)
+  found = hlo.collectives(stablehlo)
+  program = hlo.step_bytes(found, devices)
+  analytic = analytic_bytes(cfg, params, batch_stats)
+  return {'method': method(cfg), 'mesh': list(cfg.mesh.shape), 'devices': devices,
+          'analytic_bytes': analytic, 'reported_bytes': reported, 'program_bytes': program,
+          'ratio': program / analytic if analytic else None,
+          'collectives': program_collectives(stablehlo, devices)}
+
+
+def markdown(rows) -> str:
+  """The volume table: one line per method and mesh."""
+  def mb(x):
+    return '—' if x is None else f'{x / 1e6:.3f}'
+  lines = ['| method | mesh | collectives | analytic MB | reported MB | program MB '
+           '| program / analytic |', '|---|---|---:|---:|---:|---:|---:|']
+  for r in rows:
+    ratio = '—' if r['ratio'] is None else f"{r['ratio']:.4f}"
+    lines.append(f"| {r['method']} | {'×'.join(map(str, r['mesh']))} | {len(r['collectives'])} "
+                 f"| {mb(r['analytic_bytes'])} | {mb(r['reported_bytes'])} "
+                 f"| {mb(r['program_bytes'])} | {ratio} |")
+  return '\n'.join(lines)

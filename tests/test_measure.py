@@ -1,0 +1,186 @@
+"""analysis.measure, analysis.calibrate and analysis.compare: the α-β fit, the speedup
+arithmetic, the costliest-branch count, and both CLIs end to end (2 real processes)."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from analysis import calibrate, collectives, compare, hlo
+from jaxpar.mesh import make_mesh
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, 'PYTHONPATH': ROOT, 'XLA_FLAGS': ''}
+SIZES = np.geomspace(4096, 64e6, 8)
+
+
+def test_alpha_beta_fit_recovers_known_values():
+  exact = calibrate.fit_alpha_beta(SIZES, 2e-4 + SIZES / 3e9)
+  assert exact.alpha == pytest.approx(2e-4, rel=1e-6)
+  assert exact.beta == pytest.approx(3e9, rel=1e-6)
+  assert max(abs(r) for r in exact.residuals) < 1e-9
+
+  noise = 1 + 0.02 * np.random.default_rng(0).normal(size=SIZES.size)
+  noisy = calibrate.fit_alpha_beta(SIZES, (2e-4 + SIZES / 3e9) * noise)
+  assert noisy.alpha == pytest.approx(2e-4, rel=0.05)
+  assert noisy.beta == pytest.approx(3e9, rel=0.05)
+  # The residuals are the measured minus the fitted times, reported per point.
+  np.testing.assert_allclose(noisy.residuals, (2e-4 + SIZES / 3e9) * noise
+                             - (noisy.alpha + SIZES / noisy.beta), atol=1e-12)
+  assert 0 < noisy.max_relative_residual < 0.1
+
+
+def test_alpha_beta_fit_rejects_a_single_size():
+  with pytest.raises(ValueError, match='two distinct sizes'):
+    calibrate.fit_alpha_beta([1000, 1000], [1e-3, 1e-3])
+
+
+def test_all_reduce_fit_gives_the_ring_steps_alpha():
+  """A ring of two devices takes 2α + b/β: the fit reports α per step."""
+  samples = [{'bytes': b, 'samples': [2 * 5e-5 + b / 1e9]} for b in SIZES]
+  fit = calibrate.from_all_reduces(samples)
+  assert fit.alpha == pytest.approx(5e-5, rel=1e-6)
+  assert collectives.ring_all_reduce(1e6, 2, fit.alpha, fit.beta) == pytest.approx(
+      2 * 5e-5 + 1e6 / 1e9)
+
+
+def test_step_bytes_counts_the_costliest_branch_of_each_conditional():
+  mesh = make_mesh((4,), ('d',), jax.devices()[:4])
+  ring = [(j, (j + 1) % 4) for j in range(4)]
+
+  def f(x, i):
+    x = lax.switch(i[0], [lambda x: lax.ppermute(x, 'd', ring),
+                          lambda x: lax.pcast(lax.psum(x, 'd'), 'd', to='varying')], x)
+    return lax.psum(x, 'd')
+  step = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P('d'), P()), out_specs=P()))
+  found = hlo.collectives(step.lower(jnp.zeros((8, 3)), jnp.zeros(1, jnp.int32)).as_text())
+  assert [(c.op, bool(c.branch)) for c in found] == [
+      ('collective_permute', True), ('all_reduce', True), ('all_reduce', False)]
+  # 24 bytes per device: the permute sends 24, the all-reduce 2·3/4·24 = 36 (the larger).
+  assert hlo.step_bytes(found, 4) == pytest.approx(36 + 36)
+
+
+def _fake_measurement():
+  """One emulated setting with exact α-β transfers: t_grad(b) = b ms, P = 1 MB."""
+  alpha, beta, nbytes = 1e-4, 1e9, 1_000_000
+  transfers = [{'bytes': b, 'samples': [alpha + b / beta] * 3} for b in (1e3, 1e5, nbytes)]
+  all_reduce = {'op': 'all_reduce', 'shape': [nbytes // 4], 'dtype': 'f32', 'group': 2,
+                'pairs': 0, 'branch': [], 'bytes_per_device': nbytes}
+
+  def step(scheme, n, b, t_iter, ops):
+    return {'scheme': scheme, 'server': 'allreduce', 'n': n, 'per_device_batch': b,
+            'samples': [t_iter] * 3, 'volume': {'collectives': ops}}
+  return {
+      'tool': 'analysis.measure', 'created': 'now', 'command': 'test',
+      'machine': {'cpu': 'test', 'system': 'test', 'cores': 2},
+      'versions': {'jax': '0', 'flax': '0'}, 'batches': 8,
+      'network': {'model': 'net', 'image_size': 32, 'parameters': nbytes // 4,
+                  'param_bytes': nbytes},
+      'batch': {'sync-split': 32, 'sync-join': 32, 'async': 32},
+      'settings': {'emulated': {
+          't_grad': {'32': [0.032] * 3, '16': [0.016] * 3}, 'transfers': transfers,
+          'all_reduces': [], 'async': [], 'volume': [],
+          'steps': [step('sync-split', 1, 32, 0.032, []),
+                    step('sync-split', 2, 16, 0.025, [all_reduce]),
+                    step('sync-join', 2, 32, 0.045, [all_reduce])]}}}
+
+
+def test_compare_speedups_and_predictions_by_hand():
+  points = {(p['scheme'], p['n']): p for p in compare.rows(_fake_measurement())}
+  # Measured, eq. 4.23: S = D·t_grad / t_train; sync-split D steps, sync-join D/N.
+  assert points[('sync-split', 1)]['speedup'] == pytest.approx(1.0)
+  assert points[('sync-split', 2)]['speedup'] == pytest.approx(0.032 / 0.025)
+  assert points[('sync-join', 2)]['speedup'] == pytest.approx(8 * 0.032 / (4 * 0.045))
+  # α-β, no all-reduce samples: the transfer fit times the ring, 2·(α + P/2/β) = 1.2 ms.
+  assert points[('sync-split', 2)]['speedup_alpha_beta'] == pytest.approx(0.032 / (0.016 + 1.2e-3))
+  assert points[('sync-join', 2)]['speedup_alpha_beta'] == pytest.approx(
+      8 * 0.032 / (4 * (0.032 + 1.2e-3)))
+  assert points[('sync-split', 2)]['error_alpha_beta'] == pytest.approx(
+      (0.032 / 0.0172) / (0.032 / 0.025) - 1)
+  # The thesis has no all-reduce equation.
+  assert points[('sync-split', 2)]['speedup_thesis'] is None
+  best = compare.recommend(list(points.values()), 'emulated')
+  assert 'sync-join' in best and 'N=2' in best and '1.42×' in best
+
+
+@pytest.mark.slow
+def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
+  out = tmp_path / 'm.json'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'analysis.measure', '--config',
+       os.path.join(ROOT, 'configs', 'squeezenet.py'), f'--config.dataset.data_dir={data_dir}',
+       '--config.global_batch=16', '--config.per_device_batch=8', f'--out={out}',
+       '--workers=2', '--processes=2', '--repeats=2', '--warmup=1', '--batches=4',
+       '--async_repeats=1', '--schemes=sync-split', '--servers=allreduce',
+       '--async_servers=central', '--novolume'],
+      env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+  assert '[processes] [1/1] t_iter sync-split allreduce N=2' in proc.stderr  # progress
+  result = json.loads(out.read_text())
+  assert result['versions']['jax'] == jax.__version__ and result['machine']['cores']
+  assert set(result['settings']) == {'emulated', 'processes'}
+  for name, setting in result['settings'].items():
+    assert sorted(setting['t_grad']) == ['16', '8']
+    assert all(len(s) == 2 for s in setting['t_grad'].values())
+    assert [(c['n'], len(c['samples'])) for c in setting['steps']] == [(1, 2), (2, 2)]
+    assert setting['transfers'][-1]['bytes'] == result['network']['param_bytes']
+    assert len(setting['all_reduces']) == len(setting['transfers']) >= 2
+    two = setting['steps'][1]['volume']
+    assert two['program_bytes'] == pytest.approx(two['analytic_bytes'], rel=1e-4)  # + metrics
+    assert two['reported_bytes'] == pytest.approx(two['analytic_bytes'])
+  assert result['settings']['processes']['processes'] == 2
+  assert result['settings']['processes']['pinned_cores'] == [0, 1 % (os.cpu_count() or 1)]
+  assert [len(a['samples']) for a in result['settings']['emulated']['async']] == [1, 1]
+
+  report = tmp_path / 'report'
+  proc = subprocess.run([sys.executable, '-m', 'analysis.compare', str(out), '--out',
+                         str(report)], env=ENV, capture_output=True, text=True, timeout=300,
+                        cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  text = (report / 'report.md').read_text()
+  assert '| processes | sync-split | allreduce | 2 |' in text
+  assert '- **squeezenet** (processes):' in text and '- **squeezenet** (emulated):' in text
+  with open(report / 'speedup.csv') as f:
+    assert len(list(csv.DictReader(f))) == 2 * 2 + 2  # 2 settings × N = 1, 2; async N = 1, 2
+  assert sorted(os.listdir(report)) == ['report.md', 'speedup.csv', 'squeezenet_32_async_central.png',
+                                        'squeezenet_32_sync-split_allreduce.png']
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--workers=-1'], '--workers=-1: must be at least 0'),
+    (['--servers=bogus'], "--servers: ['bogus'] unknown"),
+    (['--workers=0', '--processes=0'], 'nothing to measure'),
+])
+def test_measure_bad_arguments_are_usage_errors(tmp_path, args, message):
+  proc = subprocess.run([sys.executable, '-m', 'analysis.measure', '--config',
+                         os.path.join(ROOT, 'configs', 'squeezenet.py'),
+                         f'--out={tmp_path}/m.json'] + args,
+                        env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_measure_names_the_config_field_of_a_bad_cell(tmp_path, data_dir):
+  """sync-split on 8 devices cannot split a batch of 12: the error names the field and
+  the cell, before anything runs."""
+  proc = subprocess.run([sys.executable, '-m', 'analysis.measure', '--config',
+                         os.path.join(ROOT, 'configs', 'squeezenet.py'),
+                         f'--config.dataset.data_dir={data_dir}', '--config.global_batch=12',
+                         f'--out={tmp_path}/m.json', '--processes=0'],
+                        env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert 'config.global_batch=12 is invalid' in proc.stderr and 'N=8 cell' in proc.stderr
+
+
+def test_compare_rejects_a_file_measure_did_not_write(tmp_path):
+  bogus = tmp_path / 'x.json'
+  bogus.write_text('{"a": 1}')
+  with pytest.raises(SystemExit) as e:
+    compare.main([str(bogus), '--out', str(tmp_path / 'r')])
+  assert e.value.code == 2
