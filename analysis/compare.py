@@ -235,10 +235,8 @@ def plot(points, folder: str) -> list:
                   label=f"{setting}: {'thesis eq.' if model == 'thesis' else 'α-β'}")
     top = max(p['n'] for p in mine)
     ax.plot([1, top], [1, top], ':', color='black', lw=0.8, label='linear')
-    ax.set(xlabel='workers N', ylabel='speedup S (eq. 4.23)', xscale='log', xticks=[],
+    ax.set(xlabel='workers N', ylabel='speedup S (eq. 4.23)', xticks=sorted({p['n'] for p in mine}),
            title=f'{net} {size}², {scheme}, {server}')
-    ax.set_xticks(sorted({p['n'] for p in mine}))
-    ax.set_xticklabels([str(n) for n in sorted({p['n'] for p in mine})])
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = os.path.join(folder, f'{net}_{size}_{scheme}_{server}.png')

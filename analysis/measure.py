@@ -178,8 +178,9 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
              'overrides': _validated(cfg, _grid_overrides(cfg, s, v, n), f'{s} {v} N={n}')}
             for n in ns for s in schemes for v in servers]
 
-  def grad_batches(ns):
-    return sorted({c['per_device_batch'] for c in steps(ns)} | {batch[s] for s in schemes}
+  def grad_batches(cells):
+    """t_grad is wanted for each device's batch (α-β) and each scheme's whole one (eq. 4.23)."""
+    return sorted({c['per_device_batch'] for c in cells} | {batch[s] for s in schemes}
                   | ({cfg.per_device_batch} if async_servers else set()))
 
   runs = {}
@@ -196,8 +197,12 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
                          'overrides': _validated(cfg, overrides, label)})
       except config_lib.ConfigError as e:
         skipped.append(f'volume {label}: {e}')
+    if with_volume and ns[-1] > 1 and not models.MODELS[cfg.model].FC_LAYERS:
+      skipped.append(f'volume hybrid: {cfg.model} has no FC layers to split')
+    if with_volume and 1 < ns[-1] < 4:
+      skipped.append('volume torus2d: needs a mesh of 2×2 or more (--workers ≥ 4)')
     runs['emulated'] = [(1, {
-        'local_devices': ns[-1], 'grad_batches': grad_batches(ns),
+        'local_devices': ns[-1], 'grad_batches': grad_batches(grid),
         'steps': grid,
         'async': [{'server': v, 'n': n, 'overrides': _validated(
             cfg, _grid_overrides(cfg, 'async', v, n), f'async {v} N={n}')}
@@ -205,8 +210,11 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
         'volume': variants})]
   ps = powers_of_two(processes)
   if ps:
-    runs['processes'] = [(p, {'local_devices': 1, 'grad_batches': grad_batches(ps) if p == 1
-                              else [], 'steps': steps([p]), 'async': [], 'volume': []})
+    cells = {p: steps([p]) for p in ps}
+    # t_grad in the one-process run: one pinned core, as each process of the others has.
+    every = [c for p in ps for c in cells[p]]
+    runs['processes'] = [(p, {'local_devices': 1, 'grad_batches': grad_batches(every) if p == 1
+                              else [], 'steps': cells[p], 'async': [], 'volume': []})
                          for p in ps]
   return runs, skipped
 
