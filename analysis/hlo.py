@@ -22,7 +22,7 @@ _GROUPS = re.compile(r'replica_groups = dense<[^>]*> : tensor<(\d+)x(\d+)xi64>')
 _PAIRS = re.compile(r'source_target_pairs = dense<[^>]*> : tensor<(\d+)x2xi64>')
 _CASE = re.compile(r'"stablehlo\.case"\(.*\(\{\s*$')
 BYTES = {'f64': 8, 'f32': 4, 'bf16': 2, 'f16': 2, 'i64': 8, 'i32': 4, 'i8': 1, 'i1': 1,
-         'ui32': 4, 'ui8': 1}
+         'ui32': 4, 'ui8': 1, 's64': 8, 's32': 4, 's8': 1, 'u32': 4, 'u8': 1, 'pred': 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +97,51 @@ def bytes_per_device(c: Collective, devices: int) -> float:
   if c.op == 'all_gather':
     return (n - 1) * c.nbytes
   return (n - 1) / n * c.nbytes  # reduce_scatter, all_to_all
+
+
+_HLO_OP = re.compile(r'=\s*(\(.*?\)|\S+)\s+(all-reduce|all-gather|reduce-scatter|'
+                     r'collective-permute|all-to-all)\(')
+_HLO_ARRAY = re.compile(r'([a-z]+\d*)\[([\d,]*)\]')
+_HLO_GROUPS = re.compile(r'replica_groups=(\{\{[\d,]*\}|\[\d+,(\d+)\]<=|mesh\[([^\]]*)\]\s*'
+                         r'\{([^}]*)\})')
+_HLO_PAIRS = re.compile(r'source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}')
+
+
+def _group_size(line: str) -> int:
+  m = _HLO_GROUPS.search(line)
+  if not m:
+    return 0
+  if m.group(1).startswith('{{'):
+    return len(m.group(1)[2:].split(','))
+  if m.group(2):
+    return int(m.group(2))
+  sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(3)))
+  return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(4)))
+
+
+def compiled_collectives(hlo_text: str) -> list:
+  """The collectives of a *compiled* program's HLO text (`compiled.as_text()`), where an
+  auto-sharded `jit` first has them: each part of a tuple all-reduce separately, in the
+  dtype the compiled program uses (on CPU, bfloat16 sums appear as float32). Shapes are
+  those `bytes_per_device` expects: an all-gather's piece, a reduce-scatter's input."""
+  found = []
+  for line in hlo_text.splitlines():
+    m = _HLO_OP.search(line)
+    if not m:
+      continue
+    op = m.group(2).replace('-', '_')
+    group = _group_size(line)
+    pairs = _HLO_PAIRS.search(line)
+    for dtype, dims in _HLO_ARRAY.findall(m.group(1)):
+      shape = tuple(int(d) for d in dims.split(',') if d)
+      size = math.prod(shape)
+      if op == 'all_gather':
+        shape = (size // max(group, 1),)
+      elif op == 'reduce_scatter':
+        shape = (size * group,)
+      found.append(Collective(op, shape, dtype, group=group,
+                              pairs=pairs.group(1).count('{') if pairs else 0))
+  return found
 
 
 def step_total(found: list, cost, depth: int = 0) -> float:

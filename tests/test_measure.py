@@ -116,18 +116,18 @@ def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
   proc = subprocess.run(
       [sys.executable, '-m', 'analysis.measure', '--config',
        os.path.join(ROOT, 'configs', 'squeezenet.py'), f'--config.dataset.data_dir={data_dir}',
-       '--config.global_batch=16', '--config.per_device_batch=8', f'--out={out}',
-       '--workers=2', '--processes=2', '--repeats=2', '--warmup=1', '--batches=4',
-       '--async_repeats=1', '--schemes=sync-split', '--servers=allreduce',
+       '--config.per_device_batch=8', f'--out={out}', '--workers=2', '--processes=2',
+       '--repeats=2', '--warmup=1', '--batches=4', '--async_repeats=1', '--schemes=sync-join',
+       '--servers=allreduce',
        '--async_servers=central', '--novolume'],
       env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-  assert '[processes] [1/1] t_iter sync-split allreduce N=2' in proc.stderr  # progress
+  assert '[processes] [1/1] t_iter sync-join allreduce N=2' in proc.stderr  # progress
   result = json.loads(out.read_text())
   assert result['versions']['jax'] == jax.__version__ and result['machine']['cores']
   assert set(result['settings']) == {'emulated', 'processes'}
   for name, setting in result['settings'].items():
-    assert sorted(setting['t_grad']) == ['16', '8']
+    assert sorted(setting['t_grad']) == ['8']  # sync-join and async: 8 per device
     assert all(len(s) == 2 for s in setting['t_grad'].values())
     assert [(c['n'], len(c['samples'])) for c in setting['steps']] == [(1, 2), (2, 2)]
     assert setting['transfers'][-1]['bytes'] == result['network']['param_bytes']
@@ -145,12 +145,12 @@ def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
                         cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   text = (report / 'report.md').read_text()
-  assert '| processes | sync-split | allreduce | 2 |' in text
+  assert '| processes | sync-join | allreduce | 2 |' in text
   assert '- **squeezenet** (processes):' in text and '- **squeezenet** (emulated):' in text
   with open(report / 'speedup.csv') as f:
     assert len(list(csv.DictReader(f))) == 2 * 2 + 2  # 2 settings × N = 1, 2; async N = 1, 2
   assert sorted(os.listdir(report)) == ['report.md', 'speedup.csv', 'squeezenet_32_async_central.png',
-                                        'squeezenet_32_sync-split_allreduce.png']
+                                        'squeezenet_32_sync-join_allreduce.png']
 
 
 @pytest.mark.parametrize('args, message', [

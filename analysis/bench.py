@@ -1,0 +1,194 @@
+"""Benchmark jaxpar's train step against an auto-sharded `jax.jit` step, side by side.
+
+  python -m analysis.bench --config configs/resnet34_2d.py --config.mesh.shape=8, \\
+      --config.mesh.axes=data, --out bench.json
+
+For the configured network, compute dtype, scheme, server and reduction: jaxpar's step
+(`shard_map`, the strategy's collectives) and the baseline a flax or big_vision user
+writes — the same model, optimizer and global batch in a plain `jax.jit` step, the batch
+sharded over every mesh axis with `NamedSharding`, the parameters replicated, XLA
+inserting the collectives — are compiled, then run alternately (one step of each per
+round), so both see the same machine state. Per step: compile time; step time (median,
+min, max); images/s; FLOPs per device from the compiled program's cost analysis and the
+FLOP/s achieved; peak memory per device from its memory analysis; the collectives of the
+compiled program and their bytes per device and step (`analysis.hlo.compiled_collectives`:
+every branch of a conditional counts, and on CPU bfloat16 sums show as float32). Ratios are taken side by side
+in this one run; nothing here is asserted in tests.
+"""
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from absl import app, flags  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from analysis import hlo  # noqa: E402
+from analysis.measure import machine, versions  # noqa: E402
+from jaxpar import build  # noqa: E402
+from jaxpar import config as config_lib  # noqa: E402
+from jaxpar.data import sources  # noqa: E402
+from jaxpar.parallel.allreduce import AllReduce  # noqa: E402
+from jaxpar.step import batch_spec, init_state, make_train_step, model_loss, to_global  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+
+def jit_train_step(model, tx, mesh):
+  """The auto-sharded baseline: one `jax.jit` over the global batch, parameters and
+  optimizer state replicated, the batch split over every mesh axis. BatchNorm normalises
+  over the whole global batch (XLA all-reduces its statistics), as jaxpar's BN over all
+  devices does."""
+  model = model.clone(bn_axis_name=None)
+  replicated, data = NamedSharding(mesh, P()), NamedSharding(mesh, batch_spec(mesh))
+
+  def step(state, batch, rng):
+    rng = jax.random.fold_in(rng, state.step)
+    (loss, (logits, batch_stats)), grads = jax.value_and_grad(
+        lambda p: model_loss(model, p, state.batch_stats, batch, rng), has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_state = state.replace(step=state.step + 1,
+                              examples_seen=state.examples_seen + batch['label'].shape[0],
+                              params=optax.apply_updates(state.params, updates),
+                              batch_stats=batch_stats, opt_state=opt_state)
+    return new_state, {'loss': loss,
+                       'accuracy': (logits.argmax(-1) == batch['label']).mean()}
+  return jax.jit(step, in_shardings=(replicated, data, replicated),
+                 out_shardings=(replicated, replicated), donate_argnums=0)
+
+
+class Runner:
+  """One compiled step, its static measurements, and a state it advances."""
+
+  def __init__(self, name, step, state, batch, rng, devices: int):
+    self.name, self.state, self.batch, self.rng = name, state, batch, rng
+    lowered = step.lower(state, batch, rng)
+    start = time.perf_counter()
+    self.compiled = lowered.compile()
+    self.compile_time = time.perf_counter() - start
+    # From the compiled program: an auto-sharded jit has its collectives only there.
+    found = hlo.compiled_collectives(self.compiled.as_text())
+    self.collectives = len(found)
+    self.collective_bytes = sum(hlo.bytes_per_device(c, devices) for c in found)
+    cost = self.compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    self.flops = float(cost.get('flops', 0.0)) if cost else 0.0
+    memory = self.compiled.memory_analysis()
+    self.peak_memory = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                        - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+    self.times = []
+
+  def __call__(self, timed: bool = True):
+    start = time.perf_counter()
+    self.state, metrics = self.compiled(self.state, self.batch, self.rng)
+    jax.block_until_ready(metrics)
+    if timed:
+      self.times.append(time.perf_counter() - start)
+
+  def result(self, images: int) -> dict:
+    median = float(np.median(self.times))
+    return {'step': self.name, 'compile_s': self.compile_time, 'median_s': median,
+            'min_s': min(self.times), 'max_s': max(self.times), 'samples': self.times,
+            'images_per_s': images / median, 'flops_per_device': self.flops,
+            'flop_per_s_per_device': self.flops / median,
+            'peak_memory_bytes_per_device': self.peak_memory,
+            'collectives': self.collectives,
+            'collective_bytes_per_device': self.collective_bytes}
+
+
+def bench(cfg, steps: int, warmup: int) -> dict:
+  config_lib.validate(cfg)
+  if cfg.scheme == 'async':
+    raise config_lib.ConfigError("config.scheme='async' is invalid here: analysis.bench times "
+                                 "a synchronous step; time async with analysis.measure")
+  mesh = build.mesh(cfg)
+  source = sources.open_source(cfg.dataset)
+  global_batch = config_lib.global_batch(cfg)
+  channels = source.channels
+  model = build.model(cfg, source.num_classes, channels, mesh)
+  strategy = build.strategy(cfg, mesh, model)
+  total = max(1000, cfg.optimizer.warmup_steps + 1)
+  tx, _ = build.optimizer(cfg, model, channels, strategy, global_batch, total)
+  rng = np.random.default_rng(0)
+  local = global_batch // jax.process_count()
+  batch = to_global(mesh, {
+      'image': rng.normal(size=(local, cfg.image_size, cfg.image_size, channels))
+      .astype(np.float32),
+      'label': rng.integers(0, source.num_classes, local).astype(np.int32)})
+  key = jax.random.key(0)
+  runners = [Runner('jaxpar shard_map', make_train_step(model, tx, mesh, strategy),
+                    build.initial_state(cfg, model, tx, strategy, channels, mesh, key),
+                    batch, key, mesh.size)]
+  baseline = AllReduce(mesh.axis_names)
+  base_tx, _ = build.optimizer(cfg, model, channels, baseline, global_batch, total)
+  runners.append(Runner('auto-sharded jit', jit_train_step(model, base_tx, mesh),
+                        init_state(model, base_tx, baseline, mesh,
+                                   (1, cfg.image_size, cfg.image_size, channels), key),
+                        batch, key, mesh.size))
+  for _ in range(warmup):
+    for r in runners:
+      r(timed=False)
+  for i in range(steps):  # alternate: both steps see the same machine state
+    for r in runners:
+      r()
+    print(f'\rround {i + 1}/{steps}', end='', file=sys.stderr, flush=True)
+  print(file=sys.stderr)
+  results = [r.result(global_batch) for r in runners]
+  return {'tool': 'analysis.bench', 'machine': machine(), 'versions': versions(),
+          'config': cfg.to_dict(), 'command': ' '.join(['python -m analysis.bench']
+                                                       + sys.argv[1:]),
+          'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
+          'mesh': list(cfg.mesh.shape), 'global_batch': global_batch,
+          'method': f'{cfg.scheme} {cfg.server} {cfg.grad_reduce} {cfg.grad_reduce_dtype}',
+          'steps': results,
+          'shard_map_over_jit_throughput': results[1]['median_s'] / results[0]['median_s']}
+
+
+def markdown(r) -> str:
+  lines = [f"{r['network']} {r['image_size']}², {r['dtype']}, mesh {tuple(r['mesh'])}, global "
+           f"batch {r['global_batch']}, {r['method']}", '',
+           '| step | compile (s) | step (s): median (min–max) | images/s | GFLOP/device '
+           '| GFLOP/s/device | peak MB/device | collectives | collective MB/device |',
+           '|---|---:|---:|---:|---:|---:|---:|---:|---:|']
+  for s in r['steps']:
+    lines.append(f"| {s['step']} | {s['compile_s']:.1f} | {s['median_s']:.4f} "
+                 f"({s['min_s']:.4f}–{s['max_s']:.4f}) | {s['images_per_s']:.1f} "
+                 f"| {s['flops_per_device'] / 1e9:.2f} | {s['flop_per_s_per_device'] / 1e9:.2f} "
+                 f"| {s['peak_memory_bytes_per_device'] / 1e6:.1f} | {s['collectives']} "
+                 f"| {s['collective_bytes_per_device'] / 1e6:.2f} |")
+  lines.append(f"\njaxpar's throughput / auto-sharded jit's: "
+               f"{r['shard_map_over_jit_throughput']:.3f}×")
+  return '\n'.join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if FLAGS.steps < 1 or FLAGS.warmup < 1:
+    raise app.UsageError('--steps and --warmup must be at least 1.')
+  try:
+    result = bench(FLAGS.config, FLAGS.steps, FLAGS.warmup)
+  except config_lib.ConfigError as e:
+    print(f'jaxpar: {e}', file=sys.stderr)
+    sys.exit(2)
+  print(markdown(result))
+  if FLAGS.out:
+    with open(FLAGS.out, 'w') as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == '__main__':
+  # Defined here, not at import: jaxpar.train defines --config too, and tests import both.
+  config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].')
+  flags.DEFINE_integer('steps', 10, 'Timed rounds (one step of each) after the warm-up.')
+  flags.DEFINE_integer('warmup', 2, 'Untimed rounds first.')
+  flags.DEFINE_string('out', '', 'Also write the results as JSON here.')
+  flags.mark_flag_as_required('config')
+  app.run(main)
