@@ -112,10 +112,7 @@ def bench(cfg, steps: int, warmup: int) -> dict:
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)
   channels = source.channels
-  model = build.model(cfg, source.num_classes, channels, mesh)
-  strategy = build.strategy(cfg, mesh, model)
-  total = max(1000, cfg.optimizer.warmup_steps + 1)
-  tx, _ = build.optimizer(cfg, model, channels, strategy, global_batch, total)
+  model, strategy, tx, state = build.for_timing(cfg, source.num_classes, channels, mesh)
   rng = np.random.default_rng(0)
   local = global_batch // jax.process_count()
   batch = to_global(mesh, {
@@ -123,11 +120,11 @@ def bench(cfg, steps: int, warmup: int) -> dict:
       .astype(np.float32),
       'label': rng.integers(0, source.num_classes, local).astype(np.int32)})
   key = jax.random.key(0)
-  runners = [Runner('jaxpar shard_map', make_train_step(model, tx, mesh, strategy),
-                    build.initial_state(cfg, model, tx, strategy, channels, mesh, key),
+  runners = [Runner('jaxpar shard_map', make_train_step(model, tx, mesh, strategy), state,
                     batch, key, mesh.size)]
   baseline = AllReduce(mesh.axis_names)
-  base_tx, _ = build.optimizer(cfg, model, channels, baseline, global_batch, total)
+  base_tx, _ = build.optimizer(cfg, model, channels, baseline, global_batch,
+                               total_steps=max(1000, cfg.optimizer.warmup_steps + 1))
   runners.append(Runner('auto-sharded jit', jit_train_step(model, base_tx, mesh),
                         init_state(model, base_tx, baseline, mesh,
                                    (1, cfg.image_size, cfg.image_size, channels), key),

@@ -57,3 +57,12 @@ def from_all_reduces(all_reduces) -> Fit:
   higher, so each collective kind gets its own fit.)"""
   fit = from_transfers(all_reduces)
   return dataclasses.replace(fit, alpha=fit.alpha / 2)
+
+
+def setting_inputs(setting: dict):
+  """(t_comm, transfer fit, all-reduce fit) of one setting of `analysis.measure`'s JSON,
+  each None where it was not measured (a fit needs two sizes)."""
+  transfers, reduces = setting['transfers'], setting['all_reduces']
+  return (float(np.median(transfers[-1]['samples'])) if transfers else None,
+          from_transfers(transfers) if len(transfers) > 1 else None,
+          from_all_reduces(reduces) if len(reduces) > 1 else None)

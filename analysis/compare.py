@@ -60,10 +60,8 @@ def rows(result) -> list:
   nbytes = result['network']['param_bytes']
   for setting, s in result['settings'].items():
     t_grad = {int(b): _median(v) for b, v in s['t_grad'].items()}
-    fit = calibrate.from_transfers(s['transfers']) if len(s['transfers']) > 1 else None
-    all_reduce = (calibrate.from_all_reduces(s['all_reduces']) if len(s['all_reduces']) > 1
-                  else fit)
-    t_comm = _median(s['transfers'][-1]['samples']) if s['transfers'] else None
+    t_comm, fit, all_reduce = calibrate.setting_inputs(s)
+    all_reduce = all_reduce or fit
     points = [(c, 'sync') for c in s['steps']] + [(c, 'async') for c in s['async']]
     for c, kind in points:
       scheme = c['scheme'] if kind == 'sync' else 'async'
@@ -162,11 +160,9 @@ def markdown(results, points) -> str:
     for setting, s in result['settings'].items():
       batch = str(result['batch']['sync-split'])
       t_grad = _median(s['t_grad'][batch]) if batch in s['t_grad'] else None
-      t_comm = _median(s['transfers'][-1]['samples']) if s['transfers'] else None
+      t_comm, *fits = calibrate.setting_inputs(s)
       cells = []
-      for kind, fitter in (('transfers', calibrate.from_transfers),
-                           ('all_reduces', calibrate.from_all_reduces)):
-        fit = fitter(s[kind]) if len(s[kind]) > 1 else None
+      for fit in fits:
         cells += ([f'{fit.alpha:.2e}', f'{fit.beta / 1e9:.2f}',
                    ', '.join(f'{r:+.0%}' for r in fit.relative_residuals)] if fit
                   else ['—'] * 3)
@@ -187,11 +183,7 @@ def markdown(results, points) -> str:
     lines += ['', 'Median |relative error| of the predicted speedup: ' + '; '.join(
         f"{setting} {'thesis equations' if model == 'thesis' else 'α-β model'} {e:.0%}"
         for (setting, model), e in errors.items()) + '.', '']
-    vrows = []
-    for s in result['settings'].values():
-      for r in [c['volume'] for c in s['steps'] if c['n'] > 1] + s['volume']:
-        vrows.append(r)
-    unique = list({(r['method'], tuple(r['mesh'])): r for r in vrows}.values())
+    unique = volume.distinct_rows(result['settings'].values())
     if unique:
       lines += ['Communication volume per step and device (`analysis.volume`):', '',
                 volume.markdown(unique), '']

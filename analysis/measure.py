@@ -82,28 +82,29 @@ def define_flags():
 
 
 # --------------------------------------------------------------------------- arguments
-def _check_args():
-  """A usage error for every bad argument, before anything is measured."""
-  if not FLAGS.out:
+def check_args(args):
+  """A usage error for every bad argument (`args`: the flags' values), before anything is
+  measured."""
+  if not args.out:
     raise app.UsageError('--out is required: the JSON file to write.')
-  folder = os.path.dirname(os.path.abspath(FLAGS.out))
+  folder = os.path.dirname(os.path.abspath(args.out))
   if not os.path.isdir(folder):
-    raise app.UsageError(f'--out={FLAGS.out}: folder {folder} does not exist.')
-  for name, value, lowest in (('workers', FLAGS.workers, 0), ('processes', FLAGS.processes, 0),
-                              ('batches', FLAGS.batches, 1), ('repeats', FLAGS.repeats, 1),
-                              ('warmup', FLAGS.warmup, 1), ('async_repeats',
-                                                             FLAGS.async_repeats, 1)):
+    raise app.UsageError(f'--out={args.out}: folder {folder} does not exist.')
+  for name, value, lowest in (('workers', args.workers, 0), ('processes', args.processes, 0),
+                              ('batches', args.batches, 1), ('repeats', args.repeats, 1),
+                              ('warmup', args.warmup, 1), ('async_repeats',
+                                                             args.async_repeats, 1)):
     if value < lowest:
       raise app.UsageError(f'--{name}={value}: must be at least {lowest}.')
-  if not (FLAGS.workers or FLAGS.processes):
+  if not (args.workers or args.processes):
     raise app.UsageError('--workers=0 and --processes=0: nothing to measure.')
-  for name, values, valid in (('schemes', FLAGS.schemes, SYNC_SCHEMES),
-                              ('servers', FLAGS.servers, config_lib.SERVERS),
-                              ('async_servers', FLAGS.async_servers, ASYNC_SERVERS)):
+  for name, values, valid in (('schemes', args.schemes, SYNC_SCHEMES),
+                              ('servers', args.servers, config_lib.SERVERS),
+                              ('async_servers', args.async_servers, ASYNC_SERVERS)):
     bad = [v for v in values if v not in valid]
     if bad:
       raise app.UsageError(f'--{name}: {bad} unknown; choose from {list(valid)}.')
-  if FLAGS.processes > 1 and not shutil.which('taskset'):
+  if args.processes > 1 and not shutil.which('taskset'):
     raise app.UsageError('--processes > 1 pins each process to a core with taskset, which is '
                          'not installed (util-linux); use --processes=1 or install it.')
 
@@ -358,12 +359,11 @@ def summary(result) -> str:
     lines.append(f'\n## {name}')
     for batch, samples in s['t_grad'].items():
       lines.append(f't_grad (batch {batch}): {np.median(samples):.4g} s')
-    if s['transfers']:
-      fit = calibrate.from_transfers(s['transfers'])
-      reduce = calibrate.from_all_reduces(s['all_reduces'])
-      lines.append(f"t_comm ({s['transfers'][-1]['bytes']:,} B): "
-                   f"{np.median(s['transfers'][-1]['samples']):.4g} s")
-      for name, f in (('transfers', fit), ('all-reduces', reduce)):
+    t_comm, transfer, reduce = calibrate.setting_inputs(s)
+    if t_comm is not None:
+      lines.append(f"t_comm ({s['transfers'][-1]['bytes']:,} B): {t_comm:.4g} s")
+    for name, f in (('transfers', transfer), ('all-reduces', reduce)):
+      if f is not None:
         lines.append(f'α-β fit of the {name}: α = {f.alpha:.3g} s, β = {f.beta / 1e9:.3g} GB/s '
                      f'(largest residual {f.max_relative_residual:.1%})')
     for c in s['steps']:
@@ -372,8 +372,7 @@ def summary(result) -> str:
     for c in s['async']:
       lines.append(f"t_train async {c['server']} N={c['n']} ({result['batches']} pushes): "
                    f"{np.median(c['samples']):.4g} s")
-    rows = list({(r['method'], tuple(r['mesh'])): r for r in
-                 [c['volume'] for c in s['steps'] if c['n'] > 1] + s['volume']}.values())
+    rows = volume.distinct_rows([s])
     if rows:
       lines.append('\n' + volume.markdown(rows))
   return '\n'.join(lines)
@@ -382,7 +381,7 @@ def summary(result) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  _check_args()
+  check_args(FLAGS)
   try:
     result = measure(FLAGS.config, sys.argv)
   except config_lib.ConfigError as e:

@@ -116,15 +116,10 @@ def time_step(cfg, meta, repeats: int, warmup: int) -> dict:
 
   n = config_lib.num_devices(cfg)
   mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n])
-  model = build.model(cfg, meta['num_classes'], meta['channels'], mesh)
-  strategy = build.strategy(cfg, mesh, model)
-  global_batch = config_lib.global_batch(cfg)
-  tx, _ = build.optimizer(cfg, model, meta['channels'], strategy, global_batch,
-                          total_steps=max(1000, cfg.optimizer.warmup_steps + 1))
-  state = build.initial_state(cfg, model, tx, strategy, meta['channels'], mesh, jax.random.key(0))
+  model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'], mesh)
   step = make_train_step(model, tx, mesh, strategy)
-  batch = to_global(mesh, _synthetic(global_batch // jax.process_count(), cfg, meta,
-                                     seed=jax.process_index()))
+  batch = to_global(mesh, _synthetic(config_lib.global_batch(cfg) // jax.process_count(), cfg,
+                                     meta, seed=jax.process_index()))
   rng = jax.random.key(1)
   stablehlo = step.lower(state, batch, rng).as_text()
   box = {'state': state}
@@ -150,11 +145,7 @@ def time_async(cfg, meta, batches: int, repeats: int) -> list:
 
   n = config_lib.num_devices(cfg)
   mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n])
-  model = build.model(cfg, meta['num_classes'], meta['channels'], mesh)
-  strategy = build.strategy(cfg, mesh, model)
-  tx, _ = build.optimizer(cfg, model, meta['channels'], strategy, cfg.per_device_batch,
-                          total_steps=max(1000, cfg.optimizer.warmup_steps + 1))
-  state = build.initial_state(cfg, model, tx, strategy, meta['channels'], mesh, jax.random.key(0))
+  model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'], mesh)
   warmup = 2 * n
   loop = Downpour(model, tx, strategy, itertools.repeat(_synthetic(cfg.per_device_batch, cfg, meta)),
                   warmup + repeats * batches, jax.random.key(1))

@@ -102,6 +102,14 @@ def row(cfg, stablehlo: str, params, batch_stats, reported=None) -> dict:
           'collectives': program_collectives(stablehlo, devices)}
 
 
+def distinct_rows(settings) -> list:
+  """The volume rows of `analysis.measure` settings (their steps on more than one device
+  and the extra variants), one per method and mesh."""
+  rows = [r for s in settings for r in [c['volume'] for c in s['steps'] if c['n'] > 1]
+          + s['volume']]
+  return list({(r['method'], tuple(r['mesh'])): r for r in rows}.values())
+
+
 def markdown(rows) -> str:
   """The volume table: one line per method and mesh."""
   def mb(x):

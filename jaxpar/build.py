@@ -87,6 +87,17 @@ def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng) -> TrainSt
   return init_state(model, tx, strategy, mesh, _input_shape(cfg, channels), rng)
 
 
+def for_timing(cfg, num_classes: int, channels: int, mesh):
+  """(model, strategy, tx, state) of a config on a mesh, for the tools that time its steps
+  (`analysis/`): the schedule is long enough never to end within their steps."""
+  network = model(cfg, num_classes, channels, mesh)
+  method = strategy(cfg, mesh, network)
+  tx, _ = optimizer(cfg, network, channels, method, config_lib.global_batch(cfg),
+                    total_steps=max(1000, cfg.optimizer.warmup_steps + 1))
+  return network, method, tx, initial_state(cfg, network, tx, method, channels, mesh,
+                                            jax.random.key(0))
+
+
 def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):
   """`loop(state) -> (state, metrics)`, called `steps` times from `state`: one synchronous
   step on the next global batch, or (async) one applied push of a worker's batch."""

@@ -1,19 +1,24 @@
 """analysis.measure, analysis.calibrate and analysis.compare: the α-β fit, the speedup
-arithmetic, the costliest-branch count, and both CLIs end to end (2 real processes)."""
+arithmetic, the costliest-branch count, bad arguments, and both CLIs end to end on an
+emulated mesh (2 real processes: test_measure_processes.py)."""
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl import app
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from analysis import calibrate, collectives, compare, hlo
+from analysis import calibrate, collectives, compare, hlo, measure
+from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,72 +115,95 @@ def test_compare_speedups_and_predictions_by_hand():
   assert 'sync-join' in best and 'N=2' in best and '1.42×' in best
 
 
-@pytest.mark.slow
-def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
+def measure_and_compare(tmp_path, data_dir, *args):
+  """`analysis.measure` of SqueezeNet (sync-join, 8 per device, allreduce) with `args`, then
+  `analysis.compare` of its JSON: (the JSON, measure's stderr, the report folder)."""
   out = tmp_path / 'm.json'
   proc = subprocess.run(
       [sys.executable, '-m', 'analysis.measure', '--config',
        os.path.join(ROOT, 'configs', 'squeezenet.py'), f'--config.dataset.data_dir={data_dir}',
-       '--config.per_device_batch=8', f'--out={out}', '--workers=2', '--processes=2',
-       '--repeats=2', '--warmup=1', '--batches=4', '--async_repeats=1', '--schemes=sync-join',
-       '--servers=allreduce',
-       '--async_servers=central', '--novolume'],
+       '--config.per_device_batch=8', f'--out={out}', '--repeats=2', '--warmup=1',
+       '--batches=4', '--async_repeats=1', '--schemes=sync-join', '--servers=allreduce',
+       '--async_servers=central', '--novolume', *args],
       env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-  assert '[processes] [1/1] t_iter sync-join allreduce N=2' in proc.stderr  # progress
-  result = json.loads(out.read_text())
-  assert result['versions']['jax'] == jax.__version__ and result['machine']['cores']
-  assert set(result['settings']) == {'emulated', 'processes'}
-  for name, setting in result['settings'].items():
-    assert sorted(setting['t_grad']) == ['8']  # sync-join and async: 8 per device
-    assert all(len(s) == 2 for s in setting['t_grad'].values())
-    assert [(c['n'], len(c['samples'])) for c in setting['steps']] == [(1, 2), (2, 2)]
-    assert setting['transfers'][-1]['bytes'] == result['network']['param_bytes']
-    assert len(setting['all_reduces']) == len(setting['transfers']) >= 2
-    two = setting['steps'][1]['volume']
-    assert two['program_bytes'] == pytest.approx(two['analytic_bytes'], rel=1e-4)  # + metrics
-    assert two['reported_bytes'] == pytest.approx(two['analytic_bytes'])
-  assert result['settings']['processes']['processes'] == 2
-  assert result['settings']['processes']['pinned_cores'] == [0, 1 % (os.cpu_count() or 1)]
-  assert [len(a['samples']) for a in result['settings']['emulated']['async']] == [1, 1]
-
   report = tmp_path / 'report'
-  proc = subprocess.run([sys.executable, '-m', 'analysis.compare', str(out), '--out',
-                         str(report)], env=ENV, capture_output=True, text=True, timeout=300,
-                        cwd=ROOT)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  compared = subprocess.run([sys.executable, '-m', 'analysis.compare', str(out), '--out',
+                             str(report)], env=ENV, capture_output=True, text=True,
+                            timeout=300, cwd=ROOT)
+  assert compared.returncode == 0, compared.stderr[-3000:]
+  return json.loads(out.read_text()), proc.stderr, report
+
+
+def check_setting(result, name):
+  """One setting's samples: t_grad, the steps at N = 1, 2, the calibration sizes up to the
+  network, and the N = 2 step's volume equal to its analytic and reported bytes."""
+  setting = result['settings'][name]
+  assert sorted(setting['t_grad']) == ['8']  # sync-join and async: 8 per device
+  assert all(len(s) == 2 for s in setting['t_grad'].values())
+  assert [(c['n'], len(c['samples'])) for c in setting['steps']] == [(1, 2), (2, 2)]
+  assert setting['transfers'][-1]['bytes'] == result['network']['param_bytes']
+  assert len(setting['all_reduces']) == len(setting['transfers']) >= 2
+  two = setting['steps'][1]['volume']
+  assert two['program_bytes'] == pytest.approx(two['analytic_bytes'], rel=1e-4)  # + metrics
+  assert two['reported_bytes'] == pytest.approx(two['analytic_bytes'])
+  return setting
+
+
+@pytest.mark.slow
+def test_measure_and_compare_end_to_end_emulated(tmp_path, data_dir):
+  """The emulated setting (with async); the 2-process one is in test_measure_processes.py."""
+  result, stderr, report = measure_and_compare(tmp_path, data_dir, '--workers=2',
+                                               '--processes=0')
+  assert '[emulated] [2/2] t_train async central N=2' in stderr  # progress
+  assert result['versions']['jax'] == jax.__version__ and result['machine']['cores']
+  assert set(result['settings']) == {'emulated'}
+  setting = check_setting(result, 'emulated')
+  assert [len(a['samples']) for a in setting['async']] == [1, 1]
   text = (report / 'report.md').read_text()
-  assert '| processes | sync-join | allreduce | 2 |' in text
-  assert '- **squeezenet** (processes):' in text and '- **squeezenet** (emulated):' in text
+  assert '| emulated | sync-join | allreduce | 2 |' in text
+  assert '- **squeezenet** (emulated):' in text
   with open(report / 'speedup.csv') as f:
-    assert len(list(csv.DictReader(f))) == 2 * 2 + 2  # 2 settings × N = 1, 2; async N = 1, 2
-  assert sorted(os.listdir(report)) == ['report.md', 'speedup.csv', 'squeezenet_32_async_central.png',
+    assert len(list(csv.DictReader(f))) == 2 + 2  # steps and async at N = 1, 2
+  assert sorted(os.listdir(report)) == ['report.md', 'speedup.csv',
+                                        'squeezenet_32_async_central.png',
                                         'squeezenet_32_sync-join_allreduce.png']
 
 
-@pytest.mark.parametrize('args, message', [
-    (['--workers=-1'], '--workers=-1: must be at least 0'),
-    (['--servers=bogus'], "--servers: ['bogus'] unknown"),
-    (['--workers=0', '--processes=0'], 'nothing to measure'),
+def _args(**overrides):
+  values = dict(out='/tmp/m.json', workers=8, processes=2, batches=128, repeats=10, warmup=2,
+                async_repeats=2, schemes=['sync-split'], servers=['allreduce'],
+                async_servers=['central'])
+  return types.SimpleNamespace(**{**values, **overrides})
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(workers=-1), '--workers=-1: must be at least 0'),
+    (dict(servers=['bogus']), "--servers: ['bogus'] unknown"),
+    (dict(workers=0, processes=0), 'nothing to measure'),
+    (dict(out='/no/such/folder/m.json'), 'does not exist'),
 ])
-def test_measure_bad_arguments_are_usage_errors(tmp_path, args, message):
+def test_measure_bad_arguments_are_usage_errors(overrides, message):
+  with pytest.raises(app.UsageError, match=re.escape(message)):
+    measure.check_args(_args(**overrides))
+
+
+def test_measure_cli_prints_a_usage_error(tmp_path):
   proc = subprocess.run([sys.executable, '-m', 'analysis.measure', '--config',
                          os.path.join(ROOT, 'configs', 'squeezenet.py'),
-                         f'--out={tmp_path}/m.json'] + args,
+                         f'--out={tmp_path}/m.json', '--workers=-1'],
                         env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
-  assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
+  assert proc.returncode == 1 and '--workers=-1: must be at least 0' in proc.stderr
 
 
-def test_measure_names_the_config_field_of_a_bad_cell(tmp_path, data_dir):
+def test_measure_names_the_config_field_of_a_bad_cell(data_dir):
   """sync-split on 8 devices cannot split a batch of 12: the error names the field and
   the cell, before anything runs."""
-  proc = subprocess.run([sys.executable, '-m', 'analysis.measure', '--config',
-                         os.path.join(ROOT, 'configs', 'squeezenet.py'),
-                         f'--config.dataset.data_dir={data_dir}', '--config.global_batch=12',
-                         f'--out={tmp_path}/m.json', '--processes=0'],
-                        env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  assert 'config.global_batch=12 is invalid' in proc.stderr and 'N=8 cell' in proc.stderr
+  cfg = config_lib.defaults()
+  cfg.model, cfg.global_batch, cfg.dataset.data_dir = 'squeezenet', 12, data_dir
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'config.global_batch=12 is invalid.*N=8 cell'):
+    measure.plan(cfg, 8, 0, ['sync-split'], ['allreduce'], [], False)
 
 
 def test_compare_rejects_a_file_measure_did_not_write(tmp_path):
