@@ -51,6 +51,7 @@ from analysis.timing import ONE_DEVICE  # noqa: E402
 from jaxpar import build, models  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
+from jaxpar.parallel.collectives import nbytes  # noqa: E402
 
 SYNC_SCHEMES = ('sync-split', 'sync-join')
 ASYNC_SERVERS = ('central', 'distributed')
@@ -316,7 +317,7 @@ def measure(cfg, argv) -> dict:
   params = build.abstract_variables(one, build.model(one, meta['num_classes'], meta['channels'],
                                                      AbstractMesh((1,), ('data',))),
                                     meta['channels'])['params']
-  param_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
+  param_bytes = nbytes(params)
   sizes = sorted({int(s) // 4 * 4 for s in
                   [4096 * (param_bytes / 4096) ** (k / 7) for k in range(8)]} | {param_bytes})
   common = {'config': cfg.to_dict(), 'meta': meta, 'repeats': FLAGS.repeats,

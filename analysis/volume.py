@@ -15,12 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from analysis import hlo
+from jaxpar.parallel.collectives import nbytes
 from jaxpar.parallel.sparsify import capacity_of
-
-
-def _bytes(tree, itemsize=None) -> int:
-  return sum(math.prod(x.shape) * (itemsize or np.dtype(x.dtype).itemsize)
-             for x in jax.tree.leaves(tree))
 
 
 def method(cfg) -> str:
@@ -56,12 +52,12 @@ def analytic_bytes(cfg, params, batch_stats):
   """
   shape = tuple(cfg.mesh.shape)
   n = math.prod(shape)
-  p_g = _bytes(params, jnp.dtype(cfg.grad_reduce_dtype).itemsize)
-  p_w = _bytes(params)
+  p_g = nbytes(params, jnp.dtype(cfg.grad_reduce_dtype))
+  p_w = nbytes(params)
   if cfg.fc_parallel != 'data':
     return None
   if cfg.sync_every:
-    return 2 * (n - 1) / n * (p_w + _bytes(batch_stats))
+    return 2 * (n - 1) / n * (p_w + nbytes(batch_stats))
   if cfg.server == 'gossip' and cfg.sparsify.capacity:
     return 2 * sum(capacity_of(math.prod(g.shape), cfg.sparsify.capacity)
                    * (np.dtype(g.dtype).itemsize + 4) for g in jax.tree.leaves(params))
@@ -75,12 +71,13 @@ def analytic_bytes(cfg, params, batch_stats):
   return 2 * (n - 1) / n * p_g
 
 
-def program_collectives(stablehlo: str, devices: int) -> list:
-  """Every collective of a lowered step, with the bytes a device sends for it."""
+def program_collectives(found: list, devices: int) -> list:
+  """Every collective of a lowered step (`hlo.collectives`), with the bytes a device sends
+  for it, as JSON."""
   return [{'op': c.op, 'shape': list(c.shape), 'dtype': c.dtype, 'group': c.group,
            'pairs': c.pairs, 'branch': [list(b) for b in c.branch],
            'bytes_per_device': hlo.bytes_per_device(c, devices)}
-          for c in hlo.collectives(stablehlo)]
+          for c in found]
 
 
 def from_row(collective: dict) -> hlo.Collective:
@@ -99,7 +96,7 @@ def row(cfg, stablehlo: str, params, batch_stats, reported=None) -> dict:
   return {'method': method(cfg), 'mesh': list(cfg.mesh.shape), 'devices': devices,
           'analytic_bytes': analytic, 'reported_bytes': reported, 'program_bytes': program,
           'ratio': program / analytic if analytic else None,
-          'collectives': program_collectives(stablehlo, devices)}
+          'collectives': program_collectives(found, devices)}
 
 
 def distinct_rows(settings) -> list:
