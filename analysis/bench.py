@@ -2,6 +2,7 @@
 
   python -m analysis.bench --config configs/resnet34_2d.py --config.mesh.shape=8, \\
       --config.mesh.axes=data, --out bench.json
+  launch/local.sh 2 --module analysis.bench --workdir /tmp/bench --config ... --torch
 
 For the configured network, compute dtype, scheme, server and reduction: jaxpar's step
 (`shard_map`, the strategy's collectives) and the baseline a flax or big_vision user
@@ -30,10 +31,11 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis import hlo  # noqa: E402
+from analysis import hlo, profile, torch_peer  # noqa: E402
 from analysis.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
+from jaxpar import optim  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
 from jaxpar.parallel.allreduce import AllReduce  # noqa: E402
 from jaxpar.step import batch_spec, init_state, make_train_step, model_loss, to_global  # noqa: E402
@@ -92,6 +94,10 @@ class Runner:
     if timed:
       self.times.append(time.perf_counter() - start)
 
+  def profile(self, steps: int) -> dict:
+    """Time by HLO op category of `steps` more steps (`analysis.profile`)."""
+    return profile.op_times(lambda: self(timed=False), self.compiled.as_text(), steps)
+
   def result(self, images: int) -> dict:
     median = float(np.median(self.times))
     return {'step': self.name, 'compile_s': self.compile_time, 'median_s': median,
@@ -103,11 +109,22 @@ class Runner:
             'collective_bytes_per_device': self.collective_bytes}
 
 
-def bench(cfg, steps: int, warmup: int) -> dict:
+def check(cfg, with_torch: bool):
+  """Refuses what the bench cannot time, before anything compiles."""
   config_lib.validate(cfg)
   if cfg.scheme == 'async':
     raise config_lib.ConfigError("config.scheme='async' is invalid here: analysis.bench times "
                                  "a synchronous step; time async with analysis.measure")
+  if with_torch and cfg.model not in torch_peer.NETWORKS:
+    raise config_lib.ConfigError(f'config.model={cfg.model!r} has no PyTorch peer (it has: '
+                                 f'{", ".join(torch_peer.NETWORKS)}); drop --torch')
+  if with_torch and not torch_peer.available():
+    raise config_lib.ConfigError(
+        "--torch needs PyTorch: pip install -e '.[bench]'")
+
+
+def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False) -> dict:
+  check(cfg, with_torch)
   mesh = build.mesh(cfg)
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)
@@ -115,10 +132,11 @@ def bench(cfg, steps: int, warmup: int) -> dict:
   model, strategy, tx, state = build.for_timing(cfg, source.num_classes, channels, mesh)
   rng = np.random.default_rng(0)
   local = global_batch // jax.process_count()
-  batch = to_global(mesh, {
+  local_batch = {
       'image': rng.normal(size=(local, cfg.image_size, cfg.image_size, channels))
       .astype(np.float32),
-      'label': rng.integers(0, source.num_classes, local).astype(np.int32)})
+      'label': rng.integers(0, source.num_classes, local).astype(np.int32)}
+  batch = to_global(mesh, local_batch)
   key = jax.random.key(0)
   runners = [Runner('jaxpar shard_map', make_train_step(model, tx, mesh, strategy), state,
                     batch, key, mesh.size)]
@@ -129,6 +147,10 @@ def bench(cfg, steps: int, warmup: int) -> dict:
                         init_state(model, base_tx, baseline, mesh,
                                    (1, cfg.image_size, cfg.image_size, channels), key),
                         batch, key, mesh.size))
+  if with_torch:
+    runners.append(torch_peer.TorchRunner(
+        cfg, source.num_classes, local_batch, optim.peak_learning_rate(cfg.optimizer, global_batch),
+        jax.process_count(), jax.process_index()))
   for _ in range(warmup):
     for r in runners:
       r(timed=False)
@@ -138,6 +160,11 @@ def bench(cfg, steps: int, warmup: int) -> dict:
     print(f'\rround {i + 1}/{steps}', end='', file=sys.stderr, flush=True)
   print(file=sys.stderr)
   results = [r.result(global_batch) for r in runners]
+  if profile_steps:
+    for r, result in zip(runners[:2], results):
+      result['profile'] = r.profile(profile_steps)
+  for r in runners[2:]:
+    r.close()
   return {'tool': 'analysis.bench', 'machine': machine(), 'versions': versions(),
           'config': cfg.to_dict(), 'command': ' '.join(['python -m analysis.bench']
                                                        + sys.argv[1:]),
@@ -145,7 +172,13 @@ def bench(cfg, steps: int, warmup: int) -> dict:
           'mesh': list(cfg.mesh.shape), 'global_batch': global_batch,
           'method': f'{cfg.scheme} {cfg.server} {cfg.grad_reduce} {cfg.grad_reduce_dtype}',
           'steps': results,
-          'shard_map_over_jit_throughput': results[1]['median_s'] / results[0]['median_s']}
+          'shard_map_over_jit_throughput': results[1]['median_s'] / results[0]['median_s'],
+          **({'shard_map_over_torch_throughput': results[2]['median_s'] / results[0]['median_s']}
+             if with_torch else {})}
+
+
+def _shown(value, scale: float, digits: int) -> str:
+  return 'n/a' if value is None else f'{value / scale:.{digits}f}'
 
 
 def markdown(r) -> str:
@@ -158,23 +191,38 @@ def markdown(r) -> str:
     lines.append(f"| {s['step']} | {s['compile_s']:.1f} | {s['median_s']:.4f} "
                  f"({s['min_s']:.4f}–{s['max_s']:.4f}) | {s['images_per_s']:.1f} "
                  f"| {s['flops_per_device'] / 1e9:.2f} | {s['flop_per_s_per_device'] / 1e9:.2f} "
-                 f"| {s['peak_memory_bytes_per_device'] / 1e6:.1f} | {s['collectives']} "
-                 f"| {s['collective_bytes_per_device'] / 1e6:.2f} |")
+                 f"| {_shown(s['peak_memory_bytes_per_device'], 1e6, 1)} "
+                 f"| {_shown(s['collectives'], 1, 0)} "
+                 f"| {_shown(s['collective_bytes_per_device'], 1e6, 2)} |")
   lines.append(f"\njaxpar's throughput / auto-sharded jit's: "
                f"{r['shard_map_over_jit_throughput']:.3f}×")
+  if 'shard_map_over_torch_throughput' in r:
+    lines.append(f"jaxpar's throughput / PyTorch's: {r['shard_map_over_torch_throughput']:.3f}×")
+  if 'profile' in r['steps'][0]:
+    profiles = [s['profile']['seconds_per_step'] for s in r['steps']]
+    lines += ['', 'Time by HLO op, ms per step (CPU time summed over devices):', '',
+              '| op | ' + ' | '.join(s['step'] for s in r['steps']) + ' |',
+              '|---|' + '---:|' * len(profiles)]
+    for category in sorted(set().union(*profiles), key=lambda c: -profiles[0].get(c, 0)):
+      lines.append(f'| {category} | '
+                   + ' | '.join(f'{p.get(category, 0) * 1e3:.1f}' for p in profiles) + ' |')
+    lines.append('| total | ' + ' | '.join(f'{sum(p.values()) * 1e3:.1f}' for p in profiles)
+                 + ' |')
   return '\n'.join(lines)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if FLAGS.steps < 1 or FLAGS.warmup < 1:
-    raise app.UsageError('--steps and --warmup must be at least 1.')
+  if FLAGS.steps < 1 or FLAGS.warmup < 1 or FLAGS.profile < 0:
+    raise app.UsageError('--steps and --warmup must be at least 1, --profile at least 0.')
   try:
-    result = bench(FLAGS.config, FLAGS.steps, FLAGS.warmup)
+    result = bench(FLAGS.config, FLAGS.steps, FLAGS.warmup, FLAGS.profile, FLAGS.torch)
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
+  if jax.process_index() != 0:  # across processes (launch/local.sh): process 0 reports
+    return
   print(markdown(result))
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:
@@ -186,6 +234,9 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].')
   flags.DEFINE_integer('steps', 10, 'Timed rounds (one step of each) after the warm-up.')
   flags.DEFINE_integer('warmup', 2, 'Untimed rounds first.')
+  flags.DEFINE_bool('torch', False, "Also time torchvision's network, alternated (needs the "
+                    "[bench] extra).")
+  flags.DEFINE_integer('profile', 0, 'Then profile this many steps of each: time by HLO op.')
   flags.DEFINE_string('out', '', 'Also write the results as JSON here.')
   flags.mark_flag_as_required('config')
   app.run(main)

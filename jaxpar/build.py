@@ -71,7 +71,9 @@ def strategy(cfg, mesh, model):
     return CentralServer(mesh, dtype, cfg.central_schedule)
   if cfg.server == 'distributed':
     return DistributedServer(mesh, dtype, cfg.placement)
-  return AllReduce(mesh.axis_names, cfg.grad_reduce, dtype)
+  one_buffer = cfg.grad_fusion == 'one_buffer' or (cfg.grad_fusion == 'auto'
+                                                    and cfg.distributed.num_processes > 1)
+  return AllReduce(mesh.axis_names, cfg.grad_reduce, dtype, one_buffer)
 
 
 def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_steps: int):

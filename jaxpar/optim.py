@@ -26,7 +26,7 @@ def learning_rate(opt_config, global_batch: int, total_steps: int) -> optax.Sche
   warm-up, as [Y] and MLPerf's LARS ResNet (power 2). `constant`: no decay ([T]).
   """
   c = opt_config
-  peak = c.base_lr * global_batch / c.base_batch
+  peak = peak_learning_rate(c, global_batch)
   if c.schedule == 'cosine':
     return optax.warmup_cosine_decay_schedule(0.0, peak, c.warmup_steps, total_steps)
   if c.schedule == 'constant':
@@ -36,6 +36,11 @@ def learning_rate(opt_config, global_batch: int, total_steps: int) -> optax.Sche
       [optax.linear_schedule(0.0, peak, c.warmup_steps),
        optax.polynomial_schedule(peak, 0.0, c.poly_power, total_steps - c.warmup_steps)],
       [c.warmup_steps])
+
+
+def peak_learning_rate(opt_config, global_batch: int) -> float:
+  """`base_lr` scaled linearly from `base_batch` to the global batch ([Y] §3)."""
+  return opt_config.base_lr * global_batch / opt_config.base_batch
 
 
 def make_optimizer(opt_config, schedule: optax.Schedule) -> optax.GradientTransformation:

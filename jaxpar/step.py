@@ -26,6 +26,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.models import AUX_LOSS_WEIGHT
+from jaxpar.parallel.collectives import replicate, spanning
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -58,9 +59,15 @@ def model_loss(model, params, batch_stats, batch, rng):
   return loss, (logits, new_vars.get('batch_stats', {}))
 
 
+def data_axes(mesh) -> tuple:
+  """The mesh axes a batch is split over: every axis of more than one device (all are
+  data axes; an axis of one device splits nothing, and naming it would make JAX
+  all-reduce over a group of one device)."""
+  return tuple(a for a, n in mesh.shape.items() if n > 1)
+
+
 def batch_spec(mesh):
-  """Batches are split over every mesh axis (all are data axes)."""
-  return P(mesh.axis_names)
+  return P(data_axes(mesh))
 
 
 class Strategy(Protocol):
@@ -102,7 +109,8 @@ class ReplicatedParams:
 
   def local_variables(self, state):
     # A varying copy: its gradient stays per device (see the module docstring).
-    return (jax.tree.map(lambda p: lax.pcast(p, tuple(self.axes), to='varying'), state.params),
+    axes = spanning(self.axes)
+    return (jax.tree.map(lambda p: lax.pcast(p, axes, to='varying'), state.params),
             state.batch_stats)
 
   def variables(self, state):
@@ -116,7 +124,7 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Str
   all devices, into which each device folds the step and its own index, so
   dropout draws a different mask on every device and every step.
   """
-  axes = mesh.axis_names
+  axes = data_axes(mesh)
 
   def local_step(state, batch, rng):
     rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), lax.axis_index(axes))
@@ -131,7 +139,9 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Str
         params=params, batch_stats=batch_stats, opt_state=opt_state)
     metrics = {'loss': loss, 'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label']),
                **report}
-    return new_state, lax.pmean(metrics, axes)
+    # Scalar by scalar: the program's collectives of arrays stay the method's alone
+    # (what analysis.volume reads from it).
+    return new_state, jax.tree.map(replicate, metrics)
 
   def step(state, batch, rng):
     specs = strategy.state_specs(state)
@@ -182,7 +192,7 @@ def make_eval_step(model, mesh) -> Callable:
   """Returns jitted `step(variables, batch) -> sums` of correct top-1/top-5 and of the
   mask, over the whole global batch; padding rows (mask 0) count nowhere. `variables`
   are a strategy's `variables(state)`: a sharded optimizer state never moves."""
-  axes = mesh.axis_names
+  axes = data_axes(mesh)
 
   model = model.clone(fc_axis=None)  # whole FC layers: `variables` are the whole weights
 

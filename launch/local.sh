@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Run jaxpar.train as N processes on this machine, one mesh across all of them
-# (jax.distributed over loopback; gloo collectives on CPU). Process i is pinned to
-# core i mod nproc with taskset, so the processes really run concurrently.
+# Run jaxpar.train (or another jaxpar tool) as N processes on this machine, one mesh
+# across all of them (jax.distributed over loopback; gloo collectives on CPU). Process i
+# is pinned to core i mod nproc with taskset, so the processes really run concurrently.
 #
 #   launch/local.sh N --config configs/resnet34_2d.py --workdir /tmp/run [--config.key=value ...]
+#   launch/local.sh N --module analysis.bench --workdir /tmp/bench --config ... [--torch]
 #
-# Each process emulates (mesh devices / N) CPU devices. Logs: WORKDIR/process_<i>.log;
-# process 0's output is also shown. Exits non-zero if any process fails.
+# --module: the Python module every process runs (default jaxpar.train); --workdir is
+# passed on to jaxpar.train only. Each process emulates (mesh devices / N) CPU devices.
+# Logs: WORKDIR/process_<i>.log; process 0's output is also shown. Exits non-zero if any
+# process fails.
 set -euo pipefail
 if [ $# -lt 1 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
-  echo "usage: $0 NUM_PROCESSES --config FILE --workdir DIR [flags ...]" >&2
+  echo "usage: $0 NUM_PROCESSES [--module M] --workdir DIR --config FILE [flags ...]" >&2
   exit 2
 fi
 n=$1; shift
+module=jaxpar.train
+if [ "${1:-}" = "--module" ]; then
+  module=${2:?--module needs a module name}; shift 2
+fi
 workdir="" prev=""
 for arg in "$@"; do  # --workdir DIR or --workdir=DIR
   case $arg in --workdir=*) workdir=${arg#--workdir=};; esac
@@ -24,11 +31,19 @@ if [ -z "$workdir" ]; then
   exit 2
 fi
 mkdir -p "$workdir"
+args=() skip=0
+for arg in "$@"; do  # the other tools have no --workdir: drop it and its value
+  if [ $skip = 1 ]; then skip=0; continue; fi
+  if [ "$module" != jaxpar.train ]; then
+    case $arg in --workdir) skip=1; continue;; --workdir=*) continue;; esac
+  fi
+  args+=("$arg")
+done
 port=${JAXPAR_PORT:-$((20000 + RANDOM % 20000))}
 cores=$(nproc)
 pids=()
 for ((i = 0; i < n; i++)); do
-  cmd=(taskset -c $((i % cores)) "${PYTHON:-python}" -m jaxpar.train "$@"
+  cmd=(taskset -c $((i % cores)) "${PYTHON:-python}" -m "$module" "${args[@]}"
        --config.distributed.coordinator="127.0.0.1:$port"
        --config.distributed.num_processes="$n" --config.distributed.process_id="$i")
   if [ "$i" -eq 0 ]; then

@@ -1,8 +1,18 @@
 """analysis.bench on one tiny case: both steps compile, run and report (no timing asserted)."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
 import pytest
 
-from analysis import bench
+from analysis import bench, torch_peer
 from jaxpar import config as config_lib
+from jaxpar import models
+from jaxpar.step import init_variables
+
+ROOT = pathlib.Path(__file__).parent.parent
 
 
 def _config(data_dir, **overrides):
@@ -31,3 +41,55 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir):
 def test_bench_refuses_the_async_scheme(data_dir):
   with pytest.raises(config_lib.ConfigError, match="config.scheme='async'"):
     bench.bench(_config(data_dir, scheme='async', server='central'), steps=1, warmup=1)
+
+
+
+def test_cli_on_one_device_no_collectives_and_time_by_op(data_dir, tmp_path):
+  # The README's command, on one device (its own process: this one has 8). Axes of one
+  # device are no data axes: jaxpar's program, like jit's, holds no all-reduce over a
+  # group of one device (BN statistics, gradients, metrics).
+  out = tmp_path / 'bench.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'analysis.bench', '--config',
+       'configs/thesis.py:net=squeezenet,scheme=sync-split,server=allreduce,workers=1,batch=4',
+       f'--config.dataset.data_dir={data_dir}', '--steps=1', '--warmup=1', '--profile=1',
+       f'--out={out}'], capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert 'Time by HLO op' in done.stdout
+  for s in json.loads(out.read_text())['steps']:
+    assert s['collectives'] == 0 and s['collective_bytes_per_device'] == 0
+    by_op = s['profile']['seconds_per_step']
+    assert by_op['convolution'] > 0 and 'collective' not in by_op
+    _, category, seconds = s['profile']['top'][0]  # the costliest instruction
+    assert 0 < seconds <= by_op[category]
+
+
+
+def test_torch_peer_is_jaxpars_resnet34():
+  pytest.importorskip('torch')
+  variables = jax.eval_shape(lambda: init_variables(models.ResNet34(num_classes=10),
+                                                    (1, 16, 16, 1), jax.random.key(0)))
+  kernels = sorted(tuple(k.shape) for k in jax.tree.leaves(variables['params']) if k.ndim > 1)
+  peer = torch_peer.resnet34(10, 1)
+  # torch kernels are (out, in, h, w); flax's (h, w, in, out) and Dense (in, out).
+  peer_kernels = sorted((*p.shape[2:], p.shape[1], p.shape[0]) if p.ndim == 4
+                        else tuple(p.shape[::-1]) for p in peer.parameters() if p.ndim > 1)
+  assert peer_kernels == kernels
+  assert (sum(p.numel() for p in peer.parameters())
+          == sum(v.size for v in jax.tree.leaves(variables['params'])) == 21_283_530)
+
+
+def test_bench_alternates_the_torch_peer(data_dir):
+  pytest.importorskip('torch')
+  result = bench.bench(_config(data_dir, model='resnet34', image_size=16, global_batch=8),
+                       steps=1, warmup=1, with_torch=True)
+  peer = result['steps'][2]
+  assert peer['step'] == 'PyTorch eager' and len(peer['samples']) == 1 and peer['flops_per_device']
+  assert result['shard_map_over_torch_throughput'] == pytest.approx(
+      peer['median_s'] / result['steps'][0]['median_s'])
+  assert "PyTorch's" in bench.markdown(result)
+
+
+def test_torch_peer_is_refused_for_a_network_it_does_not_have(data_dir):
+  with pytest.raises(config_lib.ConfigError, match="config.model='squeezenet' has no PyTorch"):
+    bench.bench(_config(data_dir), steps=1, warmup=1, with_torch=True)

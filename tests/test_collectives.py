@@ -1,5 +1,6 @@
-"""ring_psum and torus2d_psum have psum's contract, on any leaf shape, and the ring moves
-1/N of the buffer per step."""
+"""ring_psum, torus2d_psum and fused_psum have psum's contract, on any leaf shape, and the
+ring moves 1/N of the buffer per step; replicate averages each leaf over the axes it
+varies over, and skips axes of one device."""
 import re
 
 import jax
@@ -9,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import make_mesh
-from jaxpar.parallel.collectives import ring_psum, torus2d_psum
+from jaxpar.parallel.collectives import fused_psum, replicate, ring_psum, spanning, torus2d_psum
 
 # Awkward on purpose: a scalar, sizes prime to every axis size, an empty leaf, bf16 beside f32.
 SHAPES = {'scalar': (), 'odd': (7,), 'cube': (3, 5, 2), 'empty': (0, 4), 'big': (1001,)}
@@ -83,3 +84,37 @@ def test_ring_moves_one_nth_of_the_buffer_per_step():
   gathers = re.findall(r'stablehlo\.all_gather.*?\((tensor<[^)]*>)\) ->', text)
   assert gathers == ['tensor<1x13xf32>']
   assert 'all_reduce' not in text
+
+
+def test_fused_psum_equals_psum_in_one_all_reduce_per_dtype():
+  mesh = make_mesh((2, 4), ('x', 'y'))
+  reduce = lambda t: fused_psum(t, ('x', 'y'))
+  _assert_tree_equal(*_compare(mesh, ('x', 'y'), reduce))
+  body = lambda t: reduce(jax.tree.map(lambda v: v[0], t))
+  lowered = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(mesh.axis_names),
+                                  out_specs=P())).lower(_per_device_tree(8)).as_text()
+  assert lowered.count('stablehlo.all_reduce') == 2  # float32 and bfloat16
+
+
+def test_replicate_averages_each_leaf_over_its_own_axes():
+  mesh = make_mesh((2, 4), ('x', 'y'))
+  rng = np.random.default_rng(1)
+  per_device = {'both': rng.normal(size=(2, 4, 3)).astype(np.float32),
+                'x_only': rng.normal(size=(2, 1, 5)).astype(np.float32),
+                'neither': rng.normal(size=(1, 1, 2)).astype(np.float32)}
+  specs = {'both': P('x', 'y'), 'x_only': P('x', None), 'neither': P()}
+
+  def body(t):
+    assert spanning(('x', 'y')) == ('x', 'y') and spanning('x') == ('x',)
+    return replicate(jax.tree.map(lambda v: v[0, 0], t))
+  got = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs,), out_specs=P()))(per_device)
+  np.testing.assert_allclose(got['both'], per_device['both'].mean((0, 1)), rtol=1e-6)
+  np.testing.assert_allclose(got['x_only'], per_device['x_only'].mean((0, 1)), rtol=1e-6)
+  np.testing.assert_array_equal(got['neither'], per_device['neither'][0, 0])
+
+
+def test_spanning_skips_axes_of_one_device():
+  mesh = make_mesh((1, 8), ('x', 'y'))
+  axes = jax.jit(jax.shard_map(lambda: jnp.int32(len(spanning(('x', 'y')))), mesh=mesh,
+                               in_specs=(), out_specs=P()))()
+  assert axes == 1

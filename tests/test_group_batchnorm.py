@@ -9,7 +9,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import make_mesh
 from jaxpar.models.layers import batch_norm
-from jaxpar.parallel.group_batchnorm import group_axes, group_sizes, sync_batch_stats
+from jaxpar.parallel.collectives import replicate
+from jaxpar.parallel.group_batchnorm import group_axes, group_sizes
 
 SHAPE, AXES = (2, 2, 2), ('a', 'b', 'c')
 ROWS, FEATURES, EPS, MOMENTUM = 4, 3, 1e-5, 0.9
@@ -40,7 +41,7 @@ def test_sub_group_batch_norm_equals_numpy_per_group(group_size):
 
   def body(x):
     y, new = BN(bn_axes).apply(variables, x[0], mutable=['batch_stats'])
-    return y[None], sync_batch_stats(new['batch_stats'])
+    return y[None], replicate(new['batch_stats'])
   y, stats = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXES),
                                    out_specs=(P(AXES), P())))(x)
 
@@ -61,3 +62,6 @@ def test_groups_are_trailing_mesh_axes():
   assert group_axes((2, 4), ('x', 'y'), 1) is None        # per-device statistics
   with pytest.raises(ValueError, match=r'valid: \[1, 4, 8\]'):
     group_axes((2, 4), ('x', 'y'), 2)
+  # Axes of one device share nothing: BN never all-reduces over a group of one.
+  assert group_axes((1, 4), ('x', 'y'), 0) == ('y',)
+  assert group_axes((1,), ('data',), 0) is None

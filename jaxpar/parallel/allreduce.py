@@ -4,9 +4,9 @@ With sync-split every device holds 1/N of the batch, so the mean of the N local
 mean-gradients is the gradient of the whole batch: the step equals sequential
 training. With sync-join the same mean is [T]'s ∇W = (1/N) Σ ∇W_i.
 
-How the sum travels is config `grad_reduce`: XLA's all-reduce (`psum`), [L]'s
-ring or [Y]'s 2-D torus (`parallel/collectives.py`); all three give the same
-mean. `grad_reduce_dtype` may send the gradients in bfloat16, halving the bytes
+How the sum travels is config `grad_reduce`: XLA's all-reduce (`psum`; per
+tensor or in one buffer, config `grad_fusion`), [L]'s ring or [Y]'s 2-D torus
+(`parallel/collectives.py`); all three give the same mean. `grad_reduce_dtype` may send the gradients in bfloat16, halving the bytes
 moved; they are cast back to their own dtype (float32) before the division, so
 the optimizer always sees float32 ([Y]'s mixed precision keeps the reduction in
 float32 by default).
@@ -17,11 +17,12 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
-from jaxpar.parallel.collectives import nbytes, ring_psum, torus2d_psum
-from jaxpar.parallel.group_batchnorm import sync_batch_stats
+from jaxpar.parallel.collectives import (fused_psum, nbytes, replicate, ring_psum, spanning,
+                                        torus2d_psum)
 from jaxpar.step import ReplicatedParams
 
 SUMS = {'psum': lax.psum, 'ring': ring_psum, 'torus2d': torus2d_psum}
+GRAD_FUSIONS = ('auto', 'one_buffer', 'per_tensor')
 
 
 def all_reduce_bytes(kind: str, message: int, axes) -> float:
@@ -35,17 +36,20 @@ def all_reduce_bytes(kind: str, message: int, axes) -> float:
   return 2 * (n - 1) / n * message
 
 
-def mean_all_reduce(axes, kind: str = 'psum', dtype=None):
+def mean_all_reduce(axes, kind: str = 'psum', dtype=None, one_buffer: bool = False):
   """The mean over the data `axes` of a gradient tree, inside `shard_map`.
 
   `kind` names the sum in `SUMS`; `torus2d` needs exactly two axes. `dtype`
   (e.g. jnp.bfloat16) is the dtype the gradients travel in; None keeps theirs.
+  `one_buffer`: psum every gradient in one all-reduce (`collectives.fused_psum`).
   """
-  total = SUMS[kind]
+  total = fused_psum if kind == 'psum' and one_buffer else SUMS[kind]
 
   def reduce(grads):
     sent = grads if dtype is None else jax.tree.map(lambda g: g.astype(dtype), grads)
-    summed = total(sent, axes)
+    # Axes of one device sum nothing (the torus keeps both of its axes by definition).
+    live = axes if kind == 'torus2d' else spanning(axes)
+    summed = total(sent, live) if live else sent
     n = lax.axis_size(axes)
     return jax.tree.map(lambda s, g: s.astype(g.dtype) / n, summed, grads)
   return reduce
@@ -55,9 +59,9 @@ class AllReduce(ReplicatedParams):
   """The step's strategy for all-reduce data parallelism: every device holds the whole
   parameters and optimizer state (replicated), averages the gradients with
   `mean_all_reduce` and applies the same update."""
-  def __init__(self, axes, kind: str = 'psum', dtype=None):
+  def __init__(self, axes, kind: str = 'psum', dtype=None, one_buffer: bool = False):
     self.axes, self.kind, self.dtype = axes, kind, dtype
-    self.reduce = mean_all_reduce(axes, kind, dtype)
+    self.reduce = mean_all_reduce(axes, kind, dtype, one_buffer)
 
   def make_optimizer(self, opt_config, schedule, params):
     del params  # the optimizer sees whole tensors: masks come from their shapes
@@ -72,5 +76,5 @@ class AllReduce(ReplicatedParams):
   def update(self, tx, grads, batch_stats, state):
     updates, opt_state = tx.update(self.reduce(grads), state.opt_state, state.params)
     sent = all_reduce_bytes(self.kind, nbytes(grads, self.dtype), self.axes)
-    return (optax.apply_updates(state.params, updates), sync_batch_stats(batch_stats), opt_state,
+    return (optax.apply_updates(state.params, updates), replicate(batch_stats), opt_state,
             {'sent_bytes': sent})

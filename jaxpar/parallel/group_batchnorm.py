@@ -14,15 +14,12 @@ a config error listing the valid sizes; reshape the mesh to get others (group
 size 2 on 8 devices: mesh (4, 2)).
 
 Running statistics: each group updates them from its own batch, so they differ
-between groups; `sync_batch_stats` averages them over the axes they vary over
-after every step, keeping the state replicated (as MLPerf's JAX ResNet syncs
-BN state before evaluation). The result is m·old + (1−m)·mean over groups of
+between groups; the strategies average them over the axes they vary over
+(`parallel/collectives.py: replicate`) after every step, keeping the state
+replicated (as MLPerf's JAX ResNet syncs BN state before evaluation). The result is m·old + (1−m)·mean over groups of
 the groups' batch statistics.
 """
 import math
-
-import jax
-from jax import lax
 
 
 def group_sizes(mesh_shape) -> list:
@@ -33,21 +30,15 @@ def group_sizes(mesh_shape) -> list:
 def group_axes(mesh_shape, mesh_axes, group_size: int):
   """The trailing mesh axes whose devices form one BN group (None for per-device BN).
 
-  `group_size` 0 means every device (one global group). Raises ValueError for
-  a size that is not in `group_sizes(mesh_shape)`.
+  `group_size` 0 means every device (one global group). Axes of one device are left
+  out (a group over them is the device itself, and naming them would all-reduce its
+  statistics over a group of one). Raises ValueError for a size that is not in
+  `group_sizes(mesh_shape)`.
   """
   size = group_size or math.prod(mesh_shape)
   for k in range(len(mesh_shape) + 1):
     if math.prod(mesh_shape[k:]) == size:
-      return tuple(mesh_axes[k:]) or None
+      return tuple(a for a, n in zip(mesh_axes[k:], mesh_shape[k:]) if n > 1) or None
   raise ValueError(f'{group_size} is not a product of trailing mesh axes {tuple(mesh_shape)}; '
                    f'valid: {group_sizes(mesh_shape)}')
 
-
-def sync_batch_stats(batch_stats):
-  """Averages every statistic over the mesh axes it varies over (the other groups),
-  inside `shard_map`: after this the BN state is the same on every device."""
-  def average(x):
-    varying = tuple(sorted(jax.typeof(x).mat.varying))
-    return lax.pmean(x, varying) if varying else x
-  return jax.tree.map(average, batch_stats)

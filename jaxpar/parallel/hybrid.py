@@ -23,8 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel.allreduce import all_reduce_bytes
-from jaxpar.parallel.collectives import nbytes
-from jaxpar.parallel.group_batchnorm import sync_batch_stats
+from jaxpar.parallel.collectives import nbytes, replicate
 from jaxpar.step import ReplicatedParams
 
 FC_PARALLEL = ('data', 'model', 'auto')
@@ -116,5 +115,5 @@ class HybridFC(ReplicatedParams):
       k, local_n = grads[name]['kernel'].shape
       sent += (2 * (r - 1) * self.per_device_batch * (k + local_n)
                * self.compute_dtype.itemsize)
-    return (optax.apply_updates(state.params, updates), sync_batch_stats(batch_stats), opt_state,
+    return (optax.apply_updates(state.params, updates), replicate(batch_stats), opt_state,
             {'sent_bytes': jnp.float32(sent)})

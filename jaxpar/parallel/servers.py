@@ -60,8 +60,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel import layouts
-from jaxpar.parallel.collectives import fused, nbytes
-from jaxpar.parallel.group_batchnorm import sync_batch_stats
+from jaxpar.parallel.collectives import fused, nbytes, replicate
 from jaxpar.step import ReplicatedParams
 
 PLACEMENTS = ('even', 'greedy')
@@ -112,7 +111,7 @@ class CentralServer:
     # A worker sends its gradients once; the server sends the weights N−1 times.
     grads_bytes, weights_bytes = nbytes(grads, self.dtype), nbytes(grads)
     sent = jnp.where(me == SERVER, (self.devices - 1) * weights_bytes, grads_bytes)
-    return params, sync_batch_stats(batch_stats), opt_state, {'sent_bytes': sent}
+    return params, replicate(batch_stats), opt_state, {'sent_bytes': sent}
 
   def _to_server(self, grads):
     """The sum of every device's `grads`, on the server (elsewhere: meaningless)."""
@@ -242,7 +241,7 @@ class DistributedServer(ReplicatedParams):
     # Reduce-scatter (gradients, in the dtype they travel in) and all-gather (weights):
     # N−1 of the N packed slices each.
     sent_bytes = (n - 1) * owned.size * (sent.dtype.itemsize + owned.dtype.itemsize)
-    return (_unflat(flat[:-1], state.params), sync_batch_stats(batch_stats), opt_state,
+    return (_unflat(flat[:-1], state.params), replicate(batch_stats), opt_state,
             {'sent_bytes': sent_bytes})
 
   @staticmethod
