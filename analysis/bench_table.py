@@ -20,7 +20,9 @@ def row(r) -> str:
   where = (f'{devices} ({processes} processes)' if processes > 1
            else f'{devices} (emulated)' if devices > 1 else '1')
   group = r['config']['bn_group_size']
-  bn = 'all devices' if group in (0, devices) else 'each device' if group == 1 else f'groups of {group}'
+  bn = ('no BN' if r['network'] != 'resnet34' and not r['config']['batch_norm']
+        else 'all devices' if group in (0, devices)
+        else 'each device' if group == 1 else f'groups of {group}')
   cells = [r['network'], f"{r['image_size']}²", r['dtype'], where, str(r['global_batch']), bn, f"{jaxpar['median_s']:.3f}", f"{jit['median_s']:.3f}",
            f"{r['shard_map_over_jit_throughput']:.3f}×",
            f"{peer['median_s']:.3f}" if peer else '–',
@@ -35,7 +37,10 @@ def table(results) -> str:
        '| jit step (s) | jaxpar / jit throughput | PyTorch step (s) | jaxpar / PyTorch '
        '| jaxpar GFLOP/s/device |',
        '|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|']
-      + [row(r) for r in results])
+      + [row(r) for r in sorted(results, key=lambda r: (
+          r['network'], r['image_size'], math.prod(r['mesh']),
+          r['config']['distributed']['num_processes'], r['config']['bn_group_size'],
+          r['dtype'] != 'float32'))])
 
 
 def main(paths):

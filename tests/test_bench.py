@@ -7,7 +7,7 @@ import sys
 import jax
 import pytest
 
-from analysis import bench, torch_peer
+from analysis import bench, bench_table, torch_peer
 from jaxpar import config as config_lib
 from jaxpar import models
 from jaxpar.step import init_variables
@@ -36,6 +36,9 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir):
   assert result['shard_map_over_jit_throughput'] == pytest.approx(
       jit['median_s'] / jaxpar['median_s'])
   assert '| jaxpar shard_map |' in bench.markdown(result)
+  row = bench_table.table([result]).splitlines()[-1]
+  assert row.startswith('| squeezenet | 32² | float32 | 8 (emulated) | 16 | no BN |')
+  assert f"| {result['shard_map_over_jit_throughput']:.3f}× | – | – |" in row
 
 
 def test_bench_refuses_the_async_scheme(data_dir):
@@ -82,12 +85,12 @@ def test_torch_peer_is_jaxpars_resnet34():
 def test_bench_alternates_the_torch_peer(data_dir):
   pytest.importorskip('torch')
   result = bench.bench(_config(data_dir, model='resnet34', image_size=16, global_batch=8),
-                       steps=1, warmup=1, with_torch=True)
+                       steps=1, warmup=1, profile_steps=1, with_torch=True)
   peer = result['steps'][2]
   assert peer['step'] == 'PyTorch eager' and len(peer['samples']) == 1 and peer['flops_per_device']
   assert result['shard_map_over_torch_throughput'] == pytest.approx(
       peer['median_s'] / result['steps'][0]['median_s'])
-  assert "PyTorch's" in bench.markdown(result)
+  assert "PyTorch's" in bench.markdown(result) and 'Time by HLO op' in bench.markdown(result)
 
 
 def test_torch_peer_is_refused_for_a_network_it_does_not_have(data_dir):
