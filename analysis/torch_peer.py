@@ -89,8 +89,6 @@ class TorchRunner:
     self.images = torch.from_numpy(np.ascontiguousarray(batch['image'].transpose(0, 3, 1, 2)))
     self.labels = torch.from_numpy(batch['label'].astype(np.int64))
     self.flops = self._count_flops()  # this process's share of the batch
-    self.compile_time, self.peak_memory, self.collectives, self.collective_bytes = (
-        0.0, None, None, None)
     self.times = []
 
   def _step(self):
