@@ -235,8 +235,8 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].')
   flags.DEFINE_integer('steps', 10, 'Timed rounds (one step of each) after the warm-up.')
   flags.DEFINE_integer('warmup', 2, 'Untimed rounds first.')
-  flags.DEFINE_bool('torch', False, "Also time torchvision's network, alternated (needs the "
-                    "[bench] extra).")
+  flags.DEFINE_bool('torch', False, 'Also time the PyTorch peer (ResNet34), alternated (needs '
+                    'the [bench] extra).')
   flags.DEFINE_integer('profile', 0, 'Then profile this many steps of each: time by HLO op.')
   flags.DEFINE_string('out', '', 'Also write the results as JSON here.')
   flags.mark_flag_as_required('config')

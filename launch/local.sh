@@ -20,10 +20,14 @@ module=jaxpar.train
 if [ "${1:-}" = "--module" ]; then
   module=${2:?--module needs a module name}; shift 2
 fi
-workdir="" prev=""
-for arg in "$@"; do  # --workdir DIR or --workdir=DIR
+workdir="" prev="" args=()
+for arg in "$@"; do  # --workdir DIR or --workdir=DIR: the logs; only jaxpar.train takes it too
   case $arg in --workdir=*) workdir=${arg#--workdir=};; esac
   [ "$prev" = "--workdir" ] && workdir=$arg
+  if [ "$module" = jaxpar.train ] || ! { [ "$arg" = --workdir ] || [[ $arg == --workdir=* ]] \
+      || [ "$prev" = --workdir ]; }; then
+    args+=("$arg")
+  fi
   prev=$arg
 done
 if [ -z "$workdir" ]; then
@@ -31,14 +35,6 @@ if [ -z "$workdir" ]; then
   exit 2
 fi
 mkdir -p "$workdir"
-args=() skip=0
-for arg in "$@"; do  # the other tools have no --workdir: drop it and its value
-  if [ $skip = 1 ]; then skip=0; continue; fi
-  if [ "$module" != jaxpar.train ]; then
-    case $arg in --workdir) skip=1; continue;; --workdir=*) continue;; esac
-  fi
-  args+=("$arg")
-done
 port=${JAXPAR_PORT:-$((20000 + RANDOM % 20000))}
 cores=$(nproc)
 pids=()

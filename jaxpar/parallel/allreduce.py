@@ -6,10 +6,10 @@ training. With sync-join the same mean is [T]'s ∇W = (1/N) Σ ∇W_i.
 
 How the sum travels is config `grad_reduce`: XLA's all-reduce (`psum`; per
 tensor or in one buffer, config `grad_fusion`), [L]'s ring or [Y]'s 2-D torus
-(`parallel/collectives.py`); all three give the same mean. `grad_reduce_dtype` may send the gradients in bfloat16, halving the bytes
-moved; they are cast back to their own dtype (float32) before the division, so
-the optimizer always sees float32 ([Y]'s mixed precision keeps the reduction in
-float32 by default).
+(`parallel/collectives.py`); all three give the same mean. `grad_reduce_dtype`
+may send the gradients in bfloat16, halving the bytes moved; they are cast back
+to their own dtype (float32) before the division, so the optimizer always sees
+float32 ([Y]'s mixed precision keeps the reduction in float32 by default).
 """
 import jax
 import optax

@@ -92,12 +92,14 @@ def replicate(tree):
     by_axes[tuple(sorted(jax.typeof(leaf).mat.varying))].append(i)
   out = list(leaves)
   for axes, indices in by_axes.items():
-    if len(indices) == 1 and axes:
-      out[indices[0]] = lax.pmean(leaves[indices[0]], axes)
-    elif axes:
-      averaged = fused([leaves[i] for i in indices], lambda b, axes=axes: lax.pmean(b, axes))
-      for i, leaf in zip(indices, averaged):
-        out[i] = leaf
+    if not axes:
+      continue
+    group = [leaves[i] for i in indices]
+    # A lone leaf travels as it is: no buffer to build.
+    averaged = ([lax.pmean(group[0], axes)] if len(group) == 1
+                else fused(group, lambda b, axes=axes: lax.pmean(b, axes)))
+    for i, leaf in zip(indices, averaged):
+      out[i] = leaf
   return jax.tree.unflatten(treedef, out)
 
 
