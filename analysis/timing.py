@@ -169,9 +169,11 @@ def run(spec) -> dict:
   import ml_collections
 
   from jaxpar import mesh as mesh_lib
-  mesh_lib.initialize_distributed(spec['coordinator'], spec['num_processes'], spec['process_id'])
-  mesh_lib.emulate_cpu_devices(spec['local_devices'])
+  from jaxpar import multihost
   base = ml_collections.ConfigDict(spec['config'])
+  multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none',
+                 base.distributed.initialization_timeout, base.distributed.heartbeat_timeout)
+  mesh_lib.emulate_cpu_devices(spec['local_devices'])
   meta = spec['meta']
   repeats, warmup = spec['repeats'], spec['warmup']
 

@@ -7,7 +7,7 @@ from absl import logging
 
 from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
-from jaxpar import models, optim
+from jaxpar import models, multihost, optim
 from jaxpar.data import pipeline
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.async_sgd import AsyncServer, Downpour
@@ -21,11 +21,13 @@ from jaxpar.step import Synchronous, TrainState, init_state, init_variables, mak
 
 
 def mesh(cfg):
-  """Joins a multi-process run if configured, emulates CPU devices if asked, and
-  builds the mesh. Must run before anything else starts JAX's backend."""
-  mesh_lib.initialize_distributed(**cfg.distributed)
+  """Joins a multi-process run if configured (or the cluster's environment says so),
+  emulates CPU devices if asked, and builds the mesh. Must run before anything else
+  starts JAX's backend."""
+  processes = multihost.join(**cfg.distributed)
   if cfg.mesh.emulate_cpu_devices:
-    mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg) // cfg.distributed.num_processes)
+    mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg) // processes)
+  logging.info('%s', multihost.describe_process())
   config_lib.validate_devices(cfg, jax.device_count(), jax.process_count())
   return mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes)
 
@@ -72,7 +74,7 @@ def strategy(cfg, mesh, model):
   if cfg.server == 'distributed':
     return DistributedServer(mesh, dtype, cfg.placement)
   one_buffer = cfg.grad_fusion == 'one_buffer' or (cfg.grad_fusion == 'auto'
-                                                    and cfg.distributed.num_processes > 1)
+                                                    and jax.process_count() > 1)
   return AllReduce(mesh.axis_names, cfg.grad_reduce, dtype, one_buffer)
 
 

@@ -12,8 +12,10 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 class Checkpoints:
   def __init__(self, workdir: str, every: int, keep: int):
+    # orbax wants an absolute path; a bucket (gs://...) already is one.
+    root = workdir if '://' in workdir else os.path.abspath(workdir)
     self.manager = ocp.CheckpointManager(
-        os.path.join(os.path.abspath(workdir), 'checkpoints'),
+        os.path.join(root, 'checkpoints'),
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             # Every `every` steps, and when JAX signals preemption; not orbax's

@@ -12,6 +12,8 @@ import ml_collections
 
 SCHEMES = ('sync-split', 'sync-join', 'async')
 SERVERS = ('allreduce', 'central', 'distributed', 'gossip')
+# JAX's cluster detectors (jax.distributed.initialize's names), plus auto and none.
+CLUSTERS = ('auto', 'none', 'slurm', 'ompi', 'mpi4py', 'gketpu', 'gcetpu', 'k8s')
 DTYPES = ('float32', 'bfloat16', 'float16')
 REDUCE_DTYPES = ('float32', 'bfloat16')
 
@@ -93,12 +95,21 @@ def defaults() -> ml_collections.ConfigDict:
   # of trailing mesh axes (mesh (2, 4): 1, 4 or 8). 0 = all devices.
   c.bn_group_size = 0
 
-  # Several processes (hosts) forming one mesh, through jax.distributed. Empty
-  # coordinator = one process. `launch/local.sh` sets all three for each process.
+  # Several processes (hosts) forming one mesh, through jax.distributed. Either
+  # explicit (`launch/local.sh` sets coordinator, num_processes and process_id for each
+  # process), or read from the cluster's environment by JAX's detectors when no
+  # coordinator is given: SLURM (srun), Open MPI (mpirun), mpi4py (opt-in), Cloud TPU
+  # pods (gcetpu, gketpu), Kubernetes (k8s). 'auto' uses whichever is present, and runs
+  # alone when none is (or it has one process); 'none' never joins.
   c.distributed = ml_collections.ConfigDict()
   c.distributed.coordinator = ''    # host:port of process 0
   c.distributed.num_processes = 1
   c.distributed.process_id = 0
+  c.distributed.cluster = 'auto'
+  # Seconds: every process must have joined within the first; a process silent for the
+  # second (killed, crashed, out of memory, hung) ends all others with its name.
+  c.distributed.initialization_timeout = 300
+  c.distributed.heartbeat_timeout = 100
 
   # [T] ch. 3: sync-split divides `global_batch` among the devices (= sequential
   # training); sync-join gives each device `per_device_batch` (global = N × per-device);
@@ -172,7 +183,7 @@ def validate(c) -> None:
                          ('grad_fusion', GRAD_FUSIONS),
                          ('fc_parallel', FC_PARALLEL),
                          ('optimizer.name', OPTIMIZERS), ('optimizer.schedule', SCHEDULES),
-                         ('augment.kind', AUGMENTATIONS)):
+                         ('augment.kind', AUGMENTATIONS), ('distributed.cluster', CLUSTERS)):
     if _get(c, field) not in choices:
       _fail(field, _get(c, field), f'choose one of {list(choices)}')
 
@@ -248,7 +259,13 @@ def validate(c) -> None:
     _fail('distributed.process_id', d.process_id, f'expected 0..{d.num_processes - 1}')
   if d.num_processes > 1 and not d.coordinator:
     _fail('distributed.coordinator', d.coordinator,
-          'several processes need the host:port of process 0, e.g. 127.0.0.1:8476')
+          'several processes need the host:port of process 0, e.g. 127.0.0.1:8476 (or leave '
+          'num_processes=1 and let distributed.cluster read them from SLURM, MPI, ...)')
+  if d.coordinator and d.cluster not in ('auto', 'none'):
+    _fail('distributed.cluster', d.cluster, 'an explicit distributed.coordinator is given: '
+          "leave cluster='auto', or drop the coordinator to read the run from the cluster")
+  for field in ('distributed.initialization_timeout', 'distributed.heartbeat_timeout'):
+    _positive_int(c, field)
   if math.prod(shape) % d.num_processes:
     _fail('distributed.num_processes', d.num_processes,
           f'the mesh\'s {math.prod(shape)} devices must split evenly among the processes')
@@ -364,6 +381,10 @@ def validate_devices(c, device_count: int, process_count: int) -> None:
           f'sync-split divides it among the {n} data devices; use a multiple of {n}')
   if c.eval_batch % n or c.eval_batch % process_count:
     _fail('eval_batch', c.eval_batch, f'use a multiple of the {n} data devices')
+  if c.scheme == 'async' and process_count > 1:
+    _fail('scheme', c.scheme, f'the {process_count} processes of this cluster cannot run '
+          f"Downpour (one host only): choose 'sync-split' or 'sync-join', or set "
+          f"distributed.cluster='none'")
 
 
 def validate_schedule(c, total_steps: int) -> None:

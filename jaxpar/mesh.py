@@ -1,20 +1,9 @@
 """Named device meshes from config, with CPU-device emulation."""
-import math
 import os
 
 import jax
 from absl import logging
 from jax.sharding import AxisType, Mesh
-
-
-def initialize_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
-  """Joins this process to a multi-process run (jax.distributed; gloo collectives on CPU).
-
-  Must run before JAX starts its backend. A no-op for a single process.
-  """
-  if coordinator:
-    jax.distributed.initialize(coordinator, num_processes, process_id)
-    logging.info('Process %d of %d (coordinator %s).', process_id, num_processes, coordinator)
 
 
 def emulate_cpu_devices(count: int) -> bool:
@@ -37,7 +26,10 @@ def make_mesh(shape, axes, devices=None) -> Mesh:
   # default of jax.make_mesh) would reject replicated inputs.
   mesh = jax.make_mesh(tuple(shape), tuple(axes), axis_types=(AxisType.Auto,) * len(shape),
                        devices=devices)
-  if jax.default_backend() == 'cpu' and math.prod(shape) > (os.cpu_count() or 1):
-    logging.info('Emulating %d CPU devices on %d cores: fine for correctness and '
-                 'communication volume, not for speed.', math.prod(shape), os.cpu_count())
+  local = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+  cores = len(os.sched_getaffinity(0))
+  if jax.default_backend() == 'cpu' and local > cores:
+    logging.info('%d emulated CPU devices share this process\'s %d core%s: fine for '
+                 'correctness and communication volume, not for speed.', local, cores,
+                 's' if cores > 1 else '')
   return mesh

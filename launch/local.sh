@@ -9,8 +9,11 @@
 # --module: the Python module every process runs (default jaxpar.train); --workdir is
 # passed on to jaxpar.train only. Each process emulates (mesh devices / N) CPU devices.
 # Logs: WORKDIR/process_<i>.log; process 0's output is also shown. Exits non-zero if any
-# process fails.
+# process fails, naming it. If one dies, the others stop within
+# --config.distributed.heartbeat_timeout seconds (exit status 3); run the same command
+# again to resume from the last checkpoint.
 set -euo pipefail
+. "$(dirname "$0")/processes.sh"
 if [ $# -lt 1 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: $0 NUM_PROCESSES [--module M] --workdir DIR --config FILE [flags ...]" >&2
   exit 2
@@ -42,15 +45,11 @@ for ((i = 0; i < n; i++)); do
   cmd=(taskset -c $((i % cores)) "${PYTHON:-python}" -m "$module" "${args[@]}"
        --config.distributed.coordinator="127.0.0.1:$port"
        --config.distributed.num_processes="$n" --config.distributed.process_id="$i")
-  if [ "$i" -eq 0 ]; then
-    "${cmd[@]}" 2>&1 | tee "$workdir/process_0.log" &
+  if [ "$i" -eq 0 ]; then  # shown and logged; $! is python's pid, not tee's
+    "${cmd[@]}" > >(tee "$workdir/process_0.log") 2>&1 &
   else
     "${cmd[@]}" > "$workdir/process_$i.log" 2>&1 &
   fi
   pids+=($!)
 done
-status=0
-for pid in "${pids[@]}"; do
-  wait "$pid" || status=1
-done
-exit $status
+wait_all "$workdir" "${pids[@]}"

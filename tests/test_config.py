@@ -91,6 +91,12 @@ def test_defaults_are_valid():
     ({'distributed.process_id': 3}, 'config.distributed.process_id', 'expected 0..0'),
     ({'distributed.num_processes': 3, 'distributed.coordinator': 'localhost:1234'},
      'config.distributed.num_processes', 'split evenly'),
+    ({'distributed.cluster': 'pbs'}, 'config.distributed.cluster', "'slurm'"),
+    ({'distributed.cluster': 'slurm', 'distributed.coordinator': 'localhost:1234'},
+     'config.distributed.cluster', 'explicit distributed.coordinator'),
+    ({'distributed.heartbeat_timeout': 0}, 'config.distributed.heartbeat_timeout', 'positive'),
+    ({'distributed.initialization_timeout': -5}, 'config.distributed.initialization_timeout',
+     'positive'),
     ({'server': 'central-ish'}, 'config.server', "'distributed'"),
     ({'server': 'distributed', 'placement': 'random'}, 'config.placement', "'greedy'"),
     ({'placement': 'greedy'}, 'config.placement', "server='distributed'"),
@@ -230,3 +236,11 @@ def test_local_sgd_configs_are_valid(arg, devices, every):
 def test_unknown_config_argument():
   with pytest.raises(config_lib.ConfigError, match="'mnist' is invalid: choose one of"):
     config_lib.use_dataset(config_lib.defaults(), 'mnist')
+
+
+def test_async_refuses_a_cluster_of_several_processes():
+  """A cluster's environment may bring several processes that the config did not name."""
+  c = _config(scheme='async', server='central')
+  config_lib.validate_devices(c, 8, 1)
+  with pytest.raises(config_lib.ConfigError, match=r"config.scheme='async' .*2 processes"):
+    config_lib.validate_devices(c, 8, 2)

@@ -1,52 +1,183 @@
-"""Several processes forming one mesh (jax.distributed over loopback, gloo collectives)."""
+"""Several processes forming one mesh (jax.distributed over loopback, gloo collectives):
+the same numbers as one process, and a lost process ends the run, which resumes."""
 import os
 import random
+import re
 import subprocess
 import sys
+import time
 
-import jax
 import numpy as np
-import optax
 import pytest
 
-from test_step import TinyResNet, _batches, _reference_run
+import multiprocess_checks as checks
+from test_step import _batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, 'PYTHONPATH': ROOT, 'XLA_FLAGS': ''}
+PROCESS_TIMEOUT = 600  # seconds: no real-process run may hang the suite
 
 
-@pytest.mark.slow
-def test_sync_split_across_two_processes_equals_one_device(tmp_path):
-  port = str(random.randint(20000, 40000))
-  out = tmp_path / 'result.npz'
-  procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'multiprocess_step.py'),
-                             str(i), '2', port, str(out)], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  logs = [p.communicate(timeout=600)[0] for p in procs]
+def _port():
+  return str(random.randint(20000, 40000))
+
+
+@pytest.fixture(scope='module')
+def two_processes(tmp_path_factory):
+  """Every check of multiprocess_checks.py, run by 2 processes × 4 devices that join as the
+  tasks of a SLURM job step do: through JAX's cluster detection (distributed.cluster='auto')."""
+  out = tmp_path_factory.mktemp('two') / 'result.npz'
+  slurm = {'SLURM_JOB_ID': '1', 'SLURM_STEP_NODELIST': '127.0.0.1', 'SLURM_NTASKS': '2',
+           'JAX_COORDINATOR_PORT': _port()}
+  procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'multiprocess_checks.py'),
+                             str(out)], env={**ENV, **slurm, 'SLURM_PROCID': str(i),
+                                             'SLURM_LOCALID': str(i)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  logs = [p.communicate(timeout=PROCESS_TIMEOUT)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+  return dict(np.load(out))
 
-  tx = optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.1, momentum=0.9))
-  ref_state, ref_losses = _reference_run(TinyResNet(), tx, _batches(3, batch=32))
-  result = np.load(out)
-  np.testing.assert_allclose(result['losses'], ref_losses, rtol=1e-5)
-  ref_leaves = jax.tree.leaves((ref_state.params, ref_state.batch_stats))
-  assert len(result.files) == len(ref_leaves) + 1
-  for i, ref in enumerate(ref_leaves):
-    np.testing.assert_allclose(result[f'arr_{i}'], ref, rtol=2e-4, atol=2e-6)
+
+def _mesh():
+  from jaxpar.mesh import make_mesh
+  return make_mesh((2, 4), ('x', 'y'))
 
 
 @pytest.mark.slow
-def test_launch_local_trains_and_evaluates_every_example(tmp_path, data_dir):
-  proc = subprocess.run(
-      ['bash', os.path.join(ROOT, 'launch', 'local.sh'), '2', '--config',
-       os.path.join(ROOT, 'configs', 'squeezenet.py'), '--workdir', str(tmp_path),
-       f'--config.dataset.data_dir={data_dir}', '--config.total_steps=4',
-       '--config.optimizer.warmup_steps=1', '--config.checkpoint_every=2'],
-      env={**ENV, 'PYTHON': sys.executable, 'JAXPAR_PORT': str(random.randint(20000, 40000))},
-      capture_output=True, text=True, timeout=600, cwd=ROOT)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert 'on 360 examples' in proc.stdout
-  # Process 1 took part in the same run and evaluation.
-  log1 = (tmp_path / 'process_1.log').read_text()
-  assert 'test accuracy' in log1 and 'on 360 examples' in log1
-  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
+def test_multi_megabyte_reductions_across_processes_are_exact(two_processes):
+  """gloo has had silent wrong-result bugs for large buffers: every element of a 16 MB
+  all-reduce (psum, ring, torus), reduce-scatter and all-gather across two processes
+  equals the one-process result and numpy's sum (integer values: exact in any order)."""
+  one = checks.reductions(_mesh())
+  expected = one['expected_sum']
+  for name in ('psum', 'ring', 'torus2d'):
+    assert two_processes[f'reduce/{name}'].shape == (checks.REDUCED_SIZE,)
+    np.testing.assert_array_equal(two_processes[f'reduce/{name}'], expected, err_msg=name)
+    np.testing.assert_array_equal(one[name], expected, err_msg=name)
+  np.testing.assert_array_equal(two_processes['reduce/reduce_scatter'], expected[:8000])
+  np.testing.assert_array_equal(two_processes['reduce/all_gather'], one['all_gather'])
+  np.testing.assert_array_equal(one['reduce_scatter'], expected[:8000])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', checks.STRATEGIES)
+def test_strategy_on_two_processes_equals_one_process(two_processes, name):
+  """Three steps of each landed strategy give the same losses and weights on 2 processes ×
+  4 devices as on 1 process × 8 devices."""
+  one = checks.train(name, _mesh(), _batches(3, batch=32))
+  assert one['losses'][2] != one['losses'][0]
+  np.testing.assert_allclose(two_processes[f'{name}/losses'], one['losses'], rtol=1e-5)
+  for key, value in one.items():
+    np.testing.assert_allclose(two_processes[f'{name}/{key}'], value, rtol=2e-4, atol=2e-6,
+                               err_msg=key)
+
+
+@pytest.mark.parametrize('fault, survivor, message', [
+    ('raise', 0, 'process 0 of 2 stops: process 1 failed: RuntimeError: a bad batch.'),
+    ('exit', 1, 'process 1 of 2 stops: lost contact with process 0, the coordinator')])
+def test_a_failed_process_ends_the_other_with_its_name(fault, survivor, message):
+  """A Python exception in process 1 ends it at once (no wait in jax.distributed's shutdown)
+  and its peer, waiting in an all-reduce, with its error; a lost process 0 (the
+  coordinator) ends process 1 too. Heartbeat timeout 5 s."""
+  port = _port()
+  started = time.monotonic()
+  procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'multiprocess_fault.py'),
+                             str(i), port, fault], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  logs = [p.communicate(timeout=120)[0] for p in procs]
+  assert time.monotonic() - started < 60
+  assert procs[survivor].returncode == 3, logs[survivor][-3000:]
+  assert message in logs[survivor], logs[survivor][-3000:]
+  if fault == 'raise':
+    assert procs[1].returncode == 1 and 'RuntimeError: a bad batch' in logs[1]
+  assert 'never reached' not in logs[0] + logs[1]
+
+
+def test_a_process_whose_peers_never_come_gives_up_at_the_initialization_timeout():
+  code = ('from jaxpar import multihost; '
+          f"multihost.join('127.0.0.1:{_port()}', 2, 0, 'auto', 3, 10)")
+  started = time.monotonic()
+  proc = subprocess.run([sys.executable, '-c', code], env=ENV, capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 1 and time.monotonic() - started < 30
+  assert ('could not join the run (coordinator 127.0.0.1:' in proc.stderr
+          and 'distributed.initialization_timeout=3 s' in proc.stderr), proc.stderr[-2000:]
+
+
+def _launch(workdir, data_dir, port, fake_ssh=None):
+  """2 processes training SqueezeNet on the digits for 12 steps: by launch/local.sh, or by
+  launch/gpu_cluster.sh on two "hosts" reached through `fake_ssh` (runs the command here)."""
+  env = {**ENV, 'PYTHON': sys.executable, 'JAXPAR_PORT': port}
+  script = ['local.sh', '2']
+  if fake_ssh:
+    script = ['gpu_cluster.sh', '127.0.0.1,127.0.0.1', '1']
+    env.update(PATH=f"{fake_ssh}:{env['PATH']}", JAXPAR_DIR=ROOT)
+  return subprocess.Popen(
+      ['bash', os.path.join(ROOT, 'launch', script[0]), *script[1:], '--config',
+       os.path.join(ROOT, 'configs', 'squeezenet.py'), '--workdir', str(workdir),
+       f'--config.dataset.data_dir={data_dir}', '--config.total_steps=12',
+       '--config.optimizer.warmup_steps=1', '--config.checkpoint_every=4',
+       '--config.log_every=1', '--config.distributed.heartbeat_timeout=10'],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def _train_losses(workdir) -> dict:
+  """step → [train loss of every run that logged it], from the TensorBoard summaries."""
+  import tensorflow as tf
+  losses = {}
+  for path in sorted(workdir.glob('events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for v in event.summary.value:
+        if v.tag == 'train/loss':
+          losses.setdefault(event.step, []).append(float(tf.make_ndarray(v.tensor)))
+  return losses
+
+
+@pytest.mark.slow
+def test_a_lost_process_stops_the_other_and_a_restart_resumes_the_run(tmp_path, data_dir):
+  """Kill -9 process 1 of 2 once the step-4 checkpoint is written: process 0 stops within
+  the heartbeat timeout naming it; both started again resume from the last checkpoint and
+  finish with the losses of an uninterrupted run (launched by gpu_cluster.sh),
+  evaluating every test example in both processes."""
+  fake_ssh = tmp_path / 'bin'
+  fake_ssh.mkdir()
+  (fake_ssh / 'ssh').write_text('#!/usr/bin/env bash\nshift  # the host\nexec bash -c "$*"\n')
+  (fake_ssh / 'ssh').chmod(0o755)
+  whole = _launch(tmp_path / 'whole', data_dir, _port(), fake_ssh)
+  whole_out, whole_err = whole.communicate(timeout=PROCESS_TIMEOUT)
+  assert whole.returncode == 0, whole_out[-3000:] + whole_err[-3000:]
+
+  workdir = tmp_path / 'killed'
+  run = _launch(workdir, data_dir, _port())
+  deadline = time.monotonic() + PROCESS_TIMEOUT
+  while not (workdir / 'checkpoints' / '4').exists():  # orbax renames it when complete
+    assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+    time.sleep(0.05)
+  subprocess.run(['pkill', '-9', '-f', '--', f'--workdir {workdir} .*process_id=1'], check=True)
+  killed = time.monotonic()
+  out, err = run.communicate(timeout=PROCESS_TIMEOUT)
+  took = time.monotonic() - killed
+  log0 = (workdir / 'process_0.log').read_text()
+  assert run.returncode == 1, out[-3000:] + err[-3000:]
+  assert took < 10 + 15, f'process 0 took {took:.0f} s to stop'
+  assert 'process 0 of 2 stops: process 1 sent no heartbeat' in log0
+  assert 'process 0 failed (stopped because another process was lost)' in err
+  assert 'process 1 failed (killed by signal 9)' in err
+  saved = max(int(d) for d in os.listdir(workdir / 'checkpoints') if d.isdigit())
+  assert 4 <= saved < 12 and 'test accuracy' not in log0
+
+  again = _launch(workdir, data_dir, _port())
+  out, err = again.communicate(timeout=PROCESS_TIMEOUT)
+  assert again.returncode == 0, out[-3000:] + err[-3000:]
+  assert f'Resumed from step {saved}' in (workdir / 'process_0.log').read_text()
+  log1 = (workdir / 'process_1.log').read_text()
+  assert 'on 360 examples' in out and 'on 360 examples' in log1
+  assert re.search(r'Process 1 of 2: 4 cpu devices \(emulated\) on core \d+ of', log1)
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['12', '4', '8']
+
+  expected, resumed = _train_losses(tmp_path / 'whole'), _train_losses(workdir)
+  assert sorted(expected) == sorted(resumed) == list(range(1, 13))
+  for step, losses in resumed.items():
+    assert losses == pytest.approx(expected[step] * len(losses), rel=1e-6), step
+  assert resumed[12] != resumed[1]

@@ -1,0 +1,224 @@
+"""Several processes as one run (jax.distributed): joining it, and failing fast when a
+process is lost.
+
+Left to itself, JAX's runtime turns a lost process into a long hang or an abort with a
+C++ stack trace: a process whose Python code raised waits in jax.distributed's shutdown
+barrier (up to 5 minutes) while its peers wait for it in a collective; a killed one is
+noticed at the coordination service's heartbeat timeout, or sooner by gloo, which then
+raises 'Connection closed by peer' or aborts. So every process here publishes a heartbeat
+in the coordination service's key-value store and watches its peers': a peer silent for
+`heartbeat_timeout` seconds, or one that reported its own failure, ends this process
+(exit status 3) with a message naming it; an exception or abort caused by a vanished peer
+waits for that verdict; a vanished coordinator (process 0, which hosts the service) is
+named as such. Restarting every process with the same workdir then resumes from the last
+checkpoint.
+"""
+import atexit
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+import jax
+from absl import logging
+from jax._src import distributed as jax_distributed  # the joined run's client and ids
+
+from jaxpar.config import ConfigError
+
+EXIT_PEER_LOST = 3
+_PREFIX = 'jaxpar/'
+_RPC_GRACE = 2.0  # seconds a key-value call may take before the service counts as gone
+_COORDINATOR_LOST = ('lost contact with process 0, the coordinator: it was killed, crashed or '
+                     'ran out of memory')
+# How a collective fails when its peer process is gone (gloo over TCP; NCCL just waits).
+_LOST_PEER_SIGNS = ('Connection closed by peer', 'Connection reset by peer', 'Broken pipe')
+
+
+def join(coordinator: str, num_processes: int, process_id: int, cluster: str,
+         initialization_timeout: int, heartbeat_timeout: int) -> int:
+  """Joins this process to a multi-process run and starts watching its peers; returns the
+  number of processes (1: nothing to join, nothing started).
+
+  An explicit `coordinator` (host:port of process 0) wins; otherwise `cluster` says which
+  of JAX's cluster environments to read the coordinator, process count and id from
+  ('auto': whichever is present, 'none': run alone). Must run before JAX starts its
+  backend.
+  """
+  if coordinator:
+    how, kwargs = f'coordinator {coordinator}', dict(
+        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+        cluster_detection_method='deactivate')  # explicit: no device ids from a scheduler either
+  else:
+    env = _cluster_env(cluster)
+    if env is None or env.get_process_count() == 1:
+      return 1
+    how, kwargs = f'{env.__name__} environment', dict(cluster_detection_method=env.name)
+  # Our watchdog reports a silent peer after `heartbeat_timeout`; JAX's own check (which
+  # aborts with a stack trace) stays as the backstop, later.
+  with _deadline(initialization_timeout, how):
+    jax.distributed.initialize(initialization_timeout=initialization_timeout,
+                               heartbeat_timeout_seconds=2 * heartbeat_timeout + 10, **kwargs)
+  state = jax_distributed.global_state
+  logging.info('Process %d of %d joined (%s).', state.process_id, state.num_processes, how)
+  _Watchdog(state.client, state.process_id, state.num_processes, heartbeat_timeout).start()
+  return state.num_processes
+
+
+def _cluster_env(cluster: str):
+  """JAX's detector of the named cluster (the first present one for 'auto'), or None."""
+  if cluster == 'none':
+    return None
+  # jax.distributed.initialize() has no public "is there a cluster?" query; its detectors do.
+  from jax._src import clusters
+  for env in clusters.ClusterEnv._cluster_types:
+    if cluster == env.name or (cluster == 'auto' and not env.opt_in_only_method):
+      if env.is_env_present():
+        return env
+  if cluster != 'auto':
+    raise ConfigError(f'config.distributed.cluster={cluster!r} is invalid: no {cluster} '
+                      f"environment is present here; use 'auto' (whichever is present), "
+                      f"'none', or an explicit distributed.coordinator")
+  return None
+
+
+class _deadline:
+  """JAX aborts a join that times out with 'DEADLINE_EXCEEDED' and a C++ stack trace; this
+  says what went wrong a moment before."""
+
+  def __init__(self, seconds: int, how: str):
+    self.timer = threading.Timer(max(seconds - 1, 1), _stop, args=(
+        f'could not join the run ({how}) within distributed.initialization_timeout='
+        f'{seconds} s: check that every process was started with the same coordinator and '
+        f'process count, and that the coordinator\'s port is reachable', 1))
+    self.timer.daemon = True
+
+  def __enter__(self):
+    self.timer.start()
+
+  def __exit__(self, *exc):
+    self.timer.cancel()
+
+
+class _Watchdog(threading.Thread):
+  """Heartbeats into the coordination service's key-value store and watches the peers'."""
+
+  def __init__(self, client, me: int, count: int, timeout: float):
+    super().__init__(name='jaxpar-watchdog', daemon=True)
+    self.client, self.me, self.count, self.timeout = client, me, count, timeout
+    self.interval = min(max(timeout / 10, 0.2), 5.0)
+    self.finished = threading.Event()
+    self.contact = time.monotonic()  # of the last answer from the coordination service
+    self.previous_hook = sys.excepthook
+    sys.excepthook = self._uncaught
+    # gloo ends a process with abort() when a peer vanishes mid-message (an uncaught
+    # C++ exception: 'Received data size doesn't match expected size'), and JAX's
+    # runtime when it loses the coordinator. A Python signal handler would never run
+    # (it waits for the main thread, which waits in the collective), so a C-level one
+    # holds the aborting thread while the watchdog names the lost process; if it finds
+    # none within the timeout, the abort proceeds.
+    self._on_abort = ctypes.CFUNCTYPE(None, ctypes.c_int)(self._aborting)
+    ctypes.CDLL(None).signal(signal.SIGABRT, self._on_abort)
+    atexit.register(self._done)  # after jax.distributed's shutdown: runs before it
+
+  def run(self):
+    last = {p: (None, time.monotonic()) for p in range(self.count) if p != self.me}
+    beat = 0
+    while not self.finished.wait(self.interval):
+      beat += 1
+      try:
+        self.client.key_value_set(f'{_PREFIX}beat/{self.me}', str(beat), allow_overwrite=True)
+        entries = dict(self.client.key_value_dir_get(_PREFIX))
+      except Exception as e:  # the coordination service lives in process 0
+        if not self.finished.is_set() and jax_distributed.global_state.client is not None:
+          _stop(f'{_COORDINATOR_LOST} ({type(e).__name__}: {str(e).splitlines()[0]})')
+        return
+      now = self.contact = time.monotonic()
+      for peer, (seen, since) in list(last.items()):
+        if f'{_PREFIX}done/{peer}' in entries:
+          del last[peer]
+        elif f'{_PREFIX}failed/{peer}' in entries:
+          _stop(f"process {peer} failed: {entries[f'{_PREFIX}failed/{peer}']}")
+        elif entries.get(f'{_PREFIX}beat/{peer}') != seen:
+          last[peer] = (entries.get(f'{_PREFIX}beat/{peer}'), now)
+        elif now - since > self.timeout:
+          _stop(f'process {peer} sent no heartbeat for {now - since:.0f} s '
+                f'(distributed.heartbeat_timeout={self.timeout}): it was killed, crashed, '
+                f'ran out of memory or hangs')
+
+  def _uncaught(self, kind, value, traceback):
+    """This process failed: the traceback as usual, then tell the peers and leave at once
+    (jax.distributed's shutdown would wait for them while they wait for us). Unless a
+    collective broke because a peer vanished (gloo: 'Connection closed by peer'): then
+    the peer is the one to name, once its heartbeat is overdue."""
+    if any(sign in str(value) for sign in _LOST_PEER_SIGNS):
+      self._await_verdict(f'A collective failed ({str(value).splitlines()[0][:200]})')
+    self.previous_hook(kind, value, traceback)
+    announce = threading.Thread(target=self.client.key_value_set, daemon=True, args=(
+        f'{_PREFIX}failed/{self.me}', f'{kind.__name__}: {value}'.splitlines()[0][:300]))
+    announce.start()
+    announce.join(2 * self.interval + _RPC_GRACE)  # unless the coordinator is gone too
+    _flush_and_exit(1)
+
+  def _aborting(self, signum):
+    self._await_verdict(f'Aborting (signal {signum})')
+
+  def _await_verdict(self, what: str):
+    """Waits while the watchdog looks for a lost process (and ends this one if it finds
+    it). The watchdog's calls hanging means the coordination service is gone."""
+    logging.error('%s; waiting up to %d s for a lost process to miss its heartbeat.', what,
+                  self.timeout)
+    deadline = time.monotonic() + self.timeout + 3 * self.interval
+    while self.is_alive() and time.monotonic() < deadline:
+      if self.me != 0 and time.monotonic() - self.contact > 2 * self.interval + _RPC_GRACE:
+        _stop(_COORDINATOR_LOST)
+      time.sleep(0.1)
+
+  def _done(self):
+    self.finished.set()
+    try:
+      self.client.key_value_set(f'{_PREFIX}done/{self.me}', '1', allow_overwrite=True)
+    except Exception:
+      pass
+
+
+def _stop(reason: str, status: int = EXIT_PEER_LOST):
+  """Ends this process from any thread, even while its main thread waits in a collective."""
+  state = jax_distributed.global_state
+  who = (f'process {state.process_id} of {state.num_processes}' if state.client
+         else 'this process')
+  message = (f'jaxpar: {who} stops: {reason}.' + (
+      ' Restart every process with the same --workdir to resume from the last checkpoint.'
+      if status == EXIT_PEER_LOST else ''))
+  logging.error('%s', message)
+  _flush_and_exit(status)
+
+
+def _flush_and_exit(status: int):
+  logging.flush()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
+
+
+def describe_process() -> str:
+  """'Process 1 of 2: 4 cpu devices (emulated) on core 1 of 2.': what this process really
+  has, which the global device count does not say."""
+  devices = jax.local_devices()
+  cores = sorted(os.sched_getaffinity(0))
+  kind = devices[0].platform
+  emulated = ' (emulated)' if kind == 'cpu' and len(devices) > 1 else ''
+  return (f'Process {jax.process_index()} of {jax.process_count()}: {len(devices)} {kind} '
+          f'device{"s" if len(devices) > 1 else ""}{emulated} on core{"s" if len(cores) > 1 else ""} '
+          f'{_ranges(cores)} of {os.cpu_count()}.')
+
+
+def _ranges(cores) -> str:
+  """[0, 1, 2, 5] → '0-2,5'."""
+  spans, start = [], cores[0]
+  for prev, core in zip(cores, cores[1:] + [None]):
+    if core != prev + 1:
+      spans.append(f'{start}-{prev}' if prev > start else f'{start}')
+      start = core
+  return ','.join(spans)
