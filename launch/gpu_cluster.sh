@@ -26,16 +26,7 @@ if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
 fi
 IFS=, read -ra hosts <<< "$1"
 per_host=$2; shift 2
-workdir="" prev=""
-for arg in "$@"; do
-  case $arg in --workdir=*) workdir=${arg#--workdir=};; esac
-  [ "$prev" = "--workdir" ] && workdir=$arg
-  prev=$arg
-done
-if [ -z "$workdir" ]; then
-  echo "$0: --workdir is required" >&2
-  exit 2
-fi
+workdir=$(workdir_of "$@") || exit 2
 mkdir -p "$workdir"
 n=$((${#hosts[@]} * per_host))
 flags=$(printf ' %q' "$@")

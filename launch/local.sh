@@ -23,20 +23,15 @@ module=jaxpar.train
 if [ "${1:-}" = "--module" ]; then
   module=${2:?--module needs a module name}; shift 2
 fi
-workdir="" prev="" args=()
-for arg in "$@"; do  # --workdir DIR or --workdir=DIR: the logs; only jaxpar.train takes it too
-  case $arg in --workdir=*) workdir=${arg#--workdir=};; esac
-  [ "$prev" = "--workdir" ] && workdir=$arg
+workdir=$(workdir_of "$@") || exit 2
+prev="" args=()
+for arg in "$@"; do  # only jaxpar.train takes --workdir
   if [ "$module" = jaxpar.train ] || ! { [ "$arg" = --workdir ] || [[ $arg == --workdir=* ]] \
       || [ "$prev" = --workdir ]; }; then
     args+=("$arg")
   fi
   prev=$arg
 done
-if [ -z "$workdir" ]; then
-  echo "$0: --workdir is required" >&2
-  exit 2
-fi
 mkdir -p "$workdir"
 port=${JAXPAR_PORT:-$((20000 + RANDOM % 20000))}
 cores=$(nproc)

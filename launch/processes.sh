@@ -1,5 +1,19 @@
-# Sourced by the launch scripts: waits for the processes they started and names each
-# that failed.  wait_all WORKDIR PID...  (PID i = process i; returns 1 if any failed)
+# Sourced by the launch scripts.
+
+# workdir_of ARG...: the DIR of --workdir DIR or --workdir=DIR; fails if there is none.
+workdir_of() {
+  local prev="" arg
+  for arg in "$@"; do
+    case $arg in --workdir=*) echo "${arg#--workdir=}"; return 0;; esac
+    if [ "$prev" = --workdir ]; then echo "$arg"; return 0; fi
+    prev=$arg
+  done
+  echo "$0: --workdir is required" >&2
+  return 1
+}
+
+# wait_all WORKDIR PID...: waits for the processes (PID i = process i), names each that
+# failed and how; returns 1 if any did.
 wait_all() {
   local workdir=$1 status=0 i=0 code why pid
   shift
