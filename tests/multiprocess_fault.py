@@ -1,11 +1,13 @@
 """One of two processes that all-reduce in a loop until one of them fails, for the fault
 tests in test_multiprocess.py.
 
-  python tests/multiprocess_fault.py PROCESS_ID PORT raise|exit
+  python tests/multiprocess_fault.py PROCESS_ID PORT raise|exit|hang
 
-Process 1 raises an exception (raise), or process 0 kills itself (exit), after 3 steps.
+After 3 steps process 1 raises an exception (raise) or stops itself (hang: SIGSTOP, as a
+process stuck in the kernel or a debugger), or process 0 kills itself (exit).
 """
 import os
+import signal
 import sys
 
 from jaxpar import mesh as mesh_lib
@@ -28,6 +30,8 @@ for step in range(100_000):
   assert float(total(x)[0, 0]) == 4
   if step == 3 and fault == 'raise' and process_id == 1:
     raise RuntimeError('a bad batch')
+  if step == 3 and fault == 'hang' and process_id == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
   if step == 3 and fault == 'exit' and process_id == 0:
-    os.kill(os.getpid(), 9)
+    os.kill(os.getpid(), signal.SIGKILL)
 print('never reached')

@@ -75,17 +75,25 @@ def test_strategy_on_two_processes_equals_one_process(two_processes, name):
 
 @pytest.mark.parametrize('fault, survivor, message', [
     ('raise', 0, 'process 0 of 2 stops: process 1 failed: RuntimeError: a bad batch.'),
+    ('hang', 0, 'process 0 of 2 stops: process 1 sent no heartbeat for 5 s'),
     ('exit', 1, 'process 1 of 2 stops: lost contact with process 0, the coordinator')])
 def test_a_failed_process_ends_the_other_with_its_name(fault, survivor, message):
   """A Python exception in process 1 ends it at once (no wait in jax.distributed's shutdown)
-  and its peer, waiting in an all-reduce, with its error; a lost process 0 (the
-  coordinator) ends process 1 too. Heartbeat timeout 5 s."""
+  and its peer, waiting in an all-reduce, with its error; a hung process 1 ends its peer
+  at the heartbeat timeout (5 s); a lost process 0 (the coordinator) ends process 1."""
   port = _port()
   started = time.monotonic()
   procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'multiprocess_fault.py'),
                              str(i), port, fault], env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  logs = [p.communicate(timeout=120)[0] for p in procs]
+  try:
+    logs = {survivor: procs[survivor].communicate(timeout=120)[0]}
+    if fault == 'hang':
+      procs[1].kill()  # it never ends by itself
+    logs[1 - survivor] = procs[1 - survivor].communicate(timeout=120)[0]
+  finally:
+    for p in procs:
+      p.kill()  # no-op for the ended ones
   assert time.monotonic() - started < 60
   assert procs[survivor].returncode == 3, logs[survivor][-3000:]
   assert message in logs[survivor], logs[survivor][-3000:]
