@@ -155,10 +155,7 @@ class _Watchdog(threading.Thread):
     if any(sign in str(value) for sign in _LOST_PEER_SIGNS):
       self._await_verdict(f'A collective failed ({str(value).splitlines()[0][:200]})')
     self.previous_hook(kind, value, traceback)
-    announce = threading.Thread(target=self.client.key_value_set, daemon=True, args=(
-        f'{_PREFIX}failed/{self.me}', f'{kind.__name__}: {value}'.splitlines()[0][:300]))
-    announce.start()
-    announce.join(2 * self.interval + _RPC_GRACE)  # unless the coordinator is gone too
+    self._tell('failed', f'{kind.__name__}: {value}'.splitlines()[0][:300])
     _flush_and_exit(1)
 
   def _aborting(self, signum):
@@ -177,10 +174,19 @@ class _Watchdog(threading.Thread):
 
   def _done(self):
     self.finished.set()
-    try:
-      self.client.key_value_set(f'{_PREFIX}done/{self.me}', '1', allow_overwrite=True)
-    except Exception:
-      pass
+    self._tell('done', '1')
+
+  def _tell(self, what: str, value: str):
+    """Publishes this process's `what` to the peers, unless the coordination service is
+    gone (its calls would then hang)."""
+    def publish():
+      try:
+        self.client.key_value_set(f'{_PREFIX}{what}/{self.me}', value, allow_overwrite=True)
+      except Exception:  # nobody left to tell
+        pass
+    call = threading.Thread(target=publish, daemon=True)
+    call.start()
+    call.join(2 * self.interval + _RPC_GRACE)
 
 
 def _stop(reason: str, status: int = EXIT_PEER_LOST):
