@@ -142,7 +142,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
                     batch, key, mesh.size)]
   baseline = AllReduce(mesh.axis_names)
   base_tx, _ = build.optimizer(cfg, model, channels, baseline, global_batch,
-                               total_steps=max(1000, cfg.optimizer.warmup_steps + 1))
+                               total_steps=build.timing_steps(cfg))
   runners.append(Runner('auto-sharded jit', jit_train_step(model, base_tx, mesh),
                         init_state(model, base_tx, baseline, mesh,
                                    (1, cfg.image_size, cfg.image_size, channels), key),

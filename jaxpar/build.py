@@ -91,13 +91,19 @@ def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng) -> TrainSt
   return init_state(model, tx, strategy, mesh, _input_shape(cfg, channels), rng)
 
 
+def timing_steps(cfg) -> int:
+  """A run length for the tools that time steps (`analysis/`): the schedule never ends
+  within their steps."""
+  return max(1000, cfg.optimizer.warmup_steps + 1)
+
+
 def for_timing(cfg, num_classes: int, channels: int, mesh):
   """(model, strategy, tx, state) of a config on a mesh, for the tools that time its steps
-  (`analysis/`): the schedule is long enough never to end within their steps."""
+  (`analysis/`), with a schedule of `timing_steps`."""
   network = model(cfg, num_classes, channels, mesh)
   method = strategy(cfg, mesh, network)
   tx, _ = optimizer(cfg, network, channels, method, config_lib.global_batch(cfg),
-                    total_steps=max(1000, cfg.optimizer.warmup_steps + 1))
+                    total_steps=timing_steps(cfg))
   return network, method, tx, initial_state(cfg, network, tx, method, channels, mesh,
                                             jax.random.key(0))
 
