@@ -32,6 +32,7 @@ from jaxpar.parallel.averaging import LocalSGD  # noqa: E402
 from jaxpar.parallel.gossip import Gossip  # noqa: E402
 from jaxpar.parallel.servers import CentralServer, DistributedServer  # noqa: E402
 from jaxpar.step import init_state, init_variables, make_train_step, to_global  # noqa: E402
+from test_step import TinyResNet, _batches  # noqa: E402
 
 # Odd, so no collective's chunks divide it evenly; 16 MB of float32 per device.
 REDUCED_SIZE = 4_000_037
@@ -85,7 +86,6 @@ def strategy(name, mesh):
 def train(name, mesh, batches) -> dict:
   """3 steps of SGD + momentum with strategy `name`: losses and the model's variables.
   `batches` are this process's rows of each global batch."""
-  from test_step import TinyResNet
   replicas = name in ('local_sgd', 'gossip')  # each replica normalises over its own batch
   model = TinyResNet(bn_axis_name=None if replicas else mesh.axis_names)
   method = strategy(name, mesh)
@@ -114,7 +114,6 @@ def local_rows(batches, process_id, num_processes):
 def main(out):
   num_processes = multihost.join('', 1, 0, 'auto', 120, 60)
   mesh_lib.emulate_cpu_devices(8 // num_processes)
-  from test_step import _batches
   process_id = jax.process_index()
   assert jax.process_count() == num_processes > 1 and jax.device_count() == 8
   mesh = mesh_lib.make_mesh((2, 4), ('x', 'y'))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import multiprocess_checks as checks
+from jaxpar.mesh import make_mesh
 from test_step import _batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +41,6 @@ def two_processes(tmp_path_factory):
 
 
 def _mesh():
-  from jaxpar.mesh import make_mesh
   return make_mesh((2, 4), ('x', 'y'))
 
 
