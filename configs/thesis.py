@@ -22,12 +22,15 @@ As in [T] ch. 3: sync-join trains D/N iterations of N batches (rounded up when N
 not divide D), sync-split D iterations of one batch split N ways, async D pushes
 (D/N per worker). The distributed server places whole tensors by [T]'s Algorithm 3.7
 (`placement='greedy'`), as the thesis' `dist.py` does. The run logs its wall time.
-[T] ch. 6 states no optimizer: this is SGD + momentum at a constant rate of 0.05 per
-batch of d, scaled linearly with the examples of one update (sync-join: N·d).
+[T] ch. 6 states no optimizer: this is SGD + momentum at a constant rate, scaled linearly
+with the examples of one update (sync-join: N·d): on the digits each network's rate of
+`jaxpar.config.DIGITS_RECIPES` (SqueezeNet with BatchNorm there, as its config: the
+published classifier dies on 32² inputs; docs/training.md), otherwise 0.05 per batch of d.
+D = 128 batches is what [T] timed, not enough to learn: `batches=1024` learns (README).
 """
 import math
 
-from jaxpar.config import ConfigError, defaults, use_dataset
+from jaxpar.config import ConfigError, defaults, use_dataset, use_network
 
 KEYS = {'net': 'resnet34', 'scheme': 'sync-join', 'server': 'distributed', 'workers': '8',
         'batches': '128', 'batch': '32', 'schedule': 'serial', 'data': 'digits'}
@@ -54,15 +57,16 @@ def _parse(arg: str) -> dict:
 def get_config(arg: str = ''):
   v = _parse(arg)
   n, batches, batch = int(v['workers']), int(v['batches']), int(v['batch'])
-  c = use_dataset(defaults(), v['data'])
-  c.model, c.scheme, c.server = v['net'], v['scheme'], v['server']
+  c = use_network(use_dataset(defaults(), v['data']), v['net'], v['data'])
+  c.scheme, c.server = v['scheme'], v['server']
   c.mesh.shape, c.mesh.axes = (n,), ('data',)
   c.central_schedule = v['schedule']  # an error unless server=central (or left serial)
   if c.server == 'distributed':
     c.placement = 'greedy'
   c.global_batch = c.per_device_batch = batch
   c.total_steps = math.ceil(batches / n) if c.scheme == 'sync-join' else batches
-  c.optimizer.base_lr, c.optimizer.base_batch = 0.05, batch
+  if v['data'] != 'digits':
+    c.optimizer.base_lr, c.optimizer.base_batch = 0.05, batch
   c.optimizer.warmup_steps = 0
   c.optimizer.schedule = 'constant'
   c.log_every = max(1, c.total_steps // 8)

@@ -1,6 +1,9 @@
 """From a validated config to what a run needs: the mesh, the model, the parallel
 strategy, the optimizer, the initial state and the input stream. `train.py` and the
 benchmarks in `analysis/` build a run the same way."""
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from absl import logging
@@ -9,6 +12,7 @@ from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import models, multihost, optim
 from jaxpar.data import pipeline
+from jaxpar.models.conv import conv_general_dilated
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.async_sgd import AsyncServer, Downpour
 from jaxpar.parallel.averaging import LocalSGD
@@ -35,7 +39,9 @@ def mesh(cfg):
 def model(cfg, num_classes: int, channels: int, mesh):
   """The network, its FC layers split over the 'model' axis as `fc_parallel` decides."""
   kwargs = dict(num_classes=num_classes, dtype=jnp.dtype(cfg.dtype),
-                bn_axis_name=group_axes(cfg.mesh.shape, mesh.axis_names, cfg.bn_group_size))
+                bn_axis_name=group_axes(cfg.mesh.shape, mesh.axis_names, cfg.bn_group_size),
+                conv=functools.partial(nn.Conv, conv_general_dilated=conv_general_dilated(
+                    cfg.conv_impl)))
   if cfg.model == 'resnet34':
     kwargs['shortcut'] = cfg.shortcut
   else:

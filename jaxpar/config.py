@@ -32,6 +32,10 @@ def defaults() -> ml_collections.ConfigDict:
   # loss stay float32. Gradients are reduced in `grad_reduce_dtype`.
   c.dtype = 'float32'           # float32 | bfloat16 | float16
   c.grad_reduce_dtype = 'float32'  # float32 | bfloat16 (half the bytes on the wire)
+  # How convolutions are computed (jaxpar/models/conv.py): auto = on the CPU backend one
+  # matmul per kernel tap where the output map is small (XLA's CPU convolutions are slow
+  # there), XLA's convolution everywhere else and on GPU/TPU; xla; taps.
+  c.conv_impl = 'auto'
 
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = 'sklearn_digits'  # a TFDS name, or 'image_folder'
@@ -169,6 +173,7 @@ def validate(c) -> None:
   from jaxpar.data import sources
   from jaxpar.data.pipeline import AUGMENTATIONS
   from jaxpar.models import MIN_IMAGE_SIZE, MODELS
+  from jaxpar.models.conv import CONV_IMPLS
   from jaxpar.models.resnet import SHORTCUTS
   from jaxpar.optim import OPTIMIZERS, SCHEDULES
   from jaxpar.parallel.allreduce import GRAD_FUSIONS, SUMS
@@ -177,7 +182,8 @@ def validate(c) -> None:
   from jaxpar.parallel.servers import CENTRAL_SCHEDULES, PLACEMENTS
 
   for field, choices in (('model', sorted(MODELS)), ('shortcut', SHORTCUTS), ('dtype', DTYPES),
-                         ('grad_reduce_dtype', REDUCE_DTYPES), ('scheme', SCHEMES),
+                         ('grad_reduce_dtype', REDUCE_DTYPES), ('conv_impl', CONV_IMPLS),
+                         ('scheme', SCHEMES),
                          ('server', SERVERS), ('placement', PLACEMENTS),
                          ('central_schedule', CENTRAL_SCHEDULES), ('grad_reduce', SUMS),
                          ('grad_fusion', GRAD_FUSIONS),
@@ -394,6 +400,28 @@ def validate_schedule(c, total_steps: int) -> None:
 
 
 DATASET_PRESETS = ('digits', 'cifar10', 'imagenet2012', 'caltech256')
+
+# What trains each network on the bundled digits (32², global batch 64), measured
+# (docs/training.md): the learning rate for a batch of 256, scaled linearly; the epochs;
+# and for SqueezeNet BatchNorm after each convolution, a variant: the published network's
+# classifier ReLUs die on 32² inputs whatever the learning rate.
+DIGITS_RECIPES = {
+    'resnet34': dict(base_lr=0.1, num_epochs=8),
+    'googlenet': dict(base_lr=0.05, num_epochs=16),
+    'vgg16e': dict(base_lr=0.1, num_epochs=16),
+    'squeezenet': dict(base_lr=0.02, num_epochs=16, batch_norm=True),
+}
+
+
+def use_network(c, model: str, preset: str) -> ml_collections.ConfigDict:
+  """Sets the network, and on the bundled digits its recipe (`DIGITS_RECIPES`)."""
+  c.model = model
+  if preset == 'digits':
+    recipe = dict(DIGITS_RECIPES[model])
+    c.optimizer.base_lr, c.optimizer.base_batch = recipe.pop('base_lr'), 256
+    c.num_epochs = recipe.pop('num_epochs')
+    c.batch_norm = recipe.pop('batch_norm', c.batch_norm)
+  return c
 
 
 def use_dataset(c, preset: str) -> ml_collections.ConfigDict:

@@ -69,7 +69,9 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
       cfg.num_epochs * source.num_train_global / global_batch)
   config_lib.validate_schedule(cfg, total_steps)
   logging.info('%s, %s: global batch %d on mesh %s %s, %d steps; %d train / %d test examples.',
-               cfg.model, cfg.scheme, global_batch, tuple(cfg.mesh.shape), tuple(cfg.mesh.axes),
+               cfg.model + (' with BatchNorm after each convolution (config.batch_norm=True, '
+                            'not in the published network)' if cfg.batch_norm else ''),
+               cfg.scheme, global_batch, tuple(cfg.mesh.shape), tuple(cfg.mesh.axes),
                total_steps, source.num_train_global, source.num_test_global)
   logging.info('Server %s, gradients: %s in %s; BN groups of %d devices; compute in %s; '
                '%s, %s schedule.', cfg.server, cfg.grad_reduce, cfg.grad_reduce_dtype,

@@ -23,11 +23,12 @@ class Inception(nn.Module):
   widths: tuple
   norm: Any = None
   dtype: Any = jnp.float32
+  conv: Any = nn.Conv
 
   @nn.compact
   def __call__(self, x):
     c1, r3, c3, r5, c5, pp = self.widths
-    conv = functools.partial(ConvReLU, norm=self.norm, dtype=self.dtype)
+    conv = functools.partial(ConvReLU, norm=self.norm, dtype=self.dtype, conv=self.conv)
     b1 = conv(c1, 1)(x)
     b3 = conv(c3, 3)(conv(r3, 1)(x))
     b5 = conv(c5, 5)(conv(r5, 1)(x))
@@ -45,6 +46,7 @@ class AuxClassifier(nn.Module):
   num_classes: int
   norm: Any = None
   dtype: Any = jnp.float32
+  conv: Any = nn.Conv
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -52,7 +54,7 @@ class AuxClassifier(nn.Module):
       x = nn.avg_pool(x, (5, 5), (3, 3))
     else:
       x = jnp.mean(x, axis=(1, 2), keepdims=True)
-    x = ConvReLU(128, 1, norm=self.norm, dtype=self.dtype)(x)
+    x = ConvReLU(128, 1, norm=self.norm, dtype=self.dtype, conv=self.conv)(x)
     x = x.reshape((x.shape[0], -1))
     x = nn.relu(nn.Dense(1024, dtype=self.dtype, kernel_init=dense_init())(x))
     x = nn.Dropout(0.7, deterministic=not train)(x)
@@ -68,13 +70,14 @@ class GoogLeNet(nn.Module):
   dropout_rate: float = 0.4
   fc_axis: Any = None       # [H]: the mesh axis FC layers named in `fc_split` are split over
   fc_split: Sequence[str] = ()
+  conv: Any = nn.Conv       # nn.Conv, or a partial of it with another lowering (models/conv.py)
 
   FC_LAYERS = ('Dense_0',)  # the main classifier; the auxiliary heads stay data-parallel
 
   @nn.compact
   def __call__(self, x, train: bool = True):
     norm = batch_norm(train, self.bn_axis_name, self.dtype) if self.batch_norm else None
-    conv = functools.partial(ConvReLU, norm=norm, dtype=self.dtype)
+    conv = functools.partial(ConvReLU, norm=norm, dtype=self.dtype, conv=self.conv)
     x = conv(64, 7, strides=2)(x.astype(self.dtype))
     x = max_pool_ceil(x, 3, 2)
     x = conv(192, 3)(conv(64, 1)(x))
@@ -85,9 +88,10 @@ class GoogLeNet(nn.Module):
         x = max_pool_ceil(x, 3, 2)
         continue
       name, widths = item
-      x = Inception(widths, norm=norm, dtype=self.dtype, name=f'inception_{name}')(x)
+      x = Inception(widths, norm=norm, dtype=self.dtype, conv=self.conv,
+                    name=f'inception_{name}')(x)
       if train and name in AUX_AFTER:
-        aux.append(AuxClassifier(self.num_classes, norm=norm, dtype=self.dtype,
+        aux.append(AuxClassifier(self.num_classes, norm=norm, dtype=self.dtype, conv=self.conv,
                                  name=f'aux_{name}')(x, train))
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(global_avg_pool(x))
     x = dense(self.num_classes, 'Dense_0', self.dtype, self.fc_axis, self.fc_split)(x)

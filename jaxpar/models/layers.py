@@ -15,7 +15,8 @@ class ConvReLU(nn.Module):
 
   `norm` is injected (a `functools.partial` of `nn.BatchNorm`, or None for the
   published VGG/GoogLeNet/SqueezeNet, which had no normalization). With a norm
-  the convolution drops its bias, which the norm's shift makes redundant.
+  the convolution drops its bias, which the norm's shift makes redundant. `conv` is
+  injected too: `nn.Conv`, or a partial of it with another lowering (`models/conv.py`).
   """
   features: int
   kernel: int
@@ -23,10 +24,11 @@ class ConvReLU(nn.Module):
   padding: Any = None  # None: symmetric, as published (see `same_padding`)
   norm: Optional[ModuleDef] = None
   dtype: Any = jnp.float32
+  conv: ModuleDef = nn.Conv
 
   @nn.compact
   def __call__(self, x):
-    x = nn.Conv(self.features, (self.kernel, self.kernel), (self.strides, self.strides),
+    x = self.conv(self.features, (self.kernel, self.kernel), (self.strides, self.strides),
                 padding=same_padding(self.kernel) if self.padding is None else self.padding,
                 use_bias=self.norm is None, dtype=self.dtype,
                 kernel_init=nn.initializers.kaiming_normal())(x)

@@ -21,10 +21,11 @@ class BasicBlock(nn.Module):
   norm: Any
   shortcut: str
   dtype: Any = jnp.float32
+  conv: Any = nn.Conv
 
   @nn.compact
   def __call__(self, x):
-    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype,
+    conv = functools.partial(self.conv, use_bias=False, dtype=self.dtype,
                              kernel_init=nn.initializers.kaiming_normal())
     y = conv(self.features, (3, 3), (self.strides, self.strides), padding=same_padding(3))(x)
     y = nn.relu(self.norm()(y))
@@ -50,6 +51,7 @@ class ResNet(nn.Module):
   bn_axis_name: Any = None
   fc_axis: Any = None       # [H]: the mesh axis FC layers named in `fc_split` are split over
   fc_split: Sequence[str] = ()
+  conv: Any = nn.Conv       # nn.Conv, or a partial of it with another lowering (models/conv.py)
 
   FC_LAYERS = ('Dense_0',)
 
@@ -58,7 +60,7 @@ class ResNet(nn.Module):
     if self.shortcut not in SHORTCUTS:
       raise ValueError(f'shortcut={self.shortcut!r}; valid: {SHORTCUTS}')
     norm = batch_norm(train, self.bn_axis_name, self.dtype)
-    x = nn.Conv(self.num_filters, (7, 7), (2, 2), padding=same_padding(7), use_bias=False,
+    x = self.conv(self.num_filters, (7, 7), (2, 2), padding=same_padding(7), use_bias=False,
                 dtype=self.dtype, kernel_init=nn.initializers.kaiming_normal(),
                 name='conv_init')(x.astype(self.dtype))
     x = nn.relu(norm(name='bn_init')(x))
@@ -66,7 +68,8 @@ class ResNet(nn.Module):
     for i, size in enumerate(self.stage_sizes):
       for j in range(size):
         strides = 2 if i > 0 and j == 0 else 1
-        x = BasicBlock(self.num_filters * 2**i, strides, norm, self.shortcut, self.dtype)(x)
+        x = BasicBlock(self.num_filters * 2**i, strides, norm, self.shortcut, self.dtype,
+                       self.conv)(x)
     x = dense(self.num_classes, 'Dense_0', self.dtype, self.fc_axis, self.fc_split)(
         global_avg_pool(x))
     return x.astype(jnp.float32)

@@ -19,10 +19,11 @@ class Fire(nn.Module):
   expand3: int
   norm: Any = None
   dtype: Any = jnp.float32
+  conv: Any = nn.Conv
 
   @nn.compact
   def __call__(self, x):
-    conv = functools.partial(ConvReLU, norm=self.norm, dtype=self.dtype)
+    conv = functools.partial(ConvReLU, norm=self.norm, dtype=self.dtype, conv=self.conv)
     x = conv(self.squeeze, 1)(x)
     return jnp.concatenate([conv(self.expand1, 1)(x), conv(self.expand3, 3)(x)], axis=-1)
 
@@ -35,18 +36,21 @@ class SqueezeNet(nn.Module):
   dropout_rate: float = 0.5
   fc_axis: Any = None       # no FC layer: the classifier is a 1×1 convolution
   fc_split: Sequence[str] = ()
+  conv: Any = nn.Conv       # nn.Conv, or a partial of it with another lowering (models/conv.py)
 
   FC_LAYERS = ()
 
   @nn.compact
   def __call__(self, x, train: bool = True):
     norm = batch_norm(train, self.bn_axis_name, self.dtype) if self.batch_norm else None
-    x = ConvReLU(96, 7, strides=2, padding='VALID', norm=norm, dtype=self.dtype)(x.astype(self.dtype))
+    x = ConvReLU(96, 7, strides=2, padding='VALID', norm=norm, dtype=self.dtype,
+                 conv=self.conv)(x.astype(self.dtype))
     x = max_pool_ceil(x, 3, 2)
     for fire in FIRES:
-      x = max_pool_ceil(x, 3, 2) if fire == 'M' else Fire(*fire, norm=norm, dtype=self.dtype)(x)
+      x = max_pool_ceil(x, 3, 2) if fire == 'M' else Fire(*fire, norm=norm, dtype=self.dtype,
+                                                                    conv=self.conv)(x)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     # conv10 keeps its bias and ReLU as in the original (no norm on the classifier).
-    x = nn.relu(nn.Conv(self.num_classes, (1, 1), dtype=self.dtype,
+    x = nn.relu(self.conv(self.num_classes, (1, 1), dtype=self.dtype,
                         kernel_init=nn.initializers.normal(0.01))(x))
     return global_avg_pool(x).astype(jnp.float32)

@@ -22,6 +22,7 @@ class VGG(nn.Module):
   fc_features: int = 4096   # the two hidden FC layers' width
   fc_axis: Any = None       # [H]: the mesh axis FC layers named in `fc_split` are split over
   fc_split: Sequence[str] = ()
+  conv: Any = nn.Conv       # nn.Conv, or a partial of it with another lowering (models/conv.py)
 
   FC_LAYERS = ('Dense_0', 'Dense_1', 'Dense_2')
 
@@ -33,7 +34,7 @@ class VGG(nn.Module):
       if layer == 'M':
         x = nn.max_pool(x, (2, 2), (2, 2))
       else:
-        x = ConvReLU(layer, 3, norm=norm, dtype=self.dtype)(x)
+        x = ConvReLU(layer, 3, norm=norm, dtype=self.dtype, conv=self.conv)(x)
     x = x.reshape((x.shape[0], -1))
     fc = functools.partial(dense, dtype=self.dtype, fc_axis=self.fc_axis, fc_split=self.fc_split)
     for name in self.FC_LAYERS[:2]:  # FC 4096 → ReLU → dropout, twice, as in the VGG paper

@@ -1,0 +1,164 @@
+"""`conv_impl`: the per-tap lowering equals XLA's convolution, forward and both gradients,
+for every distinct convolution geometry of the four networks at 16², 32² and 224²; a train step is the same whichever
+lowering `auto` picks; GPU and TPU keep XLA's convolutions."""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from analysis.conv_bench import convolutions, positions
+from jaxpar.models import MIN_IMAGE_SIZE, MODELS
+from jaxpar.step import loss_and_logits
+from jaxpar.models.conv import (TAPS_MAX_OUTPUT_POSITIONS, conv_general_dilated, conv_taps,
+                                use_taps)
+
+DN = ('NHWC', 'HWIO', 'NHWC')
+
+
+def geometries(sizes):
+  """Each distinct geometry (input map, kernel, stride, padding) of the four networks'
+  convolutions at these input sizes, at batch 2 and with the channels cut to at most 6 in
+  and 5 out: the lowering's slices and pads depend on the geometry; the channels enter
+  only as the contracted and kept dimensions of each tap's matmul."""
+  shapes = set()
+  for net in sorted(MODELS):
+    for size in sizes:
+      if size >= MIN_IMAGE_SIZE[net]:
+        shapes |= {c._replace(lhs=(2,) + c.lhs[1:3] + (min(c.lhs[3], 6),),
+                              rhs=c.rhs[:2] + (min(c.rhs[2], 6), min(c.rhs[3], 5)))
+                   for c in convolutions(net, size, 1, jnp.float32)}
+  return sorted(shapes)
+
+
+def _value_and_grads(conv, c, x, w, cotangent):
+  def loss(x, w):
+    y = conv(x, w, c.strides, c.padding, dimension_numbers=DN)
+    return jnp.sum(y.astype(jnp.float32) * cotangent), y
+  (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w)
+  return y, *grads
+
+
+def _inputs(c, dtype):
+  """Random input and kernel, and a random cotangent, so every output element weighs in
+  the gradients differently (numpy: no random-number program to compile)."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=c.lhs), dtype)
+  w = jnp.asarray(rng.normal(size=c.rhs) / np.sqrt(np.prod(c.rhs[:3])), dtype)
+  out = jax.eval_shape(lambda: lax.conv_general_dilated(x, w, c.strides, c.padding,
+                                                         dimension_numbers=DN))
+  return x, w, jnp.asarray(rng.normal(size=out.shape), jnp.float32)
+
+
+def _run(impl, c, inputs):
+  conv = conv_taps if impl == 'taps' else lax.conv_general_dilated
+  return jax.jit(functools.partial(_value_and_grads, conv, c))(*inputs)
+
+
+def _assert_same(c, dtype, rtol):
+  inputs = _inputs(c, dtype)
+  want, got = _run('xla', c, inputs), _run('taps', c, inputs)
+  for name, g, w in zip(('output', 'input gradient', 'kernel gradient'), got, want):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    scale = np.abs(w).max()
+    # Relative to the largest element: sums of many products in another order.
+    np.testing.assert_allclose(g, w, rtol=0, atol=rtol * scale, err_msg=f'{c} {name}')
+
+
+SMALL = geometries((16, 32))
+
+
+@pytest.mark.parametrize('c', SMALL, ids=str)
+def test_taps_equal_xla_float32_16_32(c):
+  _assert_same(c, jnp.float32, 1e-5)
+
+
+@pytest.mark.parametrize('c', sorted(set(geometries((224,))) - set(SMALL)), ids=str)
+def test_taps_equal_xla_float32_224(c):
+  _assert_same(c, jnp.float32, 1e-5)
+
+
+@pytest.mark.parametrize('c', SMALL, ids=str)
+def test_taps_equal_xla_bfloat16(c):
+  # bfloat16 has an 8-bit mantissa: the two lowerings sum (and round) in other orders.
+  _assert_same(c, jnp.bfloat16, 2e-2)
+
+
+def test_layouts_and_options_taps_cannot_do_fall_back_to_xla():
+  x = jax.random.normal(jax.random.key(0), (2, 3, 9, 9))
+  w = jax.random.normal(jax.random.key(1), (4, 3, 3, 3))
+  for kwargs in (dict(dimension_numbers=None),  # NCHW/OIHW
+                 dict(dimension_numbers=('NCHW', 'OIHW', 'NCHW'), rhs_dilation=(2, 2))):
+    np.testing.assert_allclose(conv_taps(x, w, (1, 1), 'SAME', **kwargs),
+                               lax.conv_general_dilated(x, w, (1, 1), 'SAME', **kwargs),
+                               rtol=1e-6)
+  xh, wh = jnp.transpose(x, (0, 2, 3, 1)), jnp.transpose(w, (2, 3, 1, 0))
+  np.testing.assert_allclose(  # string padding, asymmetric at stride 2
+      conv_taps(xh, wh, (2, 2), 'SAME', dimension_numbers=DN),
+      lax.conv_general_dilated(xh, wh, (2, 2), 'SAME', dimension_numbers=DN), rtol=1e-5, atol=1e-5)
+
+
+def test_auto_uses_taps_on_small_cpu_maps_only():
+  assert use_taps('auto', TAPS_MAX_OUTPUT_POSITIONS, 'cpu')
+  assert not use_taps('auto', TAPS_MAX_OUTPUT_POSITIONS + 1, 'cpu')
+  for backend in ('gpu', 'cuda', 'rocm', 'tpu'):
+    assert not use_taps('auto', 1, backend)
+  assert use_taps('taps', 10_000, 'gpu') and not use_taps('xla', 1, 'cpu')
+  assert conv_general_dilated('xla') is lax.conv_general_dilated
+
+
+def _tapped_ops(impl, net, size):
+  """The convolution ops in the lowered train-mode forward pass."""
+  conv = functools.partial(nn.Conv, conv_general_dilated=conv_general_dilated(impl))
+  model = MODELS[net](num_classes=10, conv=conv)
+  x = jnp.zeros((2, size, size, 1))
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
+  text = jax.jit(lambda v: model.apply(v, x, train=False)).lower(variables).as_text()
+  return text.count('stablehlo.convolution')
+
+
+def test_auto_lowers_small_maps_without_convolution_ops():
+  # SqueezeNet at 32²: 26 convolutions, of which those on 3×3 and 1×1 maps go by taps.
+  small = sum(count for c, count in convolutions('squeezenet', 32, 2, jnp.float32).items()
+              if use_taps('auto', positions(c), 'cpu'))
+  assert small > 0
+  assert _tapped_ops('xla', 'squeezenet', 32) == 26
+  assert _tapped_ops('auto', 'squeezenet', 32) == 26 - small
+  assert _tapped_ops('taps', 'squeezenet', 32) == 0
+
+
+
+def _one_step(net, impl):
+  """Loss and parameters after one SGD step of `net` at 32² (batch 2), convolutions by `impl`."""
+  conv = functools.partial(nn.Conv, conv_general_dilated=conv_general_dilated(impl))
+  model = MODELS[net](num_classes=10, conv=conv)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 32, 32, 1)), jnp.float32)
+  labels = jnp.asarray([3, 7])
+  variables = model.init(jax.random.key(0), x, train=True)
+
+  def step(variables):
+    def loss_fn(params):
+      out, _ = model.apply({**variables, 'params': params}, x, train=True, mutable=['batch_stats'],
+                           rngs={'dropout': jax.random.key(1)})
+      return loss_and_logits(out, labels)[0]
+    loss, grads = jax.value_and_grad(loss_fn)(variables['params'])
+    return loss, jax.tree.map(lambda p, g: p - 0.01 * g, variables['params'], grads)
+  # Without LLVM's optimisation passes: the same arithmetic, compiled several times faster.
+  return jax.jit(step).lower(variables).compile(
+      compiler_options={'xla_backend_optimization_level': 0})(variables)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('net', sorted(MODELS))
+def test_a_train_step_with_auto_equals_xla(net):
+  want_loss, want = _one_step(net, 'xla')
+  got_loss, got = _one_step(net, 'auto')
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+    # Parameters of order 0.1–1; BatchNorm over 2 images of ResNet34's 1×1 maps amplifies
+    # the lowerings' rounding differences to ~1e-5 in single elements.
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=5e-5, err_msg=jax.tree_util.keystr(path))
