@@ -102,14 +102,14 @@ def main(argv):
             for impl, run in runs.items():
               times[impl].append(run())
           cache[c] = {impl: float(np.median(t)) for impl, t in times.items()}
-        t = cache[c]
+        t, out = cache[c], positions(c)
         rows.append(dict(net=net, size=size, batch=batch, count=count, lhs=c.lhs, rhs=c.rhs,
-                         strides=c.strides, padding=c.padding, positions=positions(c),
+                         strides=c.strides, padding=c.padding, positions=out,
                          xla_s=t['xla'], taps_s=t['taps'],
-                         auto='taps' if use_taps('auto', positions(c), 'cpu') else 'xla'))
+                         auto='taps' if use_taps('auto', out, 'cpu') else 'xla'))
         print(f"{net:10s} {size:3d}² b{batch:<2d} x{count:<2d} {str(c.lhs):18s} "
               f"{c.rhs[0]}×{c.rhs[1]}/{c.strides[0]} {c.rhs[2]:4d}→{c.rhs[3]:<4d} "
-              f"out {positions(c):4d}  xla {t['xla'] * 1e3:8.2f} ms  taps {t['taps'] * 1e3:8.2f} ms"
+              f"out {out:4d}  xla {t['xla'] * 1e3:8.2f} ms  taps {t['taps'] * 1e3:8.2f} ms"
               f"  {t['xla'] / t['taps']:6.2f}×  auto={rows[-1]['auto']}", flush=True)
   summary = []
   for (net, size, batch), group in _group(rows).items():

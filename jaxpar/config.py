@@ -417,10 +417,10 @@ def use_network(c, model: str, preset: str) -> ml_collections.ConfigDict:
   """Sets the network, and on the bundled digits its recipe (`DIGITS_RECIPES`)."""
   c.model = model
   if preset == 'digits':
-    recipe = dict(DIGITS_RECIPES[model])
-    c.optimizer.base_lr, c.optimizer.base_batch = recipe.pop('base_lr'), 256
-    c.num_epochs = recipe.pop('num_epochs')
-    c.batch_norm = recipe.pop('batch_norm', c.batch_norm)
+    recipe = DIGITS_RECIPES[model]
+    c.optimizer.base_lr, c.optimizer.base_batch = recipe['base_lr'], 256
+    c.num_epochs = recipe['num_epochs']
+    c.batch_norm = recipe.get('batch_norm', c.batch_norm)
   return c
 
 
