@@ -115,12 +115,13 @@ def check(cfg, with_torch: bool):
   if cfg.scheme == 'async':
     raise config_lib.ConfigError("config.scheme='async' is invalid here: analysis.bench times "
                                  "a synchronous step; time async with analysis.measure")
-  if with_torch and cfg.model not in torch_peer.NETWORKS:
-    raise config_lib.ConfigError(f'config.model={cfg.model!r} has no PyTorch peer (it has: '
-                                 f'{", ".join(torch_peer.NETWORKS)}); drop --torch')
+  if with_torch and cfg.model != 'resnet34' and cfg.batch_norm:
+    raise config_lib.ConfigError(
+        f'config.batch_norm=True is invalid with --torch: the PyTorch peer of {cfg.model} is '
+        f'the published network, without BatchNorm; set --config.batch_norm=False')
   if with_torch and not torch_peer.available():
     raise config_lib.ConfigError(
-        "--torch needs PyTorch: pip install -e '.[bench]'")
+        "--torch needs PyTorch and torchvision: pip install -e '.[bench]'")
 
 
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False) -> dict:
@@ -235,8 +236,8 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].')
   flags.DEFINE_integer('steps', 10, 'Timed rounds (one step of each) after the warm-up.')
   flags.DEFINE_integer('warmup', 2, 'Untimed rounds first.')
-  flags.DEFINE_bool('torch', False, 'Also time the PyTorch peer (ResNet34), alternated (needs '
-                    'the [bench] extra).')
+  flags.DEFINE_bool('torch', False, 'Also time the PyTorch peer (torchvision\'s network), '
+                    'alternated (needs the [bench] extra).')
   flags.DEFINE_integer('profile', 0, 'Then profile this many steps of each: time by HLO op.')
   flags.DEFINE_string('out', '', 'Also write the results as JSON here.')
   flags.mark_flag_as_required('config')

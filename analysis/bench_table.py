@@ -1,6 +1,7 @@
 """One markdown table from several `analysis.bench --out` files (the README's):
 
   python -m analysis.bench_table runs/*.json
+  python -m analysis.bench_table --methods runs/methods/*.json   # analysis/bench_methods.sh
 
 A row per run: network, input size, compute dtype, devices, global batch, the devices
 jaxpar's BatchNorm shares statistics over (jit's always: all; PyTorch's: each process),
@@ -43,14 +44,42 @@ def table(results) -> str:
           r['dtype'] != 'float32'))])
 
 
-def main(paths):
+def method_row(r) -> str:
+  """A method's step beside the auto-sharded jit step (all-reduce, replicated state)."""
+  steps = {s['step']: s for s in r['steps']}
+  jaxpar, jit = steps['jaxpar shard_map'], steps['auto-sharded jit']
+  c = r['config']
+  method = ('Local SGD τ=%d' % c['sync_every'] if c['sync_every']
+            else f"distributed {c['placement']}" if c['server'] == 'distributed' else c['server'])
+  spread = lambda s: f"{s['median_s']:.3f} ({s['min_s']:.3f}–{s['max_s']:.3f})"
+  cells = [r['network'], f"{r['image_size']}²", str(math.prod(r['mesh'])), str(r['global_batch']),
+           method, c['optimizer']['name'], spread(jaxpar), spread(jit),
+           f"{jit['median_s'] / jaxpar['median_s']:.3f}×",
+           f"{jaxpar['peak_memory_bytes_per_device'] / 1e6:.0f}",
+           f"{jit['peak_memory_bytes_per_device'] / 1e6:.0f}"]
+  return '| ' + ' | '.join(cells) + ' |'
+
+
+def methods_table(results) -> str:
+  return '\n'.join(
+      ['| network | input | devices | batch | method | optimizer | method step (s): median '
+       '(min–max) | jit all-reduce step (s) | method / jit throughput | method peak MB/device '
+       '| jit peak MB/device |', '|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|']
+      + [method_row(r) for r in sorted(results, key=lambda r: (
+          math.prod(r['mesh']), r['network'], r['config']['optimizer']['name'],
+          r['method'], r['config']['sync_every']))])
+
+
+def main(argv):
+  methods = argv[:1] == ['--methods']
+  paths = argv[1:] if methods else argv
   if not paths:
     sys.exit(__doc__)
   results = []
   for path in paths:
     with open(path) as f:
       results.append(json.load(f))
-  print(table(results))
+  print(methods_table(results) if methods else table(results))
 
 
 if __name__ == '__main__':

@@ -1,62 +1,155 @@
-"""The PyTorch peer of `analysis.bench`: ResNet34 trained on the same batch with the same
-optimizer, on the CPU, in eager mode — what a PyTorch user writes.
+"""The PyTorch peer of `analysis.bench`: the configured network trained on the same batch
+with the same optimizer, on the CPU, in eager mode — what a PyTorch user writes.
 
-The network is torchvision's `resnet34` (BasicBlocks [3, 4, 6, 3], 7×7/2 stem, 3×3/2
-max-pool, BN after every convolution, as published), written out here in
-`resnet34`: torchvision's wheels are built against CUDA builds of torch and do not load
-against the CPU-only wheel. Its kernels' shapes and parameter count equal jaxpar's ResNet34 (tested).
-Its FLOPs (`torch.utils.flop_counter`) count every tap of a kernel, padding included;
-XLA's cost analysis counts the taps inside the input only: at small inputs, where the
-last stages are 1×1 or 2×2, the two counts differ several-fold.
+The networks are torchvision's (`torchvision.models`), with the input channels and the
+classes of the run, changed where jaxpar's published network differs:
+- resnet34: `resnet34` (BasicBlocks [3, 4, 6, 3], 7×7/2 stem, 3×3/2 max-pool, BN after
+  every convolution), as jaxpar's;
+- vgg16e ([T]'s VGG16 configuration E, Simonyan & Zisserman's 19 weight layers): `vgg19`
+  without its adaptive 7×7 average pool, so the first FC layer sees the last map as
+  jaxpar's does (512 inputs at 32², 25,088 at 224²; torchvision would upsample a 1×1 map
+  to 7×7 and add 102 M weights);
+- squeezenet: `squeezenet1_0`, as jaxpar's (ceil-mode max-pools, the classifier a 1×1
+  convolution with its ReLU);
+- googlenet: written out here (`googlenet`), as jaxpar's and the paper's: torchvision's
+  `googlenet` puts BatchNorm after every convolution, uses 3×3 convolutions in the "5×5"
+  branches and a 4×4 adaptive pool and a 2048-input FC in its auxiliary heads. Both
+  auxiliary losses count 0.3, as in jaxpar's loss.
+Kernel shapes and parameter counts equal jaxpar's (tested). FLOPs
+(`torch.utils.flop_counter`) count every tap of a kernel, padding included; XLA's cost
+analysis counts the taps inside the input only: at small inputs, where the last stages
+are 1×1 or 2×2, the two counts differ several-fold.
 
-Optional (`pip install -e '.[bench]'`); `available()` says whether torch is importable. One process: the step uses every core (`torch.set_num_threads`,
-as XLA's CPU runtime does). Several processes (a jaxpar run across processes): each
-process trains its share of the batch in `DistributedDataParallel` over gloo, the
-collective library jaxpar's CPU processes use, rendezvousing at the coordinator's host.
-The optimizer is SGD with jaxpar's momentum, Nesterov flag and weight decay on kernels
-only; the learning rate is the schedule's peak (a schedule is a few scalar operations
-per step: it does not change the time).
+Optional (`pip install -e '.[bench]'`); `available()` says whether torch and
+torchvision are importable. One process: the step uses every core
+(`torch.set_num_threads`, as XLA's CPU runtime does). Several processes (a jaxpar run
+across processes): each process trains its share of the batch in
+`DistributedDataParallel` over gloo, the collective library jaxpar's CPU processes use,
+rendezvousing at the coordinator's host. The optimizer is SGD with jaxpar's momentum,
+Nesterov flag and weight decay on kernels only; the learning rate is the schedule's peak
+(a schedule is a few scalar operations per step: it does not change the time).
 """
 import importlib.util
 import os
+import sys
 import time
 
 import numpy as np
 
-NETWORKS = ('resnet34',)
+# torch's default (CUDA) wheels import triton from torch._dynamo (reached through
+# torchvision and the FLOP counter); imported after TensorFlow, triton 3.8 segfaults on
+# this machine. The peer runs eagerly and never needs it: torch then finds no triton.
+sys.modules.setdefault('triton', None)
 
+from jaxpar.models import AUX_LOSS_WEIGHT
 
 def available() -> bool:
-  return importlib.util.find_spec('torch') is not None
+  return all(importlib.util.find_spec(m) is not None for m in ('torch', 'torchvision'))
 
 
-def resnet34(num_classes: int, channels: int):
-  """torchvision's `resnet34(num_classes)` with a stem for `channels` input channels."""
+def network(name: str, num_classes: int, channels: int, image_size: int):
+  """The PyTorch peer of jaxpar's network `name` (see the module docstring)."""
+  from torch import nn
+  from torchvision import models
+  if name == 'googlenet':
+    return googlenet(num_classes, channels)
+  if name == 'resnet34':
+    model = models.resnet34(num_classes=num_classes)
+    model.conv1 = nn.Conv2d(channels, 64, 7, 2, 3, bias=False)
+  elif name == 'vgg16e':
+    model = models.vgg19(num_classes=num_classes)
+    model.features[0] = nn.Conv2d(channels, 64, 3, padding=1)
+    model.avgpool = nn.Identity()
+    model.classifier[0] = nn.Linear(512 * (image_size // 32) ** 2, 4096)
+  else:
+    model = models.squeezenet1_0(num_classes=num_classes)
+    model.features[0] = nn.Conv2d(channels, 96, 7, 2)
+  return model
+
+
+def materialise(model, channels: int, image_size: int):
+  """Gives lazy layers (GoogLeNet's auxiliary FC inputs) their shapes: one forward pass."""
+  import torch
+  if any(isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) for m in model.modules()):
+    with torch.no_grad():
+      model.train()(torch.zeros(2, channels, image_size, image_size))
+  return model
+
+
+def googlenet(num_classes: int, channels: int):
+  """GoogLeNet as published and as jaxpar's (`jaxpar.models.googlenet`): no BatchNorm,
+  5×5 branches, auxiliary heads after 4a and 4d (training mode returns all three)."""
+  import torch
   from torch import nn
 
-  class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride):
+  from jaxpar.models.googlenet import AUX_AFTER, INCEPTIONS
+
+  def conv(cin, cout, k, stride=1):
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2), nn.ReLU())
+
+  class Inception(nn.Module):
+    def __init__(self, cin, widths):
       super().__init__()
-      self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-      self.bn1 = nn.BatchNorm2d(cout)
-      self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-      self.bn2 = nn.BatchNorm2d(cout)
-      self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                       nn.BatchNorm2d(cout))
-                         if stride != 1 or cin != cout else nn.Identity())
+      c1, r3, c3, r5, c5, pp = widths
+      self.b1 = conv(cin, c1, 1)
+      self.b3 = nn.Sequential(conv(cin, r3, 1), conv(r3, c3, 3))
+      self.b5 = nn.Sequential(conv(cin, r5, 1), conv(r5, c5, 5))
+      self.bp = nn.Sequential(nn.MaxPool2d(3, 1, 1), conv(cin, pp, 1))
 
     def forward(self, x):
-      y = self.bn2(self.conv2(nn.functional.relu(self.bn1(self.conv1(x)))))
-      return nn.functional.relu(y + self.downsample(x))
+      return torch.cat([self.b1(x), self.b3(x), self.b5(x), self.bp(x)], 1)
 
-  layers, cin = [nn.Conv2d(channels, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
-                 nn.ReLU(), nn.MaxPool2d(3, 2, 1)], 64
-  for cout, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
-    for b in range(blocks):
-      layers.append(BasicBlock(cin, cout, stride if b == 0 else 1))
-      cin = cout
-  layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)]
-  return nn.Sequential(*layers)
+  class Aux(nn.Module):
+    def __init__(self, cin):
+      super().__init__()
+      self.conv = conv(cin, 128, 1)
+      self.fc1, self.fc2 = nn.LazyLinear(1024), nn.Linear(1024, num_classes)
+      self.dropout = nn.Dropout(0.7)
+
+    def forward(self, x):  # 5×5/3 average pool, or the global mean on maps below 5×5
+      x = (nn.functional.avg_pool2d(x, 5, 3) if min(x.shape[2:]) >= 5
+           else x.mean((2, 3), keepdim=True))
+      x = torch.flatten(self.conv(x), 1)
+      return self.fc2(self.dropout(nn.functional.relu(self.fc1(x))))
+
+  class GoogLeNet(nn.Module):
+    def __init__(self):
+      super().__init__()
+      pool = lambda: nn.MaxPool2d(3, 2, ceil_mode=True)
+      self.stem = nn.Sequential(conv(channels, 64, 7, 2), pool(), conv(64, 64, 1),
+                                conv(64, 192, 3), pool())
+      self.blocks, self.heads, cin = nn.ModuleList(), nn.ModuleDict(), 192
+      for item in INCEPTIONS:
+        if item == 'M':
+          self.blocks.append(pool())
+          continue
+        name, widths = item
+        self.blocks.append(Inception(cin, widths))
+        cin = widths[0] + widths[2] + widths[4] + widths[5]
+        if name in AUX_AFTER:
+          self.heads[str(len(self.blocks) - 1)] = Aux(cin)
+      self.dropout, self.fc = nn.Dropout(0.4), nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+      x, aux = self.stem(x), []
+      for i, block in enumerate(self.blocks):
+        x = block(x)
+        if self.training and str(i) in self.heads:
+          aux.append(self.heads[str(i)](x))
+      x = self.fc(self.dropout(x.mean((2, 3))))
+      return (x, *aux) if self.training else x
+
+  return GoogLeNet()
+
+
+def loss(outputs, labels):
+  """jaxpar's training loss (`step.loss_and_logits`): auxiliary heads weighted 0.3."""
+  from torch.nn.functional import cross_entropy
+  if isinstance(outputs, tuple):
+    main, *aux = outputs
+    return cross_entropy(main, labels) + AUX_LOSS_WEIGHT * sum(cross_entropy(a, labels)
+                                                               for a in aux)
+  return cross_entropy(outputs, labels)
 
 
 class TorchRunner:
@@ -68,7 +161,9 @@ class TorchRunner:
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() if process_count == 1 else 1)
-    model = resnet34(num_classes, batch['image'].shape[-1])
+    image = batch['image']
+    model = network(cfg.model, num_classes, image.shape[-1], image.shape[1])
+    materialise(model, image.shape[-1], image.shape[1])
     self.parameters = sum(p.numel() for p in model.parameters())
     if process_count > 1:
       host = cfg.distributed.coordinator.rsplit(':', 1)[0]
@@ -95,10 +190,10 @@ class TorchRunner:
     torch = self.torch
     self.optimizer.zero_grad(set_to_none=True)
     with torch.autocast('cpu', dtype=torch.bfloat16, enabled=self.autocast):
-      loss = torch.nn.functional.cross_entropy(self.model(self.images), self.labels)
-    loss.backward()
+      value = loss(self.model(self.images), self.labels)
+    value.backward()
     self.optimizer.step()
-    return loss
+    return value
 
   def _count_flops(self) -> float:
     from torch.utils.flop_counter import FlopCounterMode

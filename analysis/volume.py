@@ -46,7 +46,7 @@ def analytic_bytes(cfg, params, batch_stats):
   all-reduce over X, then 1/X of it over Y: (2(X−1)/X + 2(Y−1)/(XY))·P_g. central and
   distributed servers ([T] §3.3): N−1 gradient and N−1 weight messages per device's worth,
   (N−1)/N·(P_g + P_w) on average (central: device 0 is also a worker, so N−1 pushes,
-  not [T]'s N). gossip ([L]): the gradient to two partners, 2·P_w. Sparsified gossip:
+  not [T]'s N). gossip ([L]): the gradient to two partners, 2·P_w (none on one device). Sparsified gossip:
   two messages of ⌈c·size⌉ values and int32 indices per tensor. Local SGD ([S], [L]),
   an averaging step: an all-reduce of weights and BN statistics, 2(N−1)/N·(P_w + S).
   """
@@ -62,7 +62,7 @@ def analytic_bytes(cfg, params, batch_stats):
     return 2 * sum(capacity_of(math.prod(g.shape), cfg.sparsify.capacity)
                    * (np.dtype(g.dtype).itemsize + 4) for g in jax.tree.leaves(params))
   if cfg.server == 'gossip':
-    return 2 * p_w
+    return 2 * p_w if n > 1 else 0.0
   if cfg.server in ('central', 'distributed'):
     return (n - 1) / n * (p_g + p_w)
   if cfg.grad_reduce == 'torus2d':

@@ -77,10 +77,11 @@ def strategy(cfg, mesh, model):
     return Gossip(mesh)
   if cfg.server == 'central':
     return CentralServer(mesh, dtype, cfg.central_schedule)
-  if cfg.server == 'distributed':
-    return DistributedServer(mesh, dtype, cfg.placement)
+  # One buffer across processes, where every collective call costs a fixed latency.
   one_buffer = cfg.grad_fusion == 'one_buffer' or (cfg.grad_fusion == 'auto'
                                                     and jax.process_count() > 1)
+  if cfg.server == 'distributed':
+    return DistributedServer(mesh, dtype, cfg.placement, one_buffer)
   return AllReduce(mesh.axis_names, cfg.grad_reduce, dtype, one_buffer)
 
 

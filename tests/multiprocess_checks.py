@@ -78,7 +78,7 @@ def strategy(name, mesh):
           'torus2d': lambda: AllReduce(axes, 'torus2d'),
           'ring': lambda: AllReduce(axes, 'ring'),
           'central': lambda: CentralServer(mesh),
-          'distributed': lambda: DistributedServer(mesh),
+          'distributed': lambda: DistributedServer(mesh, one_buffer=True),
           'local_sgd': lambda: LocalSGD(mesh, every=2),
           'gossip': lambda: Gossip(mesh)}[name]()
 

@@ -43,12 +43,15 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir):
   row = bench_table.table([result]).splitlines()[-1]
   assert row.startswith('| squeezenet | 32² | float32 | 8 (emulated) | 16 | no BN |')
   assert f"| {result['shard_map_over_jit_throughput']:.3f}× | – | – |" in row
+  row = bench_table.methods_table([result]).splitlines()[-1]
+  assert row.startswith('| squeezenet | 32² | 8 | 16 | allreduce | sgd |')
+  assert row.endswith(f"| {jaxpar['peak_memory_bytes_per_device'] / 1e6:.0f} "
+                      f"| {jit['peak_memory_bytes_per_device'] / 1e6:.0f} |")
 
 
 def test_bench_refuses_the_async_scheme(data_dir):
   with pytest.raises(config_lib.ConfigError, match="config.scheme='async'"):
     bench.bench(_config(data_dir, scheme='async', server='central'), steps=1, warmup=1)
-
 
 
 def test_cli_on_one_device_no_collectives_and_time_by_op(data_dir, tmp_path):
@@ -71,19 +74,20 @@ def test_cli_on_one_device_no_collectives_and_time_by_op(data_dir, tmp_path):
     assert 0 < seconds <= by_op[category]
 
 
-
-def test_torch_peer_is_jaxpars_resnet34():
-  pytest.importorskip('torch')
-  variables = jax.eval_shape(lambda: init_variables(models.ResNet34(num_classes=10),
-                                                    (1, 16, 16, 1), jax.random.key(0)))
+@pytest.mark.parametrize('name,size', [('resnet34', 16), ('vgg16e', 32), ('squeezenet', 32),
+                                       ('googlenet', 32), ('googlenet', 224)])
+def test_torch_peer_is_jaxpars_network(name, size):
+  pytest.importorskip('torchvision')
+  variables = jax.eval_shape(lambda: init_variables(models.MODELS[name](num_classes=10),
+                                                    (1, size, size, 1), jax.random.key(0)))
   kernels = sorted(tuple(k.shape) for k in jax.tree.leaves(variables['params']) if k.ndim > 1)
-  peer = torch_peer.resnet34(10, 1)
+  peer = torch_peer.materialise(torch_peer.network(name, 10, 1, size), 1, size)
   # torch kernels are (out, in, h, w); flax's (h, w, in, out) and Dense (in, out).
   peer_kernels = sorted((*p.shape[2:], p.shape[1], p.shape[0]) if p.ndim == 4
                         else tuple(p.shape[::-1]) for p in peer.parameters() if p.ndim > 1)
   assert peer_kernels == kernels
   assert (sum(p.numel() for p in peer.parameters())
-          == sum(v.size for v in jax.tree.leaves(variables['params'])) == 21_283_530)
+          == sum(v.size for v in jax.tree.leaves(variables['params'])))
 
 
 def test_bench_alternates_the_torch_peer(data_dir):
@@ -97,6 +101,6 @@ def test_bench_alternates_the_torch_peer(data_dir):
   assert "PyTorch's" in bench.markdown(result) and 'Time by HLO op' in bench.markdown(result)
 
 
-def test_torch_peer_is_refused_for_a_network_it_does_not_have(data_dir):
-  with pytest.raises(config_lib.ConfigError, match="config.model='squeezenet' has no PyTorch"):
-    bench.bench(_config(data_dir), steps=1, warmup=1, with_torch=True)
+def test_torch_peer_is_refused_for_a_variant_it_does_not_have(data_dir):
+  with pytest.raises(config_lib.ConfigError, match='config.batch_norm=True is invalid with'):
+    bench.bench(_config(data_dir, batch_norm=True), steps=1, warmup=1, with_torch=True)

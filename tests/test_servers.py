@@ -48,13 +48,16 @@ def _assert_trains_like_all_reduce(name, server):
   return state
 
 
-@pytest.mark.parametrize('placement', ['even', 'greedy'])
+@pytest.mark.parametrize('placement,one_buffer', [('even', False), ('even', True),
+                                                   ('greedy', False)])
 @pytest.mark.parametrize('name', ['sgd', 'lars'])
-def test_distributed_server_trains_like_all_reduce(name, placement):
+def test_distributed_server_trains_like_all_reduce(name, placement, one_buffer):
   """Three steps of SGD + momentum, or of LARS (whose trust ratios need whole-tensor norms,
-  summed over the owners of a tensor's slices), give the all-reduce parameters."""
+  summed over the owners of a tensor's slices), give the all-reduce parameters; the even
+  placement's runs travel per tensor or in one buffer (across processes)."""
   _assert_trains_like_all_reduce(
-      name, DistributedServer(make_mesh((2, 4), ('x', 'y')), placement=placement))
+      name, DistributedServer(make_mesh((2, 4), ('x', 'y')), placement=placement,
+                              one_buffer=one_buffer))
 
 
 @pytest.mark.parametrize('schedule', ['serial', 'parallel'])
@@ -114,10 +117,27 @@ def test_greedy_placement_is_algorithm_3_7():
   assert greedy_owners([5, 3, 3, 2, 2], 2) == ([0, 1, 1, 0, 1], [7, 8])
   assert greedy_owners([1, 1, 1], 4) == ([0, 1, 2], [1, 1, 1, 0])
   packing = Packing.build([5, 3, 3, 2, 2], 2, 'greedy')
-  # Device 1 holds tensors 1, 2, 4 whole (elements 5..10 and 13..14), padded to 8.
-  assert packing.index[1].tolist() == [5, 6, 7, 8, 9, 10, 13, 14]
-  assert packing.index[0].tolist() == [0, 1, 2, 3, 4, 11, 12, 15]  # 15: padding
-  assert packing.segment[0].tolist() == [0, 0, 0, 0, 0, 3, 3, 5]
+  flats = np.split(np.arange(1, 16, dtype=np.float32), [5, 8, 11, 13])  # 0 marks padding
+  rows = np.asarray(packing.rows(flats))
+  # Device 1 holds tensors 1, 2, 4 whole (elements 6..11 and 14..15); device 0 is padded.
+  assert rows[1].tolist() == [6, 7, 8, 9, 10, 11, 14, 15]
+  assert rows[0].tolist() == [1, 2, 3, 4, 5, 12, 13, 0]
+  for d in range(2):
+    assert np.asarray(packing.row(flats, d)).tolist() == rows[d].tolist()
+  assert [f.tolist() for f in packing.unpack(rows)] == [f.tolist() for f in flats]
+  assert packing.layouts() == (((0, 5), (3, 2)), ((1, 3), (2, 3), (4, 2)))
+
+
+def test_even_placement_splits_every_tensor():
+  """Device d holds run d of every tensor, ⌈size/N⌉ long, the last run padded."""
+  packing = Packing.build([5, 3], 2, 'even')
+  flats = [np.arange(1, 6, dtype=np.float32), np.arange(6, 9, dtype=np.float32)]
+  rows = np.asarray(packing.rows(flats))
+  assert rows.tolist() == [[1, 2, 3, 6, 7], [4, 5, 0, 8, 0]]
+  for d in range(2):
+    assert np.asarray(packing.row(flats, d)).tolist() == rows[d].tolist()
+  assert [f.tolist() for f in packing.unpack(rows)] == [f.tolist() for f in flats]
+  assert packing.loads == (5, 3)
 
 
 @pytest.mark.parametrize('kind', [DistributedServer, CentralServer])

@@ -40,8 +40,8 @@ class Replicas:
   def __init__(self, mesh):
     self.axes = tuple(mesh.axis_names)
     self.devices = mesh.size
-    self._mean = jax.jit(lambda tree: jax.tree.map(lambda x: jnp.mean(x, axis=0), tree),
-                         out_shardings=NamedSharding(mesh, P()))
+    self.layout = layouts.PerDevice(mesh)
+    self._mean = jax.jit(self.layout.mean, out_shardings=NamedSharding(mesh, P()))
 
   def make_optimizer(self, opt_config, schedule, params):
     del params  # every replica updates whole tensors
@@ -49,15 +49,15 @@ class Replicas:
 
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state).replace(
-        params=layouts.specs(state.params, self.axes),
-        batch_stats=layouts.specs(state.batch_stats, self.axes),
-        opt_state=layouts.specs(state.opt_state, self.axes))
+        params=self.layout.specs(state.params),
+        batch_stats=self.layout.specs(state.batch_stats),
+        opt_state=self.layout.specs(state.opt_state))
 
   def init(self, tx, params, batch_stats):
-    return layouts.copies((params, batch_stats, tx.init(params)), self.devices)
+    return self.layout.copies((params, batch_stats, tx.init(params)))
 
   def local_variables(self, state):
-    return layouts.own((state.params, state.batch_stats))
+    return self.layout.own((state.params, state.batch_stats))
 
   def variables(self, state):
     """The average of the replicas (what they would be averaged to now)."""
@@ -73,7 +73,11 @@ class LocalSGD(Replicas):
     self.every, self.warmup = every, warmup
 
   def update(self, tx, grads, batch_stats, state):
-    params, opt_state = layouts.own((state.params, state.opt_state))
+    params, opt_state = self.layout.own((state.params, state.opt_state))
+    if self.devices == 1:  # one replica: every average is the identity
+      updates, opt_state = tx.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': 0.0})
     # Without warm-up no step is synchronous: the program then has no gradient all-reduce.
     synchronous = state.step < self.warmup if self.warmup else False
     if self.warmup:
@@ -86,7 +90,7 @@ class LocalSGD(Replicas):
     sent = jnp.where(synchronous, all_reduce_bytes('psum', nbytes(grads), self.axes),
                      jnp.where(average, all_reduce_bytes('psum', nbytes((params, batch_stats)),
                                                          self.axes), 0.0))
-    return (*layouts.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
+    return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
 
   def _average(self, tree):
     """The mean over all devices, kept typed per device (as the other branch is)."""

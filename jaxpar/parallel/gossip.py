@@ -20,7 +20,6 @@ import jax
 import optax
 from jax import lax
 
-from jaxpar.parallel import layouts
 from jaxpar.parallel.averaging import Replicas
 from jaxpar.parallel.collectives import nbytes
 
@@ -45,11 +44,17 @@ class Gossip(Replicas):
   """Strategy: one replica per device, updated with its gossip-mixed gradient."""
 
   def update(self, tx, grads, batch_stats, state):
-    params, opt_state = layouts.own((state.params, state.opt_state))
+    params, opt_state = self.layout.own((state.params, state.opt_state))
     cycle = distances(self.devices)
     branches = [lambda g, s=s: gossip_mean(g, self.axes, s) for s in cycle]
-    mixed = lax.switch(state.step % len(cycle), branches, grads)
+    if self.devices == 1:  # its own partner twice: (g + g + g)/3 = g, with nothing sent
+      mixed = grads
+    elif len(cycle) == 1:
+      mixed = branches[0](grads)
+    else:
+      mixed = lax.switch(state.step % len(cycle), branches, grads)
     updates, opt_state = tx.update(mixed, opt_state, params)
     params = optax.apply_updates(params, updates)
     # The gradient to each of the two partners.
-    return (*layouts.stack((params, batch_stats, opt_state)), {'sent_bytes': 2 * nbytes(grads)})
+    sent = 2 * nbytes(grads) if self.devices > 1 else 0
+    return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})

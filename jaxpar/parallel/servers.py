@@ -30,8 +30,9 @@ part of the weights. Placement (config `placement`) decides which part:
   the lowest load so far (load = elements owned); the imbalance (largest load over
   the mean) is reported.
 
-Each device's owned elements are packed into one vector (padded to the largest
-device's load). One step:
+With `even` a device owns one run of every tensor, all devices' runs of equal widths,
+and its optimizer state is those runs (one array per tensor); with `greedy` its whole
+tensors are packed into one vector, padded to the largest device's load. One step:
 
 1. every device computes the gradient of its share of the batch (the step);
 2. gradients are reduce-scattered to their owners: device i receives the mean
@@ -43,8 +44,9 @@ device's load). One step:
 4. the updated elements are all-gathered, so every device holds the new weights
    for the next forward pass ("the owner sends the new values to every worker").
 
-Steps 2 and 4 together move 2(N−1)/N of the packed network per device,
-eq. 4.12's 2·t_comm·(N−1)/N.
+Steps 2 and 4 together move 2(N−1)/N of the (padded) network per device,
+eq. 4.12's 2·t_comm·(N−1)/N. On one device there is nothing to send and the step is
+the all-reduce step's (docs/performance.md).
 """
 import dataclasses
 import math
@@ -61,7 +63,7 @@ from jax.sharding import PartitionSpec as P
 from jaxpar import optim
 from jaxpar.parallel import layouts
 from jaxpar.parallel.collectives import fused, nbytes, replicate
-from jaxpar.step import ReplicatedParams
+from jaxpar.step import ReplicatedParams, data_axes
 
 PLACEMENTS = ('even', 'greedy')
 CENTRAL_SCHEDULES = ('serial', 'parallel')
@@ -77,7 +79,8 @@ class CentralServer:
     self.devices = mesh.size
     self.dtype = dtype          # the dtype gradients travel in (None: their own)
     self.serial = schedule == 'serial'
-    self._first = jax.jit(lambda tree: jax.tree.map(lambda x: x[SERVER], tree),
+    self.layout = layouts.PerDevice(mesh)
+    self._first = jax.jit(lambda tree: self.layout.pick(tree, SERVER),
                           out_shardings=NamedSharding(mesh, P()))
 
   def make_optimizer(self, opt_config, schedule, params):
@@ -86,28 +89,31 @@ class CentralServer:
 
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state).replace(
-        params=layouts.specs(state.params, self.axes),
-        opt_state=layouts.specs(state.opt_state, self.axes))
+        params=self.layout.specs(state.params),
+        opt_state=self.layout.specs(state.opt_state))
 
   def init(self, tx, params, batch_stats):
-    params, opt_state = layouts.copies((params, tx.init(params)), self.devices)
+    params, opt_state = self.layout.copies((params, tx.init(params)))
     return params, batch_stats, opt_state
 
   def local_variables(self, state):
-    return layouts.own(state.params), state.batch_stats
+    return self.layout.own(state.params), state.batch_stats
 
   def update(self, tx, grads, batch_stats, state):
-    me = lax.axis_index(self.axes)
-    params, opt_state = layouts.own((state.params, state.opt_state))
-    mean = fused(grads, lambda g: self._to_server(g) / self.devices)
+    params, opt_state = self.layout.own((state.params, state.opt_state))
 
     def serve(params, opt_state, grads):
       updates, opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state
+    if self.devices == 1:  # the server is the only worker: no round, no one to skip
+      params, opt_state = self.layout.stack(serve(params, opt_state, grads))
+      return params, batch_stats, opt_state, {'sent_bytes': 0.0}
+    me = lax.axis_index(self.axes)
+    mean = fused(grads, lambda g: self._to_server(g) / self.devices)
     params, opt_state = lax.cond(me == SERVER, serve, lambda p, o, _: (p, o),
                                  params, opt_state, mean)
     params = fused(params, lambda w: self._from_server(w, me))
-    params, opt_state = layouts.stack((params, opt_state))
+    params, opt_state = self.layout.stack((params, opt_state))
     # A worker sends its gradients once; the server sends the weights N−1 times.
     grads_bytes, weights_bytes = nbytes(grads, self.dtype), nbytes(grads)
     sent = jnp.where(me == SERVER, (self.devices - 1) * weights_bytes, grads_bytes)
@@ -149,21 +155,27 @@ def greedy_owners(sizes, n: int):
 
 @dataclasses.dataclass(frozen=True)
 class Packing:
-  """Where every element of the flattened parameters lives in the devices' packed vectors.
+  """Which elements of the raveled tensors each device's packed vector holds, in order.
 
-  `index[d, j]` is the position, in all tensors raveled and concatenated, of device
-  d's j-th element (`total` for padding); `segment[d, j]` its tensor (`len(sizes)`
-  for padding).
+  `pieces[d]` lists device d's runs `(tensor, start, length, width)`: elements
+  `start … start+length` of the tensor, then `width − length` zeros; after its runs
+  the vector is padded with zeros to `capacity`, the longest device's.
+  `even`: every tensor split into N runs of ⌈size/N⌉ (the last padded), device d
+  holding run d of every tensor — so every device's runs have the same widths.
+  `greedy`: whole tensors, by Algorithm 3.7. Packing and unpacking are slices, pads
+  and concatenations, one per tensor: no element index tables (on XLA's CPU backend a
+  gather and a scatter over every element cost more than the rest of the update).
   """
-  index: np.ndarray    # (N, capacity) int32
-  segment: np.ndarray  # (N, capacity) int32
+  sizes: tuple
+  pieces: tuple        # per device: ((tensor, start, length, width), ...)
+  capacity: int
   loads: tuple         # elements each device owns
-  total: int
+  even: bool
 
   @classmethod
   def build(cls, sizes, n: int, placement: str):
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    pieces = [[] for _ in range(n)]  # per device: (tensor, start, length, padded length)
+    sizes = tuple(int(s) for s in sizes)
+    pieces = [[] for _ in range(n)]
     if placement == 'even':
       for t, size in enumerate(sizes):
         k = -(-size // n)
@@ -175,87 +187,179 @@ class Packing:
       for t, (size, d) in enumerate(zip(sizes, owners)):
         pieces[d].append((t, 0, size, size))
     capacity = max(1, max(sum(p[3] for p in device) for device in pieces))
-    total = int(offsets[-1])
-    index = np.full((n, capacity), total, np.int32)
-    segment = np.full((n, capacity), len(sizes), np.int32)
-    for d, device in enumerate(pieces):
-      j = 0
-      for t, start, length, padded in device:
-        index[d, j:j + length] = offsets[t] + start + np.arange(length)
-        segment[d, j:j + length] = t
-        j += padded
-    loads = tuple(int(sum(p[2] for p in device)) for device in pieces)
-    return cls(index, segment, loads, total)
+    loads = tuple(sum(p[2] for p in device) for device in pieces)
+    return cls(sizes, tuple(tuple(device) for device in pieces), capacity, loads,
+               placement == 'even')
+
+  def layouts(self) -> tuple:
+    """Per device, the (tensor, width) of its runs: what the packed optimizer needs."""
+    return tuple(tuple((t, width) for t, _, _, width in device) for device in self.pieces)
+
+  def rows(self, flats):
+    """(N, capacity): every device's packed vector, from the raveled tensors `flats`."""
+    n = len(self.pieces)
+    if self.even:
+      return jnp.concatenate([_pad(f, n * w).reshape(n, w)
+                              for f, (_, _, _, w) in zip(flats, self.pieces[0])], axis=1)
+    return jnp.stack([self._row(flats, d) for d in range(n)])
+
+  def row(self, flats, device):
+    """The packed vector of `device` (a traced index)."""
+    if self.even:
+      n = len(self.pieces)
+      return jnp.concatenate([lax.dynamic_slice_in_dim(_pad(f, n * w), device * w, w)
+                              for f, (_, _, _, w) in zip(flats, self.pieces[0])])
+    # Each device builds its own row only (not every device's, to index one).
+    return lax.switch(device, [lambda f, d=d: self._row(f, d) for d in range(len(self.pieces))],
+                      flats)
+
+  def unpack(self, rows):
+    """The raveled tensors, from every device's packed vector (N, capacity)."""
+    flats = [None] * len(self.sizes)
+    for d, device in enumerate(self.pieces):
+      offset = 0
+      for t, _, length, width in device:
+        if not self.even:
+          flats[t] = rows[d, offset:offset + length]
+        elif d == 0:  # tensor t's runs: one block of columns, a run in every row
+          flats[t] = rows[:, offset:offset + width].reshape(-1)[:self.sizes[t]]
+        offset += width
+    return flats
+
+  def _row(self, flats, d):
+    parts = [_pad(flats[t][start:start + length], width)
+             for t, start, length, width in self.pieces[d]]
+    return _pad(jnp.concatenate(parts) if parts else jnp.zeros(0, flats[0].dtype), self.capacity)
 
 
 class DistributedServer(ReplicatedParams):
   """Strategy: weights replicated for the forward pass; the update and the optimizer
-  state split among the devices of the mesh by `placement`."""
+  state split among the devices of the mesh by `placement`.
 
-  def __init__(self, mesh, dtype=None, placement: str = 'even'):
-    self.mesh, self.axes = mesh, tuple(mesh.axis_names)
+  Even placement keeps the optimizer state as one run per tensor (every device's runs
+  have the same widths): the update is per tensor, as the all-reduce step's, and at
+  N = 1 it *is* the all-reduce step. `one_buffer` sends all runs in one reduce-scatter
+  and one all-gather (across processes, where every call costs a fixed latency, as
+  `grad_fusion` does for all-reduce); otherwise each tensor travels alone. Greedy
+  placement packs each device's whole tensors into one vector (`Packing`). Equal shares
+  are what an SPMD collective sends, so every device's vector is padded to the largest
+  load, and the reduce-scatter's input and the all-gather's output hold N × that load
+  per device: with one dominant tensor that exceeds the network (VGG16E on 8 devices:
+  3.9 ×, its 4096² layer alone being 43 % of it) — a cost of whole tensors, not of
+  sharding (docs/performance.md).
+  """
+
+  def __init__(self, mesh, dtype=None, placement: str = 'even', one_buffer: bool = False):
+    # The axes of more than one device: at N = 1 none, and the step has no collective;
+    # an axis of one device would type the optimizer's state, and so the weights,
+    # varying along it.
+    self.mesh, self.axes = mesh, data_axes(mesh)
     self.devices = mesh.size
     self.dtype = dtype          # the dtype gradients travel in (None: their own)
     self.placement = placement
+    self.one_buffer = one_buffer
     self.packing = None         # set by make_optimizer, which sees the parameters
 
   def make_optimizer(self, opt_config, schedule, params):
-    """The optimizer of the packed vectors; `params` (shapes suffice) fixes the packing."""
+    """The optimizer of the owned runs; `params` (shapes suffice) fixes the packing."""
     leaves = jax.tree.leaves(params)
+    # On one device both placements hold every tensor whole, in order: the even code.
     self.packing = Packing.build([math.prod(p.shape) for p in leaves], self.devices,
-                                 self.placement)
+                                 self.placement if self.devices > 1 else 'even')
     loads = self.packing.loads
     logging.info('Distributed server, %s placement: %d-%d elements per device '
                  '(imbalance max/mean %.3f).', self.placement, min(loads), max(loads),
                  max(loads) / (sum(loads) / len(loads)))
-    decayed = np.array(jax.tree.leaves(optim.decay_mask(params)) + [False])  # padding: never
-    return optim.make_packed_optimizer(opt_config, schedule, self.packing.segment, decayed,
+    decayed = jax.tree.leaves(optim.decay_mask(params))
+    if self.packing.even:
+      return optim.make_optimizer(opt_config, schedule, mask=decayed, norm_axes=self.axes)
+    return optim.make_packed_optimizer(opt_config, schedule, self.packing.layouts(), decayed,
                                        self.axes)
 
   def state_specs(self, state):
-    # Optimizer state is packed per device (and scalar counters, the same everywhere);
+    # Optimizer state is split per device (and scalar counters, the same everywhere);
     # everything else is replicated.
     replicated = jax.tree.map(lambda _: P(), state)
     return replicated.replace(opt_state=jax.tree.map(
-        lambda x: P(self.axes) if jnp.ndim(x) else P(), state.opt_state))
+        lambda x: P(self.axes) if jnp.ndim(x) and self.axes else P(), state.opt_state))
 
   def init(self, tx, params, batch_stats):
-    """The variables, and the optimizer state of every device's packed vector as global
-    arrays of shape (N·capacity,) (device d's shard is its own); under jit with `state_specs`."""
-    return params, batch_stats, tx.init(self._pack(_flat(params),
-                                                   jnp.asarray(self.packing.index.reshape(-1))))
+    """The variables, and the optimizer state of every device's runs as global arrays
+    (one per tensor of N·width, or one packed vector of N·capacity; device d's shard is
+    its own); under jit with `state_specs`."""
+    return params, batch_stats, tx.init(self._everyones(self._leaves(params)))
 
   def update(self, tx, grads, batch_stats, state):
-    n = lax.axis_size(self.axes)
-    everyone = jnp.asarray(self.packing.index.reshape(-1))
-    mine = lax.dynamic_index_in_dim(jnp.asarray(self.packing.index), lax.axis_index(self.axes),
-                                    keepdims=False)
-    flat_grads = _flat(grads)
-    sent = flat_grads if self.dtype is None else flat_grads.astype(self.dtype)
-    owned_grads = lax.psum_scatter(self._pack(sent, everyone), self.axes, scatter_dimension=0,
-                                   tiled=True).astype(flat_grads.dtype) / n
-    owned = self._pack(_flat(state.params), mine)
+    n = self.devices
+    me = lax.axis_index(self.axes) if self.axes else 0
+    leaves = self._leaves(grads)
+    sent = [g if self.dtype is None else g.astype(self.dtype) for g in leaves]
+    dtype = leaves[0].dtype  # the parameters' (float32)
+    owned_grads = jax.tree.map(lambda x: x.astype(dtype) / n,
+                               self._reduce_scatter(self._everyones(sent)))
+    owned = self._mine(self._leaves(state.params), me)
     updates, opt_state = tx.update(owned_grads, state.opt_state, owned)
-    gathered = lax.all_gather(owned + updates, self.axes, tiled=True, to='invarying')
-    flat = jnp.zeros(self.packing.total + 1, gathered.dtype).at[everyone].set(gathered)
+    new = optax.apply_updates(owned, updates)
+    flats = self._all_gather(new)
     # Reduce-scatter (gradients, in the dtype they travel in) and all-gather (weights):
-    # N−1 of the N packed slices each.
-    sent_bytes = (n - 1) * owned.size * (sent.dtype.itemsize + owned.dtype.itemsize)
-    return (_unflat(flat[:-1], state.params), replicate(batch_stats), opt_state,
+    # N−1 of the N shares each.
+    sent_bytes = ((n - 1) * self.packing.capacity
+                  * (jnp.dtype(self.dtype or dtype).itemsize + dtype.itemsize))
+    return (_unflat(flats, state.params), replicate(batch_stats), opt_state,
             {'sent_bytes': sent_bytes})
 
-  @staticmethod
-  def _pack(flat, index):
-    return jnp.concatenate([flat, jnp.zeros(1, flat.dtype)])[index]
+  def _leaves(self, tree):
+    """The tensors raveled; on one device as they are (its runs are the whole tensors,
+    and a raveled copy made XLA copy every 3×3 kernel into the output: +20 % a step)."""
+    return [jnp.ravel(x) for x in jax.tree.leaves(tree)] if self.axes else jax.tree.leaves(tree)
+
+  def _widths(self):
+    return [width for _, width in self.packing.layouts()[0]]
+
+  def _everyones(self, flats):
+    """Every device's share: even, per tensor (N·width,); greedy, one (N·capacity,)."""
+    if self.packing.even:
+      return [_pad(f, self.devices * w) for f, w in zip(flats, self._widths())]
+    return self.packing.rows(flats).reshape(-1)
+
+  def _mine(self, flats, me):
+    """This device's share of the raveled tensors `flats` (`me` its traced index)."""
+    if not self.packing.even:
+      return self.packing.row(flats, me)
+    if not self.axes:
+      return list(flats)
+    return [lax.dynamic_slice_in_dim(_pad(f, self.devices * w), me * w, w)
+            for f, w in zip(flats, self._widths())]
+
+  def _reduce_scatter(self, everyones):
+    """The sums over the devices of this device's share ([T]: "each part to its owner")."""
+    if not self.axes:
+      return everyones
+    scatter = lambda x: lax.psum_scatter(x, self.axes, scatter_dimension=0, tiled=True)
+    if not self.packing.even:
+      return scatter(everyones)
+    if not self.one_buffer:
+      return [scatter(x) for x in everyones]
+    rows = jnp.concatenate([x.reshape(self.devices, -1) for x in everyones], axis=1)
+    return jnp.split(scatter(rows.reshape(-1)), np.cumsum(self._widths())[:-1])
+
+  def _all_gather(self, mine):
+    """Every device's updated share on every device ("the owner sends the new values to
+    every worker"): the raveled tensors."""
+    if not self.axes:  # one device: its runs are the tensors
+      return list(mine)
+    gather = lambda x: lax.all_gather(x, self.axes, tiled=True, to='invarying')
+    if not self.packing.even or self.one_buffer:
+      one = mine if not self.packing.even else jnp.concatenate(mine)
+      return self.packing.unpack(gather(one).reshape(self.devices, -1))
+    return [gather(x)[:size] for x, size in zip(mine, self.packing.sizes)]
 
 
-def _flat(tree):
-  return jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(tree)])
+def _pad(flat, size: int):
+  return jnp.pad(flat, (0, size - flat.size)) if size > flat.size else flat
 
 
-def _unflat(flat, like):
+def _unflat(flats, like):
   leaves, treedef = jax.tree.flatten(like)
-  sizes = [math.prod(x.shape) for x in leaves]
-  parts = jnp.split(flat, np.cumsum(sizes)[:-1])
-  return jax.tree.unflatten(treedef, [p.reshape(x.shape).astype(x.dtype)
-                                      for p, x in zip(parts, leaves)])
+  return jax.tree.unflatten(treedef, [f.reshape(x.shape).astype(x.dtype)
+                                      for f, x in zip(flats, leaves)])

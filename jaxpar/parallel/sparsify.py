@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from jaxpar.parallel import layouts
 from jaxpar.parallel.gossip import Gossip, distances
 
 
@@ -89,10 +88,10 @@ class SparseGossip(Gossip):
 
   def init(self, tx, params, batch_stats):
     residual = jax.tree.map(jnp.zeros_like, params) if self.error_feedback else ()
-    return layouts.copies((params, batch_stats, (tx.init(params), residual)), self.devices)
+    return self.layout.copies((params, batch_stats, (tx.init(params), residual)))
 
   def update(self, tx, grads, batch_stats, state):
-    params, (opt_state, residual) = layouts.own((state.params, state.opt_state))
+    params, (opt_state, residual) = self.layout.own((state.params, state.opt_state))
     residual = residual if self.error_feedback else None
     cycle = distances(self.devices)
     branches = [lambda g, r, s=s: sparse_gossip_mean(g, self.axes, s, self.threshold,
@@ -105,4 +104,4 @@ class SparseGossip(Gossip):
     wire = 2 * sum(capacity_of(g.size, self.capacity) * (g.dtype.itemsize + 4) for g in leaves)
     report = {'sent_bytes': jnp.float32(wire), 'sent_fraction': sent / entries}
     residual = residual if self.error_feedback else ()
-    return (*layouts.stack((params, batch_stats, (opt_state, residual))), report)
+    return (*self.layout.stack((params, batch_stats, (opt_state, residual))), report)
