@@ -340,8 +340,8 @@ class DistributedServer(ReplicatedParams):
       return scatter(everyones)
     if not self.one_buffer:
       return [scatter(x) for x in everyones]
-    rows = jnp.concatenate([x.reshape(self.devices, -1) for x in everyones], axis=1)
-    return jnp.split(scatter(rows.reshape(-1)), np.cumsum(self._widths())[:-1])
+    return jnp.split(scatter(self.packing.rows(everyones).reshape(-1)),
+                     np.cumsum(self._widths())[:-1])
 
   def _all_gather(self, mine):
     """Every device's updated share on every device ("the owner sends the new values to
