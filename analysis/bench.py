@@ -35,10 +35,10 @@ from analysis import hlo, profile, torch_peer  # noqa: E402
 from analysis.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
-from jaxpar import optim  # noqa: E402
+from jaxpar import optim, validation  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
 from jaxpar.parallel.allreduce import AllReduce  # noqa: E402
-from jaxpar.step import batch_spec, init_state, make_train_step, model_loss, to_global  # noqa: E402
+from jaxpar.step import batch_spec, gradients, init_state, make_train_step, to_global  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -53,15 +53,13 @@ def jit_train_step(model, tx, mesh):
 
   def step(state, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
-    (loss, (logits, batch_stats)), grads = jax.value_and_grad(
-        lambda p: model_loss(model, p, state.batch_stats, batch, rng), has_aux=True)(state.params)
+    grads, batch_stats, metrics = gradients(model, state.params, state.batch_stats, batch, rng)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(step=state.step + 1,
                               examples_seen=state.examples_seen + batch['label'].shape[0],
                               params=optax.apply_updates(state.params, updates),
                               batch_stats=batch_stats, opt_state=opt_state)
-    return new_state, {'loss': loss,
-                       'accuracy': (logits.argmax(-1) == batch['label']).mean()}
+    return new_state, metrics
   return jax.jit(step, in_shardings=(replicated, data, replicated),
                  out_shardings=(replicated, replicated), donate_argnums=0)
 
@@ -111,7 +109,7 @@ class Runner:
 
 def check(cfg, with_torch: bool):
   """Refuses what the bench cannot time, before anything compiles."""
-  config_lib.validate(cfg)
+  validation.validate(cfg)
   if cfg.scheme == 'async':
     raise config_lib.ConfigError("config.scheme='async' is invalid here: analysis.bench times "
                                  "a synchronous step; time async with analysis.measure")

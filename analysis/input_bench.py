@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxpar import build  # noqa: E402
+from jaxpar import build, validation  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
 from jaxpar.step import make_train_step, to_global  # noqa: E402
@@ -44,7 +44,7 @@ def write_jpeg_folder(root: str, count: int, size: int = 224, classes: int = 8):
 
 
 def measure(cfg, batches: int, steps: int) -> dict:
-  config_lib.validate(cfg)
+  validation.validate(cfg)
   mesh = build.mesh(cfg)
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)

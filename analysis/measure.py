@@ -48,7 +48,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from analysis import calibrate, volume  # noqa: E402
 from analysis.timing import ONE_DEVICE  # noqa: E402
-from jaxpar import build, models  # noqa: E402
+from jaxpar import build, models, validation  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
 from jaxpar.parallel.collectives import nbytes  # noqa: E402
@@ -161,8 +161,8 @@ def _cell(cfg, overrides):
 def _validated(cfg, overrides, where: str):
   cell = _cell(cfg, overrides)
   try:
-    config_lib.validate(cell)
-    config_lib.validate_devices(cell, config_lib.num_devices(cell), 1)
+    validation.validate(cell)
+    validation.validate_devices(cell, config_lib.num_devices(cell), 1)
   except config_lib.ConfigError as e:
     raise config_lib.ConfigError(f'{e} (in the {where} cell)') from None
   return overrides
@@ -308,7 +308,7 @@ def versions() -> dict:
 
 
 def measure(cfg, argv) -> dict:
-  config_lib.validate(cfg)
+  validation.validate(cfg)
   runs, skipped = plan(cfg, FLAGS.workers, FLAGS.processes, FLAGS.schemes, FLAGS.servers,
                        FLAGS.async_servers, FLAGS.volume)
   source = sources.open_source(cfg.dataset)

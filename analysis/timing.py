@@ -68,7 +68,7 @@ def time_gradients(cfg, meta, batch: int, repeats: int, warmup: int) -> list:
   from jaxpar.mesh import make_mesh
   device = jax.local_devices()[0]
   model = build.model(cfg, meta['num_classes'], meta['channels'],
-                      make_mesh(cfg.mesh.shape, cfg.mesh.axes, [device]))
+                      make_mesh(cfg.mesh.shape, cfg.mesh.axes, [device], cfg.bn_group_size))
   variables = jax.device_put(init_variables(model.clone(bn_axis_name=None),
                                             (1, cfg.image_size, cfg.image_size, meta['channels']),
                                             jax.random.key(0)), device)
@@ -115,9 +115,9 @@ def time_step(cfg, meta, repeats: int, warmup: int) -> dict:
   from jaxpar.step import make_train_step, to_global
 
   n = config_lib.num_devices(cfg)
-  mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n])
+  mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
   model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'], mesh)
-  step = make_train_step(model, tx, mesh, strategy)
+  step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps)
   batch = to_global(mesh, _synthetic(config_lib.global_batch(cfg) // jax.process_count(), cfg,
                                      meta, seed=jax.process_index()))
   rng = jax.random.key(1)
@@ -145,11 +145,12 @@ def time_async(cfg, meta, batches: int, repeats: int) -> list:
   from jaxpar.parallel.async_sgd import Downpour
 
   n = config_lib.num_devices(cfg)
-  mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n])
+  mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
   model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'], mesh)
   warmup = 2 * n
-  loop = Downpour(model, tx, strategy, itertools.repeat(_synthetic(cfg.per_device_batch, cfg, meta)),
-                  warmup + repeats * batches, jax.random.key(1))
+  push = _synthetic(config_lib.device_batch(cfg), cfg, meta)
+  loop = Downpour(model, tx, strategy, itertools.repeat(push), warmup + repeats * batches,
+                  jax.random.key(1), cfg.grad_accum_steps)
   for _ in range(warmup):
     state, metrics = loop(state)
   samples = []

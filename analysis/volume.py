@@ -15,26 +15,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from analysis import hlo
+from jaxpar import config as config_lib
 from jaxpar.parallel.collectives import nbytes
 from jaxpar.parallel.sparsify import capacity_of
 
 
 def method(cfg) -> str:
-  """The row label of a config's method: server or reduction and its variant."""
-  if cfg.fc_parallel != 'data':
-    return f'hybrid fc_parallel={cfg.fc_parallel}'
-  if cfg.sync_every:
-    return f'local-sgd τ={cfg.sync_every} (averaging step)'
-  if cfg.server == 'gossip' and cfg.sparsify.capacity:
-    return f'sparse gossip c={cfg.sparsify.capacity:g}'
-  if cfg.server == 'central':
-    return f'central {cfg.central_schedule}'
-  if cfg.server == 'distributed':
-    return f'distributed {cfg.placement}'
-  if cfg.server == 'allreduce':
+  """The row label of a config's method (`config.method`) and its variant."""
+  name = config_lib.method(cfg)
+  local = f' + local-sgd τ={cfg.sync_every} (exchange step)' if cfg.sync_every else ''
+  if name == 'allreduce':
     dtype = '' if cfg.grad_reduce_dtype == 'float32' else f' {cfg.grad_reduce_dtype}'
     return f'allreduce {cfg.grad_reduce}{dtype}'
-  return cfg.server
+  return {'hybrid': f'hybrid fc_parallel={cfg.fc_parallel}',
+          'local_sgd': f'local-sgd τ={cfg.sync_every}' + (
+              f' groups of {cfg.local_sgd_group_size}' if cfg.local_sgd_group_size > 1 else '')
+          + ' (averaging step)',
+          'sparse_gossip': f'sparse gossip c={cfg.sparsify.capacity:g}{local}',
+          'gossip': f'gossip{local}',
+          'central': f'central {cfg.central_schedule}',
+          'distributed': f'distributed {cfg.placement}'}.get(name, name)
 
 
 def analytic_bytes(cfg, params, batch_stats):
@@ -48,22 +48,26 @@ def analytic_bytes(cfg, params, batch_stats):
   (N−1)/N·(P_g + P_w) on average (central: device 0 is also a worker, so N−1 pushes,
   not [T]'s N). gossip ([L]): the gradient to two partners, 2·P_w (none on one device). Sparsified gossip:
   two messages of ⌈c·size⌉ values and int32 indices per tensor. Local SGD ([S], [L]),
-  an averaging step: an all-reduce of weights and BN statistics, 2(N−1)/N·(P_w + S).
+  an averaging step: an all-reduce of weights and BN statistics, 2(N−1)/N·(P_w + S), and
+  with groups of G (hierarchical) their gradients' all-reduce, 2(G−1)/G·P_g.
+  Gossip with Local SGD(p): a step that exchanges sends what gossip's does.
   """
   shape = tuple(cfg.mesh.shape)
   n = math.prod(shape)
   p_g = nbytes(params, jnp.dtype(cfg.grad_reduce_dtype))
   p_w = nbytes(params)
-  if cfg.fc_parallel != 'data':
+  name = config_lib.method(cfg)
+  if name == 'hybrid':
     return None
-  if cfg.sync_every:
-    return 2 * (n - 1) / n * (p_w + nbytes(batch_stats))
-  if cfg.server == 'gossip' and cfg.sparsify.capacity:
+  if name == 'local_sgd':  # hierarchical: and the group's all-reduce of the gradients
+    g = cfg.local_sgd_group_size
+    return 2 * (n - 1) / n * (p_w + nbytes(batch_stats)) + 2 * (g - 1) / g * p_g
+  if name == 'sparse_gossip':
     return 2 * sum(capacity_of(math.prod(g.shape), cfg.sparsify.capacity)
                    * (np.dtype(g.dtype).itemsize + 4) for g in jax.tree.leaves(params))
-  if cfg.server == 'gossip':
+  if name == 'gossip':
     return 2 * p_w if n > 1 else 0.0
-  if cfg.server in ('central', 'distributed'):
+  if name in ('central', 'distributed'):
     return (n - 1) / n * (p_g + p_w)
   if cfg.grad_reduce == 'torus2d':
     x, y = shape

@@ -10,7 +10,7 @@ from absl import logging
 
 from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
-from jaxpar import models, multihost, optim
+from jaxpar import models, multihost, optim, validation
 from jaxpar.data import pipeline
 from jaxpar.models.conv import conv_general_dilated
 from jaxpar.parallel.allreduce import AllReduce
@@ -32,14 +32,14 @@ def mesh(cfg):
   if cfg.mesh.emulate_cpu_devices:
     mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg) // processes)
   logging.info('%s', multihost.describe_process())
-  config_lib.validate_devices(cfg, jax.device_count(), jax.process_count())
-  return mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes)
+  validation.validate_devices(cfg, jax.device_count(), jax.process_count())
+  return mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes, bn_group_size=cfg.bn_group_size)
 
 
 def model(cfg, num_classes: int, channels: int, mesh):
   """The network, its FC layers split over the 'model' axis as `fc_parallel` decides."""
   kwargs = dict(num_classes=num_classes, dtype=jnp.dtype(cfg.dtype),
-                bn_axis_name=group_axes(cfg.mesh.shape, mesh.axis_names, cfg.bn_group_size),
+                bn_axis_name=group_axes(mesh.axis_sizes, mesh.axis_names, cfg.bn_group_size),
                 conv=functools.partial(nn.Conv, conv_general_dilated=conv_general_dilated(
                     cfg.conv_impl)))
   if cfg.model == 'resnet34':
@@ -52,7 +52,7 @@ def model(cfg, num_classes: int, channels: int, mesh):
   r = dict(zip(mesh.axis_names, mesh.devices.shape))[MODEL_AXIS]
   try:
     split = choose_split(_abstract_params(cfg, network, channels), network.FC_LAYERS,
-                         cfg.fc_parallel, _per_device_batch(cfg), r)
+                         cfg.fc_parallel, config_lib.device_batch(cfg), r)
   except ValueError as e:
     raise config_lib.ConfigError(f'config.fc_parallel={cfg.fc_parallel!r} is invalid: {e}; '
                                  f"use 'auto' or a 'model' axis size that divides it") from None
@@ -64,25 +64,25 @@ def strategy(cfg, mesh, model):
   """The parallel method of `config.scheme`, `config.server` and the like: how gradients
   are combined, the weights updated and the state laid out."""
   dtype = jnp.dtype(cfg.grad_reduce_dtype)
-  if cfg.fc_parallel != 'data':
-    return HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype, _per_device_batch(cfg), cfg.dtype)
-  if cfg.scheme == 'async':
-    return AsyncServer(mesh, cfg.server)
-  if cfg.sync_every:
-    return LocalSGD(mesh, cfg.sync_every, cfg.local_sgd_warmup)
-  if cfg.server == 'gossip' and cfg.sparsify.capacity:
-    return SparseGossip(mesh, cfg.sparsify.threshold, cfg.sparsify.capacity,
-                        cfg.sparsify.error_feedback)
-  if cfg.server == 'gossip':
-    return Gossip(mesh)
-  if cfg.server == 'central':
-    return CentralServer(mesh, dtype, cfg.central_schedule)
   # One buffer across processes, where every collective call costs a fixed latency.
   one_buffer = cfg.grad_fusion == 'one_buffer' or (cfg.grad_fusion == 'auto'
                                                     and jax.process_count() > 1)
-  if cfg.server == 'distributed':
-    return DistributedServer(mesh, dtype, cfg.placement, one_buffer)
-  return AllReduce(mesh.axis_names, cfg.grad_reduce, dtype, one_buffer)
+  every = cfg.sync_every or 1  # gossip: exchange on every p-th step (Local SGD(p) + gossip)
+  make = {
+      'hybrid': lambda: HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype,
+                                 config_lib.device_batch(cfg), cfg.dtype),
+      'async': lambda: AsyncServer(mesh, cfg.server),
+      'sparse_gossip': lambda: SparseGossip(mesh, cfg.sparsify.threshold, cfg.sparsify.capacity,
+                                            cfg.sparsify.error_feedback, every,
+                                            cfg.local_sgd_warmup),
+      'gossip': lambda: Gossip(mesh, every, cfg.local_sgd_warmup),
+      'local_sgd': lambda: LocalSGD(mesh, cfg.sync_every, cfg.local_sgd_warmup, group_axes(
+          mesh.axis_sizes, mesh.axis_names, cfg.local_sgd_group_size)),
+      'central': lambda: CentralServer(mesh, dtype, cfg.central_schedule),
+      'distributed': lambda: DistributedServer(mesh, dtype, cfg.placement, one_buffer),
+      'allreduce': lambda: AllReduce(mesh.axis_names, cfg.grad_reduce, dtype, one_buffer),
+  }
+  return make[config_lib.method(cfg)]()
 
 
 def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_steps: int):
@@ -95,7 +95,8 @@ def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_step
 def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng) -> TrainState:
   """Freshly initialised parameters, BN statistics and optimizer state, in the
   strategy's layout on the mesh."""
-  return init_state(model, tx, strategy, mesh, _input_shape(cfg, channels), rng)
+  return init_state(model, tx, strategy, mesh, _input_shape(cfg, channels), rng,
+                    loss_scaling=cfg.loss_scaling == 'dynamic')
 
 
 def timing_steps(cfg) -> int:
@@ -119,11 +120,11 @@ def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):
   """`loop(state) -> (state, metrics)`, called `steps` times from `state`: one synchronous
   step on the next global batch, or (async) one applied push of a worker's batch."""
   start = int(state.examples_seen)
-  if cfg.scheme == 'async':
-    return Downpour(model, tx, strategy, train_batches(cfg, source, cfg.per_device_batch, start),
-                    steps, rng)
+  # A step's examples: the global batch, or (async) one worker's push.
   batches = train_batches(cfg, source, config_lib.global_batch(cfg), start)
-  return Synchronous(make_train_step(model, tx, mesh, strategy),
+  if config_lib.method(cfg) == 'async':
+    return Downpour(model, tx, strategy, batches, steps, rng, cfg.grad_accum_steps)
+  return Synchronous(make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps),
                      pipeline.prefetch_to_device(batches, mesh), rng)
 
 
@@ -139,10 +140,6 @@ def abstract_variables(cfg, model, channels) -> dict:
 
 def _abstract_params(cfg, model, channels):
   return abstract_variables(cfg, model, channels)['params']
-
-
-def _per_device_batch(cfg) -> int:
-  return config_lib.global_batch(cfg) // config_lib.num_devices(cfg)
 
 
 def train_batches(cfg, source, global_batch: int, start: int):

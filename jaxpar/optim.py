@@ -1,7 +1,13 @@
-"""The optimizer: SGD + momentum or LARS, warm-up then cosine or polynomial decay, in steps.
+"""The optimizer: SGD + momentum, LARS, Adam or AdamW; warm-up then cosine or polynomial decay, in steps.
 
-Weight decay (and LARS' trust ratio) apply to kernels only: biases and BN
-scale/bias are excluded through optax masks, as in [Y] and MLPerf's ResNet.
+Each is a chain of optax transformations (`_chain`), written once for every layout:
+SGD  = decay → sgd(lr, momentum);              LARS  = decay → trust → lr → momentum
+Adam = decay → adam(β₁, β₂, ε) → lr  (L2 added to the gradient, as `torch.optim.Adam`);
+AdamW = adam(β₁, β₂, ε) → decay → lr  (decoupled, Loshchilov & Hutter; `optax.adamw`).
+`decay` adds λw and `trust` scales by You et al.'s trust ratio η‖w‖/‖u‖; both apply to
+kernels only: biases and BN scale/bias are excluded through masks, as in [Y] and MLPerf's
+ResNet. The layouts differ only in those two: whole tensors (optax's), tensors split
+into runs over mesh axes (norms summed over them), or packed vectors.
 """
 import functools
 from typing import NamedTuple
@@ -11,8 +17,9 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-OPTIMIZERS = ('sgd', 'lars')
+OPTIMIZERS = ('sgd', 'lars', 'adam', 'adamw')
 SCHEDULES = ('cosine', 'poly', 'constant')
+LR_SCALINGS = ('auto', 'linear', 'sqrt', 'none')
 
 
 def decay_mask(params):
@@ -39,47 +46,84 @@ def learning_rate(opt_config, global_batch: int, total_steps: int) -> optax.Sche
       [c.warmup_steps])
 
 
+def lr_scaling(opt_config) -> str:
+  """The rule `optimizer.lr_scaling` names; `auto`: linear for SGD and LARS ([Y] §3,
+  Goyal et al.), none for Adam and AdamW (their rate is given as is: [T]'s 0.001)."""
+  if opt_config.lr_scaling != 'auto':
+    return opt_config.lr_scaling
+  return 'none' if opt_config.name in ('adam', 'adamw') else 'linear'
+
+
 def peak_learning_rate(opt_config, global_batch: int) -> float:
-  """`base_lr` scaled linearly from `base_batch` to the global batch ([Y] §3)."""
-  return opt_config.base_lr * global_batch / opt_config.base_batch
+  """`base_lr` scaled from `base_batch` to the global batch by `lr_scaling`."""
+  ratio = global_batch / opt_config.base_batch
+  return opt_config.base_lr * {'linear': ratio, 'sqrt': ratio ** 0.5,
+                               'none': 1.0}[lr_scaling(opt_config)]
+
+
+class WholeTensors:
+  """For strategies whose devices update whole tensors (all-reduce, the central server,
+  per-device replicas): the optimizer of `config.optimizer`, its masks read from the
+  tensors' shapes."""
+
+  def make_optimizer(self, opt_config, schedule, params) -> optax.GradientTransformation:
+    del params
+    return make_optimizer(opt_config, schedule)
 
 
 def make_optimizer(opt_config, schedule: optax.Schedule, mask=decay_mask,
                    norm_axes: tuple = ()) -> optax.GradientTransformation:
-  """SGD + momentum or LARS. `mask` says which leaves are kernels (weight decay, trust
-  ratio): a function of the parameters or a tree of bools. `norm_axes`: mesh axes over
-  which every leaf is split into runs (the distributed server's even placement, inside
-  `shard_map`); LARS' trust ratio then takes the norms of the whole tensors, summed
-  over them."""
+  """The optimizer of `opt_config` on whole tensors. `mask` says which leaves are kernels
+  (weight decay, trust ratio): a function of the parameters or a tree of bools.
+  `norm_axes`: mesh axes over which every leaf is split into runs (the distributed
+  server's even placement, inside `shard_map`); LARS' trust ratio then takes the norms
+  of the whole tensors, summed over them."""
   c = opt_config
+  trust = None
   if c.name == 'lars':
-    # You et al. 2017: each kernel's step is scaled by trust_coefficient·‖w‖/‖g + λw‖;
-    # biases and BN parameters take the plain learning rate, undecayed.
-    if not norm_axes:
-      return optax.lars(schedule, weight_decay=c.weight_decay, weight_decay_mask=mask,
-                        trust_coefficient=c.trust_coefficient, trust_ratio_mask=mask,
-                        momentum=c.momentum, nesterov=c.nesterov)
-    return optax.chain(
-        optax.add_decayed_weights(c.weight_decay, mask=mask),
-        optax.masked(_trust_ratio_over(norm_axes, c.trust_coefficient), mask),
-        optax.scale_by_learning_rate(schedule),
-        optax.trace(decay=c.momentum, nesterov=c.nesterov))
-  return optax.chain(
-      optax.add_decayed_weights(c.weight_decay, mask=mask),
-      optax.sgd(schedule, momentum=c.momentum, nesterov=c.nesterov))
+    trust = optax.masked(
+        optax.scale_by_trust_ratio(trust_coefficient=c.trust_coefficient, eps=0.0)
+        if not norm_axes else _trust_ratio_over(norm_axes, c.trust_coefficient), mask)
+  return _chain(c, schedule, optax.add_decayed_weights(c.weight_decay, mask=mask), trust)
+
+
+def _chain(c, schedule, decay, trust) -> optax.GradientTransformation:
+  """`optimizer.name`'s chain from its layout's weight decay and (LARS) trust ratio, both
+  masked to kernels: the one place each optimizer is written."""
+  if c.name == 'sgd':
+    return optax.chain(decay, optax.sgd(schedule, momentum=c.momentum, nesterov=c.nesterov))
+  if c.name == 'lars':
+    # You et al. 2017, as optax.lars: each kernel's step is scaled by
+    # trust_coefficient·‖w‖/‖g + λw‖; biases and BN parameters take the plain rate.
+    return optax.chain(decay, trust, optax.scale_by_learning_rate(schedule),
+                       optax.trace(decay=c.momentum, nesterov=c.nesterov))
+  adam = optax.scale_by_adam(b1=c.b1, b2=c.b2, eps=c.eps)
+  if c.name == 'adam':
+    return optax.chain(decay, adam, optax.scale_by_learning_rate(schedule))
+  return optax.chain(adam, decay, optax.scale_by_learning_rate(schedule))
 
 
 def _trust_ratio_over(axes, trust_coefficient) -> optax.GradientTransformation:
-  """`optax.scale_by_trust_ratio` for leaves split over the mesh `axes`: every leaf's
-  norms are summed over the devices holding its runs (one psum of 2 scalars a leaf)."""
+  """`optax.scale_by_trust_ratio` for leaves split over the mesh `axes`, inside
+  `shard_map`: the norms of a leaf that varies along `axes` (one run or slice of a tensor
+  per device) are summed over them, in one psum of 2 scalars a leaf; a leaf the same on
+  every device (hybrid FC's unsplit layers) keeps its own."""
   def update(updates, state, params):
     leaves, treedef = jax.tree.flatten(updates)
     ws = jax.tree.leaves(params)
-    sums = lax.psum(jnp.array([[jnp.sum(jnp.square(w)) for w in ws],
-                               [jnp.sum(jnp.square(u)) for u in leaves]]), axes)
-    w_norm, u_norm = jnp.sqrt(sums)
-    ratio = jnp.where((w_norm == 0) | (u_norm == 0), 1.0, trust_coefficient * w_norm / u_norm)
-    return jax.tree.unflatten(treedef, [u * ratio[i] for i, u in enumerate(leaves)]), state
+    sums = [jnp.stack([jnp.sum(jnp.square(w)), jnp.sum(jnp.square(u))])
+            for w, u in zip(ws, leaves)]
+    split = [i for i, w in enumerate(ws) if set(axes) <= set(jax.typeof(w).mat.varying)]
+    if split:
+      summed = lax.psum(jnp.stack([sums[i] for i in split]), axes)
+      for row, i in enumerate(split):
+        sums[i] = summed[row]
+    out = []
+    for u, (w_sq, u_sq) in zip(leaves, sums):
+      w_norm, u_norm = jnp.sqrt(w_sq), jnp.sqrt(u_sq)
+      out.append(u * jnp.where((w_norm == 0) | (u_norm == 0), 1.0,
+                               trust_coefficient * w_norm / u_norm))
+    return jax.tree.unflatten(treedef, out), state
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
@@ -89,9 +133,11 @@ class _Empty(NamedTuple):
 
 def make_packed_optimizer(opt_config, schedule: optax.Schedule, layouts, decayed,
                           axes: tuple) -> optax.GradientTransformation:
-  """SGD or LARS on packed vectors: each device of the mesh `axes` updates one vector
-  holding its share of the elements of many tensors (the distributed server's greedy
-  placement: whole tensors, a different set on every device).
+  """The optimizer of `opt_config` on packed vectors: each device of the mesh `axes`
+  updates one vector holding its share of the elements of many tensors (the distributed
+  server's greedy placement: whole tensors, a different set on every device). Momentum
+  and Adam's moments are elementwise: only weight decay and the trust ratio need to know
+  which elements belong to which tensor.
 
   `axes` are the mesh axes of more than one device (none on one device).
   `layouts[d]` lists device d's runs in its vector, `(tensor, width)`, in order (the
@@ -136,18 +182,14 @@ def make_packed_optimizer(opt_config, schedule: optax.Schedule, layouts, decayed
     return jnp.concatenate([x * ratio[t] if t is not None and decayed[t] else x
                             for t, x in runs(layout, u)])
 
-  def update(u, state, params):
-    if c.weight_decay:
-      u = mine(decay, u, params)
-    if c.name == 'lars':
-      sums = mine(squares, params, u)
-      w_norm, u_norm = jnp.sqrt(lax.psum(sums, axes) if axes else sums)
-      ratio = jnp.where((w_norm == 0) | (u_norm == 0), 1.0, c.trust_coefficient * w_norm / u_norm)
-      u = mine(trust, u, ratio)
-    return u, state
-  decay_and_trust = optax.GradientTransformation(lambda params: _Empty(), update)
-  if c.name == 'lars':
-    return optax.chain(decay_and_trust, optax.scale_by_learning_rate(schedule),
-                       optax.trace(decay=c.momentum, nesterov=c.nesterov))
-  return optax.chain(decay_and_trust,
-                     optax.sgd(schedule, momentum=c.momentum, nesterov=c.nesterov))
+  def add_decayed_weights(u, state, params):
+    return (mine(decay, u, params) if c.weight_decay else u), state
+
+  def scale_by_trust_ratio(u, state, params):
+    sums = mine(squares, params, u)
+    w_norm, u_norm = jnp.sqrt(lax.psum(sums, axes) if axes else sums)
+    ratio = jnp.where((w_norm == 0) | (u_norm == 0), 1.0, c.trust_coefficient * w_norm / u_norm)
+    return mine(trust, u, ratio), state
+
+  return _chain(c, schedule, *(optax.GradientTransformation(lambda params: _Empty(), fn)
+                               for fn in (add_decayed_weights, scale_by_trust_ratio)))

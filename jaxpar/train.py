@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxpar import build
+from jaxpar import build, validation
 from jaxpar import config as config_lib
 from jaxpar.checkpoint import Checkpoints
 from jaxpar.data import pipeline, sources
@@ -58,7 +58,8 @@ def evaluate(eval_step, variables, mesh, source, cfg) -> dict:
 def train_and_evaluate(cfg, workdir: str) -> Result:
   started = time.perf_counter()
   # ------------------------------------------------------------------ config
-  config_lib.validate(cfg)
+  validation.validate(cfg)
+  _check_workdir(workdir)
   # ------------------------------------------------------------------ mesh
   mesh = build.mesh(cfg)
 
@@ -67,7 +68,7 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
   global_batch = config_lib.global_batch(cfg)
   total_steps = cfg.total_steps or math.ceil(
       cfg.num_epochs * source.num_train_global / global_batch)
-  config_lib.validate_schedule(cfg, total_steps)
+  validation.validate_schedule(cfg, total_steps)
   logging.info('%s, %s: global batch %d on mesh %s %s, %d steps; %d train / %d test examples.',
                cfg.model + (' with BatchNorm after each convolution (config.batch_norm=True, '
                             'not in the published network)' if cfg.batch_norm else ''),
@@ -130,6 +131,21 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
   logging.info('Wall time %.1f s for steps %d-%d.', wall_time, first_step, step)
   return Result(eval=results, train_loss=reporter.history, step=step,
                 examples_seen=int(state.examples_seen), wall_time=wall_time)
+
+
+def _check_workdir(workdir: str) -> None:
+  """The workdir exists (made if need be) and is writable; a remote path (gs://, …) is
+  left to the libraries that write there."""
+  if '://' in workdir:
+    return
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise config_lib.ConfigError(f'--workdir={workdir!r} cannot be created ({e.strerror}): '
+                                 f'choose a folder you can write to') from None
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise config_lib.ConfigError(f'--workdir={workdir!r} is not writable: choose a folder you '
+                                 f'can write to')
 
 
 def _quiet_libraries():

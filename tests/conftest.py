@@ -1,7 +1,20 @@
-"""Tests run on 8 emulated CPU devices, requested before JAX starts its backend."""
+"""Tests run on 8 emulated CPU devices, requested before JAX starts its backend.
+
+Compiled programs are kept in a persistent compilation cache for the session (one
+directory shared by the xdist workers and every process a test launches, removed at the
+end): many tests compile the same steps (the same small networks under the same
+strategies, a run and its resumed twin), and compilation is most of the suite's time.
+"""
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:  # the session's first process
+  _cache = tempfile.mkdtemp(prefix='jaxpar-tests-xla-cache-')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

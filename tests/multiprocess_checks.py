@@ -32,7 +32,7 @@ from jaxpar.parallel.averaging import LocalSGD  # noqa: E402
 from jaxpar.parallel.gossip import Gossip  # noqa: E402
 from jaxpar.parallel.servers import CentralServer, DistributedServer  # noqa: E402
 from jaxpar.step import init_state, init_variables, make_train_step, to_global  # noqa: E402
-from test_step import TinyResNet, _batches  # noqa: E402
+from runs import TinyResNet, random_batches  # noqa: E402
 
 # Odd, so no collective's chunks divide it evenly; 16 MB of float32 per device.
 REDUCED_SIZE = 4_000_037
@@ -118,7 +118,7 @@ def main(out):
   assert jax.process_count() == num_processes > 1 and jax.device_count() == 8
   mesh = mesh_lib.make_mesh((2, 4), ('x', 'y'))
   results = {f'reduce/{k}': v for k, v in reductions(mesh).items()}
-  batches = local_rows(_batches(3, batch=32), process_id, num_processes)
+  batches = local_rows(random_batches(3, batch=32), process_id, num_processes)
   for name in STRATEGIES:
     results.update({f'{name}/{k}': v for k, v in train(name, mesh, batches).items()})
   if process_id == 0:

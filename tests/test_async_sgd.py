@@ -9,10 +9,12 @@ import numpy as np
 import optax
 import pytest
 
+from jaxpar import config as config_lib
+from jaxpar import optim
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.async_sgd import AsyncServer, Downpour
 from jaxpar.step import init_state
-from test_step import TinyResNet, _assert_trees_close, _batches, _init, _reference_run
+from runs import TinyResNet, assert_trees_close, init_plain, random_batches, reference_run
 
 IMAGE = (1, 16, 16, 3)
 
@@ -40,16 +42,23 @@ class _SGD:  # what `make_optimizer` reads for its placement log; the tests pass
   name, weight_decay, momentum, nesterov = 'sgd', 0.0, 0.0, False
 
 
-@pytest.mark.parametrize('server_kind', ['central', 'distributed'])
-def test_one_worker_is_sequential_sgd(server_kind):
+@pytest.mark.parametrize('server_kind, name', [('central', 'sgd'), ('distributed', 'sgd'),
+                                              ('distributed', 'adamw')])
+def test_one_worker_is_sequential_sgd(server_kind, name):
+  """One worker applies its pushes in order: sequential training, with SGD + momentum, or
+  with AdamW (its moments held with each tensor, by its owner)."""
   tx = optax.sgd(0.1, momentum=0.9)
-  batches = _batches(4, batch=16)
+  if name == 'adamw':
+    c = config_lib.defaults().optimizer
+    c.name, c.weight_decay = 'adamw', 1e-3
+    tx = optim.make_optimizer(c, optax.constant_schedule(0.01))
+  batches = random_batches(4, batch=16)
   _, state, metrics, log = _run(server_kind, 1, tx, batches, 4)
-  ref, ref_losses = _reference_run(TinyResNet(), tx, batches)
+  ref, ref_losses = reference_run(TinyResNet(), tx, batches)
   assert [u.staleness for u in log] == [0, 0, 0, 0]
   np.testing.assert_allclose([m['loss'] for m in metrics], ref_losses, rtol=1e-5)
-  _assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-6)
-  _assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-5, atol=1e-6)
+  assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-5, atol=1e-6)
   assert int(state.step) == 4 and int(state.examples_seen) == 64
   # A push's gradient up and the weights down, float32.
   assert metrics[0]['sent_bytes'] == 2 * 4 * sum(x.size for x in jax.tree.leaves(ref.params))
@@ -80,12 +89,12 @@ def test_four_workers_apply_every_batch_once(server_kind):
   assert early and late and np.mean(late) < 0.85 * np.mean(early)
   assert [m['staleness'] for m in metrics] == [u.staleness for u in log]
   replay = _replay(tx, batches, log)
-  _assert_trees_close(state.params, replay.params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(state.params, replay.params, rtol=1e-5, atol=1e-6)
   # Momentum, gathered from the owners' parts into the order of the parameters.
   by_leaf = {i: m for (_, part), s in zip(server.parts, state.opt_state)
              for i, m in zip(part, jax.tree.leaves(s))}
-  _assert_trees_close([by_leaf[i] for i in range(len(by_leaf))],
-                      jax.tree.leaves(replay.opt_state), rtol=1e-5, atol=1e-6)
+  assert_trees_close([by_leaf[i] for i in range(len(by_leaf))],
+                     jax.tree.leaves(replay.opt_state), rtol=1e-5, atol=1e-6)
   if server_kind == 'distributed':  # every tensor lives with its Algorithm 3.7 owner
     counts = collections.Counter(server.owners)
     assert len(counts) == workers
@@ -106,7 +115,7 @@ def _replay(tx, batches, log):
   """Sequential single-device reference: version k+1 = version k updated with the gradient of
   log[k]'s batch at the weights and BN statistics of version log[k].version."""
   model = TinyResNet()
-  ref = _init(model, tx, IMAGE)
+  ref = init_plain(model, tx, IMAGE)
   versions = [(ref.params, ref.batch_stats)]
   params, opt_state = ref.params, tx.init(ref.params)
   for u in log:
@@ -145,7 +154,7 @@ def test_checkpoint_of_the_placed_state_restores_and_training_continues(tmp_path
   tx = optax.sgd(0.05, momentum=0.5)
   server.make_optimizer(_SGD, optax.constant_schedule(0.0), _abstract_params())
   fresh = lambda: init_state(TinyResNet(), tx, server, mesh, IMAGE, jax.random.key(0))
-  batches = _batches(4, batch=8)
+  batches = random_batches(4, batch=8)
   loop = Downpour(TinyResNet(), tx, server, iter(batches[:2]), 2, jax.random.key(3))
   state = fresh()
   for _ in range(2):
@@ -155,7 +164,7 @@ def test_checkpoint_of_the_placed_state_restores_and_training_continues(tmp_path
   checkpoints.save(2, state)
   checkpoints.close()
   restored = Checkpoints(str(tmp_path), every=2, keep=1).restore_latest(fresh())
-  _assert_trees_close(jax.device_get(restored), jax.device_get(state), rtol=0, atol=0)
+  assert_trees_close(jax.device_get(restored), jax.device_get(state), rtol=0, atol=0)
 
   loop = Downpour(TinyResNet(), tx, server, iter(batches[2:]), 2, jax.random.key(3))
   for _ in range(2):

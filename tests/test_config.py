@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from jaxpar import config as config_lib
+from jaxpar import validation
 
 
 def _config(**overrides):
@@ -21,8 +22,8 @@ def _config(**overrides):
 
 def test_defaults_are_valid():
   c = _config()
-  config_lib.validate(c)
-  config_lib.validate_devices(c, 8, 1)
+  validation.validate(c)
+  validation.validate_devices(c, 8, 1)
 
 
 @pytest.mark.parametrize('overrides, field, hint', [
@@ -33,7 +34,8 @@ def test_defaults_are_valid():
     ({'dtype': 'float8'}, 'config.dtype', 'bfloat16'),
     ({'scheme': 'hogwild'}, 'config.scheme', "'async'"),
     ({'scheme': 'async'}, 'config.server', "'central' or 'distributed'"),
-    ({'scheme': 'async', 'server': 'distributed'}, 'config.placement', "placement='greedy'"),
+    ({'scheme': 'async', 'server': 'distributed', 'placement': 'even'}, 'config.placement',
+     "placement='greedy', or leave it 'auto'"),
     ({'scheme': 'async', 'server': 'central', 'central_schedule': 'parallel'},
      'config.central_schedule', "leave it 'serial'"),
     ({'scheme': 'async', 'server': 'central', 'grad_reduce_dtype': 'bfloat16'},
@@ -52,8 +54,16 @@ def test_defaults_are_valid():
     ({'sync_every': 4, 'server': 'central'}, 'config.sync_every', "server='allreduce'"),
     ({'sync_every': 4, 'bn_group_size': 1, 'grad_reduce': 'ring'}, 'config.grad_reduce',
      'does not all-reduce'),
-    ({'sync_every': 4}, 'config.bn_group_size', 'set bn_group_size=1'),
-    ({'server': 'gossip'}, 'config.bn_group_size', 'gossip trains one replica'),
+    ({'sync_every': 4, 'bn_group_size': 8}, 'config.bn_group_size', 'set bn_group_size=1'),
+    ({'local_sgd_group_size': 4}, 'config.local_sgd_group_size', 'set sync_every'),
+    ({'sync_every': 4, 'local_sgd_group_size': 2}, 'config.local_sgd_group_size',
+     'one of [1, 4, 8]'),
+    ({'sync_every': 4, 'local_sgd_group_size': 4, 'bn_group_size': 8}, 'config.bn_group_size',
+     'a divisor of 4'),
+    ({'server': 'gossip', 'sync_every': 4, 'local_sgd_group_size': 4},
+     'config.local_sgd_group_size', 'leave it 1'),
+    ({'server': 'gossip', 'bn_group_size': 0}, 'config.bn_group_size',
+     'gossip trains one replica'),
     ({'scheme': 'async', 'server': 'gossip'}, 'config.server', "'central' or 'distributed'"),
     ({'sparsify.capacity': 0.1}, 'config.sparsify.capacity', "server='gossip'"),
     ({'fc_parallel': 'pipeline'}, 'config.fc_parallel', "'auto'"),
@@ -62,8 +72,6 @@ def test_defaults_are_valid():
      'config.fc_parallel', 'no FC layer'),
     ({'fc_parallel': 'auto', 'mesh.axes': ('data', 'model'), 'server': 'central'},
      'config.fc_parallel', 'synchronous all-reduce'),
-    ({'fc_parallel': 'model', 'mesh.axes': ('data', 'model'), 'optimizer.name': 'lars'},
-     'config.fc_parallel', "optimizer.name='sgd'"),
     ({'server': 'gossip', 'bn_group_size': 1, 'sparsify.capacity': 1.5},
      'config.sparsify.capacity', '(0, 1]'),
     ({'sparsify.threshold': 0.5}, 'config.sparsify.threshold', 'set sparsify.capacity'),
@@ -71,8 +79,6 @@ def test_defaults_are_valid():
      'set sparsify.capacity'),
     ({'server': 'gossip', 'bn_group_size': 1, 'sparsify.capacity': 0.1,
       'sparsify.threshold': -1.0}, 'config.sparsify.threshold', '>= 0'),
-    ({'server': 'gossip', 'bn_group_size': 1, 'sync_every': 2}, 'config.sync_every',
-     'do not combine'),
     ({'server': 'gossip', 'bn_group_size': 1, 'grad_reduce_dtype': 'bfloat16'},
      'config.grad_reduce_dtype', 'does not all-reduce'),
     ({'server': 'central', 'central_schedule': 'round_robin'}, 'config.central_schedule',
@@ -106,30 +112,99 @@ def test_defaults_are_valid():
     ({'grad_reduce': 'torus2d', 'mesh.shape': (8,), 'mesh.axes': ('d',)}, 'config.grad_reduce',
      'two mesh axes'),
     ({'grad_reduce_dtype': 'float16'}, 'config.grad_reduce_dtype', 'bfloat16'),
-    ({'bn_group_size': 2}, 'config.bn_group_size', '[1, 4, 8]'),
-    ({'bn_group_size': -1}, 'config.bn_group_size', '[1, 4, 8]'),
+    ({'bn_group_size': 3}, 'config.bn_group_size', '[1, 2, 4, 8]'),
+    ({'bn_group_size': -1}, 'config.bn_group_size', '[1, 2, 4, 8]'),
+    ({'bn_group_size': 2, 'grad_reduce': 'torus2d'}, 'config.bn_group_size',
+     "splits mesh axis 'y'"),
+    ({'bn_group_size': 2, 'fc_parallel': 'model', 'mesh.axes': ('data', 'model')},
+     'config.bn_group_size', "split the 'model' axis"),
     ({'model': 'vgg16e', 'bn_group_size': 4}, 'config.bn_group_size', 'config.batch_norm=True'),
-    ({'optimizer.name': 'adam'}, 'config.optimizer.name', 'lars'),
+    ({'optimizer.name': 'rmsprop'}, 'config.optimizer.name', "'adamw'"),
+    ({'loss_scaling': 'static'}, 'config.loss_scaling', "'dynamic'"),
+    ({'scheme': 'async', 'server': 'central', 'dtype': 'float16'}, 'config.dtype',
+     "use 'bfloat16' or 'float32'"),
+    ({'scheme': 'async', 'server': 'central', 'loss_scaling': 'dynamic'},
+     'config.loss_scaling', "leave it 'auto'"),
+    ({'optimizer.lr_scaling': 'cubic'}, 'config.optimizer.lr_scaling', "'sqrt'"),
+    ({'optimizer.name': 'adam', 'optimizer.b2': 1.0}, 'config.optimizer.b2', '[0, 1)'),
+    ({'optimizer.eps': 0.0}, 'config.optimizer.eps', '> 0'),
+    ({'grad_accum_steps': 0}, 'config.grad_accum_steps', 'positive'),
+    ({'scheme': 'sync-join', 'per_device_batch': 6, 'grad_accum_steps': 4},
+     'config.grad_accum_steps', 'divisor of it'),
     ({'optimizer.schedule': 'step'}, 'config.optimizer.schedule', 'poly'),
     ({'optimizer.trust_coefficient': 0.0}, 'config.optimizer.trust_coefficient', '> 0'),
 ])
 def test_static_errors_name_the_field(overrides, field, hint):
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(_config(**overrides))
+    validation.validate(_config(**overrides))
   message = str(e.value)
   assert message.startswith(field + '=') and hint in message and '\n' not in message
 
 
+@pytest.mark.parametrize('overrides, chosen', [
+    ({}, {'placement': 'even', 'bn_group_size': 0, 'optimizer.lr_scaling': 'linear'}),
+    ({'scheme': 'async', 'server': 'distributed'}, {'placement': 'greedy', 'bn_group_size': 0}),
+    ({'scheme': 'async', 'server': 'central'}, {'placement': 'even'}),
+    ({'server': 'distributed'}, {'placement': 'even'}),
+    ({'sync_every': 4}, {'bn_group_size': 1}),
+    ({'sync_every': 4, 'local_sgd_group_size': 4}, {'bn_group_size': 4}),
+    ({'server': 'gossip'}, {'bn_group_size': 1}),
+    ({'server': 'gossip', 'model': 'vgg16e'}, {'bn_group_size': 0}),  # no BatchNorm
+    ({'optimizer.name': 'adam'}, {'optimizer.lr_scaling': 'none'}),
+    ({'optimizer.name': 'lars'}, {'optimizer.lr_scaling': 'linear'}),
+    ({'dtype': 'float16'}, {'loss_scaling': 'dynamic'}),
+    ({'dtype': 'bfloat16'}, {'loss_scaling': 'none'}),
+])
+def test_method_defaults_adapt_to_the_method_and_are_logged(overrides, chosen, caplog):
+  """A field left auto takes what the method needs (named in one log line); a value the
+  user set stays (and is checked: test_static_errors_name_the_field)."""
+  c = _config(**overrides)
+  with caplog.at_level('INFO'):
+    validation.validate(c)
+  for field, value in chosen.items():
+    assert validation._get(c, field) == value, field
+  lines = [r.getMessage() for r in caplog.records if 'Defaults for this method' in r.getMessage()]
+  assert len(lines) == 1 and 'optimizer.lr_scaling' in lines[0]
+  validation.validate(c)  # settled: valid as it stands, nothing left to choose
+  assert validation._get(c, 'optimizer.lr_scaling') == chosen.get('optimizer.lr_scaling',
+                                                                  c.optimizer.lr_scaling)
+
+
+def test_an_explicit_value_is_kept():
+  c = _config(**{'scheme': 'sync-join', 'server': 'distributed', 'placement': 'greedy',
+                 'optimizer.name': 'adam', 'optimizer.lr_scaling': 'sqrt'})
+  validation.validate(c)
+  assert c.placement == 'greedy' and c.optimizer.lr_scaling == 'sqrt'
+
+
+def test_an_image_folder_without_classes_or_images_is_one_line(tmp_path):
+  c = _config(**{'dataset.name': 'image_folder', 'dataset.path': str(tmp_path)})
+  with pytest.raises(config_lib.ConfigError, match=r'^config.dataset.path=.*no sub-folder$'):
+    validation.validate(c)
+  (tmp_path / 'cat').mkdir()
+  (tmp_path / 'cat' / 'notes.txt').write_text('not an image')
+  with pytest.raises(config_lib.ConfigError, match=r'none of its 1 class folders holds an image'):
+    validation.validate(c)
+  (tmp_path / 'cat' / 'a.JPG').write_bytes(b'')
+  validation.validate(c)
+
+
 def test_mesh_must_match_the_device_count():
   with pytest.raises(config_lib.ConfigError, match=r'config.mesh.shape=\(2, 4\).*JAX sees 4'):
-    config_lib.validate_devices(_config(), 4, 1)
+    validation.validate_devices(_config(), 4, 1)
 
 
 def test_global_batch_must_divide_among_the_data_devices():
   with pytest.raises(config_lib.ConfigError, match=r'config.global_batch=100 .*multiple of 8'):
-    config_lib.validate_devices(_config(global_batch=100), 8, 1)
+    validation.validate_devices(_config(global_batch=100), 8, 1)
   # sync-join never splits a batch: per_device_batch=3 is fine on 8 devices.
-  config_lib.validate_devices(_config(scheme='sync-join', per_device_batch=3), 8, 1)
+  validation.validate_devices(_config(scheme='sync-join', per_device_batch=3), 8, 1)
+
+
+def test_accumulation_needs_equal_micro_batches_on_every_device():
+  with pytest.raises(config_lib.ConfigError, match=r'config.grad_accum_steps=3 .*divisor of 16'):
+    validation.validate_devices(_config(global_batch=128, grad_accum_steps=3), 8, 1)
+  validation.validate_devices(_config(global_batch=128, grad_accum_steps=4), 8, 1)
 
 
 def test_sync_join_consumes_n_times_the_per_device_batch():
@@ -139,7 +214,7 @@ def test_sync_join_consumes_n_times_the_per_device_batch():
 
 def test_async_consumes_one_workers_batch_per_step():
   c = _config(scheme='async', server='central', per_device_batch=5)
-  config_lib.validate(c)
+  validation.validate(c)
   assert config_lib.global_batch(c) == 5
 
 
@@ -159,8 +234,8 @@ def test_every_cell_of_the_thesis_grid_is_a_valid_config(net, scheme, server):
   for workers, iterations in ((1, 128), (4, 128 if scheme != 'sync-join' else 32),
                               (8, 128 if scheme != 'sync-join' else 16)):
     c = _thesis(f'net={net},scheme={scheme},server={server},workers={workers}')
-    config_lib.validate(c)
-    config_lib.validate_devices(c, workers, 1)
+    validation.validate(c)
+    validation.validate_devices(c, workers, 1)
     assert c.total_steps == iterations
     # D = 128 batches of d = 32, whatever the scheme and N.
     assert c.total_steps * config_lib.global_batch(c) == 128 * 32
@@ -178,12 +253,12 @@ def test_thesis_config_arguments_are_checked(arg, hint):
 
 def test_thesis_config_rejects_a_bad_cell_by_field():
   with pytest.raises(config_lib.ConfigError, match='config.central_schedule'):
-    config_lib.validate(_thesis('server=distributed,schedule=parallel'))
+    validation.validate(_thesis('server=distributed,schedule=parallel'))
 
 
 def test_warmup_must_fit_in_the_run():
   with pytest.raises(config_lib.ConfigError, match='config.optimizer.warmup_steps=50'):
-    config_lib.validate_schedule(_config(), 40)
+    validation.validate_schedule(_config(), 40)
 
 
 @pytest.mark.parametrize('flag, error', [
@@ -216,11 +291,12 @@ def test_config_files_are_valid(name, arg):
   spec.loader.exec_module(module)
   c = module.get_config(arg)
   assert c.model == name.split('_')[0]
-  config_lib.validate(c)
-  config_lib.validate_devices(c, config_lib.num_devices(c), 1)
+  validation.validate(c)
+  validation.validate_devices(c, config_lib.num_devices(c), 1)
 
 
-@pytest.mark.parametrize('arg, devices, every', [('post_local', 8, 4), ('sparknet', 5, 50)])
+@pytest.mark.parametrize('arg, devices, every', [('post_local', 8, 4), ('sparknet', 5, 50),
+                                                 ('gossip_sparse', 8, 16)])
 def test_local_sgd_configs_are_valid(arg, devices, every):
   import importlib.util
   root = __file__.rsplit('/tests/', 1)[0]
@@ -228,8 +304,8 @@ def test_local_sgd_configs_are_valid(arg, devices, every):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config(arg)
-  config_lib.validate(c)
-  config_lib.validate_devices(c, devices, 1)
+  validation.validate(c)
+  validation.validate_devices(c, devices, 1)
   assert c.sync_every == every
 
 
@@ -241,6 +317,39 @@ def test_unknown_config_argument():
 def test_async_refuses_a_cluster_of_several_processes():
   """A cluster's environment may bring several processes that the config did not name."""
   c = _config(scheme='async', server='central')
-  config_lib.validate_devices(c, 8, 1)
+  validation.validate_devices(c, 8, 1)
   with pytest.raises(config_lib.ConfigError, match=r"config.scheme='async' .*2 processes"):
-    config_lib.validate_devices(c, 8, 2)
+    validation.validate_devices(c, 8, 2)
+
+
+def test_an_unusable_workdir_is_one_line_before_anything_compiles(tmp_path):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'jaxpar.train', '--config', 'configs/resnet34_2d.py',
+       f'--workdir={blocker}/run'], capture_output=True, text=True, timeout=300,
+      cwd=__file__.rsplit('/tests/', 1)[0])
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr
+  errors = [line for line in proc.stderr.splitlines() if line.startswith('jaxpar:')]
+  assert errors == [f"jaxpar: --workdir='{blocker}/run' cannot be created (Not a directory): "
+                    f"choose a folder you can write to"]
+
+
+@pytest.mark.parametrize('download', [True, False])
+def test_an_unprepared_dataset_offline_is_one_line_in_seconds(tmp_path, monkeypatch, download):
+  """No download is tried where the internet cannot be reached (or downloads are off): the
+  line says how to prepare the data elsewhere."""
+  import time
+
+  from jaxpar.data import sources
+  monkeypatch.setattr(sources, '_online', lambda: False)
+  c = config_lib.defaults().dataset
+  c.name, c.data_dir, c.download = 'cifar10', str(tmp_path), download
+  started = time.perf_counter()
+  with pytest.raises(config_lib.ConfigError) as e:
+    sources.open_source(c)
+  assert time.perf_counter() - started < 10
+  message = str(e.value)
+  assert message.startswith("config.dataset.name='cifar10' is not prepared in ")
+  assert '`tfds build cifar10 --data_dir DIR`' in message and '\n' not in message
+  assert ('config.dataset.download=False' in message) != download

@@ -135,10 +135,8 @@ def _one_step(net, impl):
   """Loss and parameters after one SGD step of `net` at 32² (batch 2), convolutions by `impl`."""
   conv = functools.partial(nn.Conv, conv_general_dilated=conv_general_dilated(impl))
   model = MODELS[net](num_classes=10, conv=conv)
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(2, 32, 32, 1)), jnp.float32)
-  labels = jnp.asarray([3, 7])
-  variables = model.init(jax.random.key(0), x, train=True)
+  x, labels = _input()
+  variables = _variables(net)
 
   def step(variables):
     def loss_fn(params):
@@ -150,6 +148,22 @@ def _one_step(net, impl):
   # Without LLVM's optimisation passes: the same arithmetic, compiled several times faster.
   return jax.jit(step).lower(variables).compile(
       compiler_options={'xla_backend_optimization_level': 0})(variables)
+
+
+def _input():
+  rng = np.random.default_rng(0)
+  return jnp.asarray(rng.normal(size=(2, 32, 32, 1)), jnp.float32), jnp.asarray([3, 7])
+
+
+@functools.cache
+def _variables(net):
+  """The network's initial variables (the same whichever lowering: they are shapes and
+  random draws), initialised once, compiled without LLVM's optimisation."""
+  model = MODELS[net](num_classes=10)
+  init = jax.jit(functools.partial(model.init, train=True)).lower(
+      jax.random.key(0), _input()[0]).compile(
+          compiler_options={'xla_backend_optimization_level': 0})
+  return init(jax.random.key(0), _input()[0])
 
 
 @pytest.mark.slow

@@ -82,8 +82,10 @@ def test_image_folder(tmp_path):
 
 
 def test_unprepared_dataset_is_a_config_error(tmp_path):
+  """A dataset whose files are downloaded by hand says which (no reachability check)."""
   c = ml_collections.ConfigDict(dict(name='imagenet2012', data_dir=str(tmp_path),
-                                     train_split='train', test_split='validation'))
+                                     train_split='train', test_split='validation',
+                                     download=True))
   with pytest.raises(ConfigError) as e:
     sources.open_source(c)
   message = str(e.value)

@@ -1,6 +1,7 @@
 """Gossip ([L] Algorithm 2): one exchange equals the mixing matrix (1/3 on the diagonal and
-at ±s) applied to the stacked per-device gradients; a few steps of the strategy equal a
-single-device simulation of every replica."""
+at ±s) applied to the stacked per-device gradients; a few steps of the strategy — alone,
+with Local SGD(p), with sparsification — equal a single-device simulation of every
+replica."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,8 +11,9 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.gossip import Gossip, distances, gossip_mean
+from jaxpar.parallel.sparsify import SparseGossip, capacity_of
 from jaxpar.step import init_state, make_train_step, model_loss, to_global
-from test_step import TinyResNet, _assert_trees_close, _batches, _init
+from runs import TinyResNet, assert_trees_close, init_plain, random_batches
 
 IMAGE = (1, 16, 16, 3)
 
@@ -46,27 +48,43 @@ def test_distances_cycle_to_half_the_ring():
   assert distances(3) == [1] and distances(2) == [1] and distances(1) == [1]
 
 
-def test_gossip_steps_equal_a_simulation_of_every_replica():
+@pytest.mark.parametrize('every, warmup, capacity', [
+    (1, 0, 0.0),    # gossip
+    (2, 1, 0.0),    # Local SGD(2) + gossip after one exchanging step: exchange, own, exchange
+    (2, 0, 0.3),    # Local SGD(2) + sparsified gossip (30 % of each tensor, error feedback)
+])
+def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacity):
   """4 devices, 3 steps (s = 1, 2, 1), SGD + momentum: each replica's weights equal those
-  of a single-device loop that computes every replica's gradient on its own rows, mixes
-  them with W_s and updates each replica with its row."""
+  of a single-device loop that computes every replica's gradient on its own rows and, on
+  a step that exchanges, mixes them with W_s (sparsified in numpy first: each tensor's
+  largest entries of gradient + residual, the rest kept as the residual); on the other
+  steps each replica applies its own gradient."""
   n, steps = 4, 3
   tx = optax.sgd(0.1, momentum=0.9)
   mesh = make_mesh((n,), ('data',))
   model = TinyResNet(bn_axis_name=None)
-  gossip = Gossip(mesh)
+  gossip = (SparseGossip(mesh, 0.0, capacity, True, every, warmup) if capacity
+            else Gossip(mesh, every, warmup))
   state = init_state(model, tx, gossip, mesh, IMAGE, jax.random.key(0))
   step = make_train_step(model, tx, mesh, gossip)
-  batches = _batches(steps, batch=8 * n)
+  batches = random_batches(steps, batch=8 * n)
+  sent = []
   for b in batches:
-    state, _ = step(state, to_global(mesh, b), jax.random.key(7))
+    state, metrics = step(state, to_global(mesh, b), jax.random.key(7))
+    sent.append(float(metrics['sent_bytes']))
   state = jax.device_get(state)
 
-  init = _init(model, tx, IMAGE)
+  init = init_plain(model, tx, IMAGE)
   replicas = [(init.params, init.batch_stats, init.opt_state)] * n
+  residuals = [jax.tree.map(np.zeros_like, init.params)] * n
   grad_fn = jax.jit(jax.value_and_grad(
       lambda p, stats, rows: model_loss(model, p, stats, rows, jax.random.key(0)),
       has_aux=True))
+
+  @jax.jit
+  def update(grads, opt_state, params):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
   for k, b in enumerate(batches):
     grads, stats = [], []
     for i, (params, batch_stats, _) in enumerate(replicas):
@@ -74,19 +92,35 @@ def test_gossip_steps_equal_a_simulation_of_every_replica():
       (_, (_, new_stats)), g = grad_fn(params, batch_stats, rows)
       grads.append(g)
       stats.append(new_stats)
-    w = _mixing(n, distances(n)[k % len(distances(n))])
+    exchanges = k < warmup or (k + 1 - warmup) % every == 0
+    w = _mixing(n, distances(n)[k % len(distances(n))]) if exchanges else np.eye(n)
+    if exchanges and capacity:
+      corrected = [jax.tree.map(lambda g, r: np.asarray(g) + r, g, r)
+                   for g, r in zip(grads, residuals)]
+      grads = [jax.tree.map(lambda c: _top(c, capacity), c) for c in corrected]
+      residuals = [jax.tree.map(lambda c, g: c - g, c, g) for c, g in zip(corrected, grads)]
     new = []
     for i, (params, _, opt_state) in enumerate(replicas):
       mixed = jax.tree.map(lambda *g: sum(w[i, j] * g[j] for j in range(n)), *grads)
-      updates, opt_state = tx.update(mixed, opt_state, params)
-      new.append((optax.apply_updates(params, updates), stats[i], opt_state))
+      params, opt_state = update(mixed, opt_state, params)
+      new.append((params, stats[i], opt_state))
     replicas = new
+    assert (sent[k] > 0) == exchanges
   for i, (params, batch_stats, _) in enumerate(replicas):
-    _assert_trees_close(jax.tree.map(lambda x: x[i], state.params), params, rtol=1e-4, atol=1e-6)
-    _assert_trees_close(jax.tree.map(lambda x: x[i], state.batch_stats), batch_stats,
-                        rtol=1e-4, atol=1e-6)
+    assert_trees_close(jax.tree.map(lambda x: x[i], state.params), params, rtol=1e-4, atol=1e-6)
+    assert_trees_close(jax.tree.map(lambda x: x[i], state.batch_stats), batch_stats,
+                       rtol=1e-4, atol=1e-6)
   # The replicas are close but not equal; evaluation reads their mean.
   kernel = jax.tree.leaves(state.params)[-1]
   assert not np.array_equal(kernel[0], kernel[1])
   np.testing.assert_allclose(jax.tree.leaves(gossip.variables(state)['params'])[-1],
                              jnp.mean(kernel, axis=0), rtol=1e-6)
+
+
+def _top(x, capacity):
+  """x with all but its ⌈capacity·size⌉ largest-magnitude entries zeroed (numpy)."""
+  flat = np.asarray(x).ravel()
+  keep = np.argsort(-np.abs(flat), kind='stable')[:capacity_of(flat.size, capacity)]
+  out = np.zeros_like(flat)
+  out[keep] = flat[keep]
+  return out.reshape(x.shape)

@@ -1,19 +1,24 @@
 """[Y]'s sub-group batch norm: each device normalizes with its group's statistics, and the
-replicated running statistics are the mean over groups of single-group updates."""
+replicated running statistics are the mean over groups of single-group updates; groups of
+any size a split mesh axis can hold."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import make_mesh
 from jaxpar.models.layers import batch_norm
 from jaxpar.parallel.collectives import replicate
-from jaxpar.parallel.group_batchnorm import group_axes, group_sizes
+from jaxpar.parallel.group_batchnorm import (bn_group_sizes, group_axes, group_sizes,
+                                             split_for_groups)
+from runs import TinyResNet, assert_trees_close, random_batches, sharded_run
 
 SHAPE, AXES = (2, 2, 2), ('a', 'b', 'c')
 ROWS, FEATURES, EPS, MOMENTUM = 4, 3, 1e-5, 0.9
+TX = optax.sgd(0.1, momentum=0.9)
 
 
 class BN(nn.Module):
@@ -32,18 +37,23 @@ def _device_batches():
   return rng.normal(size=(8, ROWS, FEATURES)).astype(np.float32) + offsets
 
 
+@pytest.mark.parametrize('shape, axes', [(SHAPE, AXES), ((2, 4), ('x', 'y')), ((8,), ('d',))])
 @pytest.mark.parametrize('group_size', [1, 2, 4, 8])
-def test_sub_group_batch_norm_equals_numpy_per_group(group_size):
-  mesh = make_mesh(SHAPE, AXES)
-  bn_axes = group_axes(SHAPE, AXES, group_size)
+def test_sub_group_batch_norm_equals_numpy_per_group(shape, axes, group_size):
+  """Every size that divides the 8 devices, on three meshes: where it is not a product of
+  trailing axes (2 on (2, 4) and (8,), 4 on (8,)), the mesh splits an axis."""
+  mesh = make_mesh(shape, axes, bn_group_size=group_size)
+  assert [d.id for d in mesh.devices.flat] == [d.id for d in jax.devices()]  # same order
+  bn_axes = group_axes(mesh.devices.shape, mesh.axis_names, group_size)
   x = _device_batches()
   variables = BN().init(jax.random.key(0), x[0])
 
   def body(x):
     y, new = BN(bn_axes).apply(variables, x[0], mutable=['batch_stats'])
     return y[None], replicate(new['batch_stats'])
-  y, stats = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXES),
-                                   out_specs=(P(AXES), P())))(x)
+  every = mesh.axis_names
+  y, stats = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(every),
+                                   out_specs=(P(every), P())))(x)
 
   groups = x.reshape(8 // group_size, group_size * ROWS, FEATURES)  # consecutive devices
   mean, var = groups.mean(1), groups.var(1)
@@ -52,6 +62,29 @@ def test_sub_group_batch_norm_equals_numpy_per_group(group_size):
   bn = stats['BatchNorm_0']
   np.testing.assert_allclose(bn['mean'], ((1 - MOMENTUM) * mean).mean(0), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(bn['var'], (MOMENTUM + (1 - MOMENTUM) * var).mean(0), rtol=1e-5)
+
+
+def test_a_group_size_no_split_can_make_is_refused():
+  assert bn_group_sizes((2, 4)) == [1, 2, 4, 8] and bn_group_sizes((8,)) == [1, 2, 4, 8]
+  assert bn_group_sizes((3, 4)) == [1, 2, 4, 12]  # 3 and 6 consecutive devices straddle rows of 4
+  assert split_for_groups((2, 4), ('x', 'y'), 2) == ((2, 2, 2), ('x', 'y', 'y_bn'), 'y')
+  assert split_for_groups((8,), ('d',), 4) == ((2, 4), ('d', 'd_bn'), 'd')
+  assert split_for_groups((4, 2), ('x', 'y'), 4) == ((2, 2, 2), ('x', 'x_bn', 'y'), 'x')
+  assert split_for_groups((2, 4), ('x', 'y'), 4) == ((2, 4), ('x', 'y'), None)
+
+
+def test_a_split_mesh_trains_like_the_mesh_whose_trailing_axes_are_the_groups():
+  """Groups of 2 on (2, 4) (axis 'y' split) and on (4, 2) (trailing 'y') are the same
+  consecutive devices: all-reduce training with BN in those groups is the same."""
+  runs = []
+  for shape in ((2, 4), (4, 2)):
+    mesh = make_mesh(shape, ('x', 'y'), bn_group_size=2)
+    runs.append(sharded_run(TinyResNet(), TX, mesh, random_batches(2, batch=32),
+                            bn_group_size=2))
+  (state, losses), (ref, ref_losses) = runs
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+  assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-7)
+  assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-5, atol=1e-7)
 
 
 def test_groups_are_trailing_mesh_axes():

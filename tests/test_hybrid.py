@@ -8,12 +8,13 @@ import numpy as np
 import optax
 import pytest
 
+from jaxpar import config as config_lib
 from jaxpar import models
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.hybrid import HybridFC, choose_split
 from jaxpar.step import init_state, init_variables, make_eval_step, make_train_step, to_global
-from test_step import _assert_trees_close
+from runs import assert_trees_close
 
 # A small VGG: one 3×3 conv, a pool, FC 16 → 16 → 8 classes (R = 4 divides 16 and 8).
 TinyVGG = functools.partial(models.VGG, layers=(8, 'M'), num_classes=8, fc_features=16,
@@ -37,6 +38,24 @@ def _run(model, strategy, mesh, batches, tx):
   return state, losses, float(metrics['sent_bytes'])
 
 
+def test_model_parallel_fc_with_lars_trains_like_data_parallel_lars():
+  """LARS' trust ratio of a split layer takes the whole kernel's norms (its slices' sums of
+  squares added over the model axis), so split and whole layers train alike."""
+  mesh = make_mesh((2, 4), ('data', 'model'))
+  c = config_lib.defaults().optimizer
+  c.name, c.weight_decay, c.momentum = 'lars', 1e-3, 0.9
+  split = TinyVGG.func.FC_LAYERS
+  hybrid, allreduce = HybridFC(mesh, 'model', split, per_device_batch=4), AllReduce(mesh.axis_names)
+  txs = [s.make_optimizer(c, optax.constant_schedule(0.5), None) for s in (hybrid, allreduce)]
+  batches = _batches(3, batch=32)
+  state, losses, _ = _run(TinyVGG(fc_axis='model', fc_split=split), hybrid, mesh, batches, txs[0])
+  ref, ref_losses, _ = _run(TinyVGG(), allreduce, mesh, batches, txs[1])
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+  assert losses[2] != losses[0]
+  assert_trees_close(jax.device_get(state.params), jax.device_get(ref.params), rtol=1e-4,
+                     atol=1e-6)
+
+
 @pytest.mark.parametrize('split', [TinyVGG.func.FC_LAYERS, ('Dense_1',)])
 def test_model_parallel_fc_trains_like_data_parallel(split):
   """Outputs (losses), gradients (through the updates) and evaluation equal the
@@ -51,8 +70,8 @@ def test_model_parallel_fc_trains_like_data_parallel(split):
   ref, ref_losses, _ = _run(TinyVGG(), AllReduce(mesh.axis_names), mesh, batches, tx)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   assert losses[2] != losses[0]
-  _assert_trees_close(jax.device_get(state.params), jax.device_get(ref.params), rtol=1e-4,
-                      atol=1e-6)
+  assert_trees_close(jax.device_get(state.params), jax.device_get(ref.params), rtol=1e-4,
+                     atol=1e-6)
   if len(split) == 3:  # bytes sent, by hand: the conv's 224 gradients all-reduced over 8
     # devices, each device's 618 FC-slice gradients over the 2 data devices, and the
     # activations: 2·(R−1)·M·(K + N/R) per layer, M = 4, R = 4, (K, N/R) = (128, 4),

@@ -2,10 +2,12 @@
 peak learning rate, the training loss on a fixed batch of 16 real digits falls clearly
 below ln(10), the loss of a network that predicts nothing (docs/training.md); a dead
 network (all logits 0) stays at ln(10) and fails it."""
+import functools
 import importlib.util
 import math
 import os
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 
 from jaxpar import models, optim
 from jaxpar.data import pipeline, sources
+from jaxpar.models.conv import conv_general_dilated
 from jaxpar.step import loss_and_logits
 
 CONFIGS = os.path.join(os.path.dirname(__file__), '..', 'configs')
@@ -39,7 +42,9 @@ def train_losses(cfg, batch, steps=STEPS):
   """`steps` steps of the config's network and optimizer at its peak learning rate (one
   device, the whole batch), from its initialisation: the losses."""
   kwargs = {} if cfg.model == 'resnet34' else {'batch_norm': cfg.batch_norm}
-  model = models.MODELS[cfg.model](num_classes=10, **kwargs)
+  # The config's convolution lowering (per-tap on CPU for small maps, as a run has it).
+  conv = functools.partial(nn.Conv, conv_general_dilated=conv_general_dilated(cfg.conv_impl))
+  model = models.MODELS[cfg.model](num_classes=10, conv=conv, **kwargs)
   lr = optim.peak_learning_rate(cfg.optimizer, cfg.global_batch)
   tx = optim.make_optimizer(cfg.optimizer, optax.constant_schedule(lr))
   x, y = jnp.asarray(batch['image']), jnp.asarray(batch['label'])

@@ -12,7 +12,7 @@ import pytest
 
 import multiprocess_checks as checks
 from jaxpar.mesh import make_mesh
-from test_step import _batches
+from runs import random_batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, 'PYTHONPATH': ROOT, 'XLA_FLAGS': ''}
@@ -65,7 +65,7 @@ def test_multi_megabyte_reductions_across_processes_are_exact(two_processes):
 def test_strategy_on_two_processes_equals_one_process(two_processes, name):
   """Three steps of each landed strategy give the same losses and weights on 2 processes ×
   4 devices as on 1 process × 8 devices."""
-  one = checks.train(name, _mesh(), _batches(3, batch=32))
+  one = checks.train(name, _mesh(), random_batches(3, batch=32))
   assert one['losses'][2] != one['losses'][0]
   np.testing.assert_allclose(two_processes[f'{name}/losses'], one['losses'], rtol=1e-5)
   for key, value in one.items():

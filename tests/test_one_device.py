@@ -13,7 +13,7 @@ from jaxpar.parallel.gossip import Gossip
 from jaxpar.parallel.servers import CentralServer, DistributedServer
 from jaxpar.step import init_state, make_train_step, to_global
 from test_servers import IMAGE, _optimizer
-from test_step import TinyResNet, _assert_trees_close, _batches, _sharded_run
+from runs import TinyResNet, assert_trees_close, random_batches, sharded_run
 
 METHODS = {
     'central': CentralServer,
@@ -30,7 +30,7 @@ def _program(strategy, mesh, name='sgd'):
   model = TinyResNet(bn_axis_name=None)
   state = init_state(model, tx, strategy, mesh, IMAGE, jax.random.key(0))
   lowered = make_train_step(model, tx, mesh, strategy).lower(
-      state, to_global(mesh, _batches(1, batch=8)[0]), jax.random.key(0))
+      state, to_global(mesh, random_batches(1, batch=8)[0]), jax.random.key(0))
   memory = lowered.compile().memory_analysis()
   peak = (memory.argument_size_in_bytes + memory.output_size_in_bytes
           - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
@@ -42,13 +42,13 @@ def _program(strategy, mesh, name='sgd'):
 def test_one_device_trains_like_all_reduce(method, name):
   mesh = make_mesh((1,), ('data',))
   reference = AllReduce(mesh.axis_names)
-  ref, ref_losses = _sharded_run(TinyResNet(), _optimizer(name, reference), mesh,
-                                 _batches(3, batch=8), reference)
+  ref, ref_losses = sharded_run(TinyResNet(), _optimizer(name, reference), mesh,
+                                random_batches(3, batch=8), reference)
   strategy = METHODS[method](mesh)
-  state, losses = _sharded_run(TinyResNet(), _optimizer(name, strategy), mesh,
-                               _batches(3, batch=8), strategy)
+  state, losses = sharded_run(TinyResNet(), _optimizer(name, strategy), mesh,
+                              random_batches(3, batch=8), strategy)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
-  _assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-7)
+  assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize('method', list(METHODS))

@@ -76,3 +76,38 @@ def test_one_lars_update_equals_the_hand_computation():
       step = lr * g
     # First step from zero momentum; Nesterov applies it once more: (1 + m) × step.
     np.testing.assert_allclose(u, -(1 + 0.9) * step, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize('name', ['adam', 'adamw'])
+def test_adam_and_adamw_updates_equal_optax(name):
+  """[T] ch. 3's Adam (α, β₁, β₂, ε): `adam` adds the L2 term λw to the gradient of the
+  kernels (as torch.optim.Adam's weight_decay), `adamw` decays them apart from the
+  moments (optax.adamw with the kernel mask). Three updates, moments included."""
+  c = config_lib.defaults().optimizer
+  c.name, c.weight_decay = name, 0.01
+  lr = 0.001
+  tx = optim.make_optimizer(c, optax.constant_schedule(lr))
+  if name == 'adamw':
+    ref = optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, mask=optim.decay_mask)
+  else:
+    ref = optax.chain(optax.add_decayed_weights(0.01, optim.decay_mask),
+                      optax.adam(lr, b1=0.9, b2=0.999, eps=1e-8))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), _params())
+  state, ref_state = tx.init(params), ref.init(params)
+  for _ in range(3):
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    updates, state = tx.update(grads, state, params)
+    expected, ref_state = ref.update(grads, ref_state, params)
+    for u, e in zip(jax.tree.leaves(updates), jax.tree.leaves(expected)):
+      np.testing.assert_allclose(u, e, rtol=1e-6, atol=1e-9)
+    params = optax.apply_updates(params, updates)
+
+
+@pytest.mark.parametrize('name, scaling, expected', [
+    ('sgd', 'auto', 0.2), ('lars', 'auto', 0.2), ('adam', 'auto', 0.1), ('adamw', 'auto', 0.1),
+    ('adam', 'linear', 0.2), ('sgd', 'sqrt', 0.1 * 2 ** 0.5), ('sgd', 'none', 0.1)])
+def test_the_peak_rate_follows_the_batch_by_the_rule(name, scaling, expected):
+  c = config_lib.defaults().optimizer
+  c.name, c.lr_scaling, c.base_lr, c.base_batch = name, scaling, 0.1, 256
+  assert optim.peak_learning_rate(c, 512) == pytest.approx(expected)

@@ -15,7 +15,7 @@ from jaxpar.parallel.allreduce import AllReduce
 from analysis.hlo import collectives
 from jaxpar.parallel.servers import CentralServer, DistributedServer, Packing, greedy_owners
 from jaxpar.step import init_state, init_variables, make_train_step, to_global
-from test_step import TinyResNet, _assert_trees_close, _batches, _sharded_run
+from runs import TinyResNet, assert_trees_close, random_batches, sharded_run
 
 IMAGE = (1, 16, 16, 3)
 
@@ -24,27 +24,27 @@ def _optimizer(name, strategy):
   c = config_lib.defaults().optimizer
   c.name, c.weight_decay, c.momentum = name, 1e-3, 0.9
   params = jax.eval_shape(lambda: init_variables(TinyResNet(), IMAGE, jax.random.key(0)))['params']
-  return strategy.make_optimizer(c, optax.constant_schedule(0.5 if name == 'lars' else 0.05),
-                                 params)
+  rate = {'lars': 0.5, 'adamw': 0.01}.get(name, 0.05)
+  return strategy.make_optimizer(c, optax.constant_schedule(rate), params)
 
 
 @functools.cache
 def _all_reduce_run(name):
   mesh = make_mesh((2, 4), ('x', 'y'))
   allreduce = AllReduce(mesh.axis_names)
-  return _sharded_run(TinyResNet(), _optimizer(name, allreduce), mesh, _batches(3, batch=32),
-                      allreduce)
+  return sharded_run(TinyResNet(), _optimizer(name, allreduce), mesh,
+                     random_batches(3, batch=32), allreduce)
 
 
 def _assert_trains_like_all_reduce(name, server):
   mesh = server.mesh
-  state, losses = _sharded_run(TinyResNet(), _optimizer(name, server), mesh,
-                               _batches(3, batch=32), server)
+  state, losses = sharded_run(TinyResNet(), _optimizer(name, server), mesh,
+                              random_batches(3, batch=32), server)
   ref, ref_losses = _all_reduce_run(name)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   assert losses[2] != losses[0]
-  _assert_trees_close(state.params, ref.params, rtol=1e-4, atol=1e-6)
-  _assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-4, atol=1e-6)
+  assert_trees_close(state.params, ref.params, rtol=1e-4, atol=1e-6)
+  assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-4, atol=1e-6)
   return state
 
 
@@ -58,6 +58,17 @@ def test_distributed_server_trains_like_all_reduce(name, placement, one_buffer):
   _assert_trains_like_all_reduce(
       name, DistributedServer(make_mesh((2, 4), ('x', 'y')), placement=placement,
                               one_buffer=one_buffer))
+
+
+@pytest.mark.parametrize('server', ['distributed even', 'distributed greedy', 'central'])
+def test_adamw_under_every_server_trains_like_all_reduce(server):
+  """[T] ch. 3's optimizer: Adam's moments live with the owners of the weights (the greedy
+  placement's packed vectors, the central server's device 0) and weight decay is decoupled
+  per kernel: three steps give the all-reduce parameters."""
+  mesh = make_mesh((2, 4), ('x', 'y'))
+  kind, _, placement = server.partition(' ')
+  _assert_trains_like_all_reduce('adamw', CentralServer(mesh) if kind == 'central'
+                                 else DistributedServer(mesh, placement=placement))
 
 
 @pytest.mark.parametrize('schedule', ['serial', 'parallel'])
@@ -82,7 +93,7 @@ def test_central_server_moves_the_network_through_one_device(schedule):
   model = TinyResNet(bn_axis_name=mesh.axis_names)
   state = init_state(model, tx, server, mesh, IMAGE, jax.random.key(0))
   text = make_train_step(model, tx, mesh, server).lower(
-      state, to_global(mesh, _batches(1, batch=8)[0]), jax.random.key(0)).as_text()
+      state, to_global(mesh, random_batches(1, batch=8)[0]), jax.random.key(0)).as_text()
   size = sum(x.size for x in jax.tree.leaves(server.variables(state)['params']))
   permutes = [c for c in collectives(text) if c.op == 'collective_permute']
   assert [c.shape for c in permutes] == [(size,)] * 6
@@ -149,7 +160,7 @@ def test_server_checkpoint_resumes_exactly(tmp_path, kind):
   model = TinyResNet(bn_axis_name=mesh.axis_names)
   step = make_train_step(model, tx, mesh, server)
   fresh = lambda: init_state(model, tx, server, mesh, IMAGE, jax.random.key(0))
-  batches = [to_global(mesh, b) for b in _batches(4, batch=32)]
+  batches = [to_global(mesh, b) for b in random_batches(4, batch=32)]
 
   state = fresh()
   for b in batches:
@@ -168,5 +179,5 @@ def test_server_checkpoint_resumes_exactly(tmp_path, kind):
   assert opt_leaf.sharding.spec == jax.sharding.PartitionSpec(('x', 'y'))  # still laid out
   for b in batches[2:]:
     restored, _ = step(restored, b, jax.random.key(7))
-  _assert_trees_close(jax.device_get(restored.params), whole.params, rtol=1e-6, atol=1e-7)
-  _assert_trees_close(jax.device_get(restored.opt_state), whole.opt_state, rtol=1e-6, atol=1e-7)
+  assert_trees_close(jax.device_get(restored.params), whole.params, rtol=1e-6, atol=1e-7)
+  assert_trees_close(jax.device_get(restored.opt_state), whole.opt_state, rtol=1e-6, atol=1e-7)

@@ -1,6 +1,4 @@
 """The training step under shard_map against single-device references ([T] ch. 3)."""
-import functools
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,97 +7,41 @@ import optax
 import pytest
 
 from analysis.hlo import collectives
-from jaxpar import models
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
-from jaxpar.parallel.group_batchnorm import group_axes
-from jaxpar.step import (TrainState, init_state, loss_and_logits, make_eval_step, make_train_step,
-                         to_global)
-
-# A small ResNet: same blocks and BatchNorm as ResNet34, cheap to compile.
-TinyResNet = functools.partial(models.ResNet, stage_sizes=(1, 1), num_filters=8, num_classes=5)
-
-
-def _init(model, tx, image_shape):
-  variables = model.clone(bn_axis_name=None).init(
-      {'params': jax.random.key(0), 'dropout': jax.random.key(0)}, jnp.zeros(image_shape),
-      train=True)
-  return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=variables['params'],
-                    batch_stats=variables.get('batch_stats', {}),
-                    opt_state=tx.init(variables['params']))
-
-
-def _batches(n, batch, size=16, seed=0):
-  rng = np.random.default_rng(seed)
-  return [{'image': rng.normal(size=(batch, size, size, 3)).astype(np.float32),
-           'label': rng.integers(0, 5, batch).astype(np.int32)} for _ in range(n)]
-
-
-def _sharded_run(model, tx, mesh, batches, strategy=None, bn_group_size=0):
-  model = model.clone(bn_axis_name=group_axes(mesh.devices.shape, mesh.axis_names, bn_group_size))
-  strategy = strategy or AllReduce(mesh.axis_names)
-  state = init_state(model, tx, strategy, mesh, (1,) + batches[0]['image'].shape[1:],
-                     jax.random.key(0))
-  step = make_train_step(model, tx, mesh, strategy)
-  losses = []
-  for b in batches:
-    state, metrics = step(state, to_global(mesh, b), jax.random.key(7))
-    losses.append(float(metrics['loss']))
-  # The model's weights whatever the strategy's layout; the optimizer state as laid out.
-  return jax.device_get(state.replace(**strategy.variables(state))), losses
-
-
-def _reference_run(model, tx, batches):
-  """Plain single-device training on the whole batch: no mesh, no collectives."""
-  state = _init(model, tx, (1,) + batches[0]['image'].shape[1:])
-  losses = []
-  for b in batches:
-    def loss_fn(params):
-      out, new = model.apply({'params': params, 'batch_stats': state.batch_stats}, b['image'],
-                             train=True, mutable=['batch_stats'])
-      return loss_and_logits(out, b['label'])[0], new['batch_stats']
-    (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    state = state.replace(params=optax.apply_updates(state.params, updates), batch_stats=stats,
-                          opt_state=opt_state, step=state.step + 1)
-    losses.append(float(loss))
-  return state, losses
-
-
-def _assert_trees_close(a, b, **tol):
-  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(x, y, err_msg=jax.tree_util.keystr(path), **tol)
-
+from jaxpar.step import loss_and_logits, make_eval_step, make_train_step, to_global
+from runs import (TinyResNet, assert_trees_close, init_plain, random_batches, reference_run,
+                  sharded_run)
 
 def test_sync_split_on_8_devices_equals_one_device_with_the_whole_batch():
   """[T]: sync-split gives the same result as sequential training, BN statistics included
   (BN groups span all 8 devices: bn_group_size 8)."""
   tx = optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.1, momentum=0.9))
-  batches = _batches(3, batch=32)
+  batches = random_batches(3, batch=32)
   mesh = make_mesh((2, 4), ('x', 'y'))
-  state, losses = _sharded_run(TinyResNet(), tx, mesh, batches, bn_group_size=8)
-  ref_state, ref_losses = _reference_run(TinyResNet(), tx, batches)
+  state, losses = sharded_run(TinyResNet(), tx, mesh, batches, bn_group_size=8)
+  ref_state, ref_losses = reference_run(TinyResNet(), tx, batches)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   assert losses[2] != losses[0]  # the parameters moved
-  _assert_trees_close(state.params, ref_state.params, rtol=2e-4, atol=2e-6)
-  _assert_trees_close(state.batch_stats, ref_state.batch_stats, rtol=2e-4, atol=2e-6)
+  assert_trees_close(state.params, ref_state.params, rtol=2e-4, atol=2e-6)
+  assert_trees_close(state.batch_stats, ref_state.batch_stats, rtol=2e-4, atol=2e-6)
   assert int(state.examples_seen) == 3 * 32 and int(state.step) == 3
 
 
 def test_an_extra_sum_would_be_caught():
   """The equivalence test can fail: a reduction that sums instead of averaging differs."""
   tx = optax.sgd(0.1)
-  batches = _batches(2, batch=16)
+  batches = random_batches(2, batch=16)
   mesh = make_mesh((8,), ('data',))
   model = TinyResNet(bn_axis_name=('data',))
-  state = jax.device_put(_init(model, tx, (1, 16, 16, 3)),
+  state = jax.device_put(init_plain(model, tx, (1, 16, 16, 3)),
                          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   summing = AllReduce(('data',))
   summing.reduce = lambda g: jax.lax.psum(g, 'data')
   step = make_train_step(model, tx, mesh, summing)
   for b in batches:
     state, _ = step(state, to_global(mesh, b), jax.random.key(7))
-  ref_state, _ = _reference_run(TinyResNet(), tx, batches)
+  ref_state, _ = reference_run(TinyResNet(), tx, batches)
   diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
       jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)))
   assert diff > 1e-3
@@ -120,7 +62,7 @@ def test_dropout_draws_a_different_mask_on_each_device():
   mesh = make_mesh((8,), ('data',))
   tx = optax.sgd(1.0)
   model = DropoutProbe()
-  state = jax.device_put(_init(model, tx, (1, 64)),
+  state = jax.device_put(init_plain(model, tx, (1, 64)),
                          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   step = make_train_step(model, tx, mesh, AllReduce(('data',)))
   batch = {'image': np.ones((8, 64), np.float32), 'label': np.zeros(8, np.int32)}
@@ -146,9 +88,9 @@ def test_eval_step_counts_only_unmasked_rows():
   mesh = make_mesh((8,), ('data',))
   model = TinyResNet(bn_axis_name=('data',))
   tx = optax.sgd(0.1)
-  state = jax.device_put(_init(model, tx, (1, 16, 16, 3)),
+  state = jax.device_put(init_plain(model, tx, (1, 16, 16, 3)),
                          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  batch = _batches(1, batch=16)[0]
+  batch = random_batches(1, batch=16)[0]
   mask = np.array([1.0] * 11 + [0.0] * 5, np.float32)
   variables = {'params': state.params, 'batch_stats': state.batch_stats}
   sums = make_eval_step(model, mesh)(variables, to_global(mesh, {**batch, 'mask': mask}))
@@ -163,25 +105,25 @@ def test_eval_step_counts_only_unmasked_rows():
 def test_ring_and_torus_steps_equal_the_psum_step(kind):
   """Same mean gradient whatever carries it: parameters and BN state after 3 steps match."""
   tx = optax.sgd(0.1, momentum=0.9)
-  batches = _batches(3, batch=32)
+  batches = random_batches(3, batch=32)
   mesh = make_mesh((2, 4), ('x', 'y'))
-  state, losses = _sharded_run(TinyResNet(), tx, mesh, batches,
-                               AllReduce(mesh.axis_names, kind), bn_group_size=4)
-  ref_state, ref_losses = _sharded_run(TinyResNet(), tx, mesh, batches, bn_group_size=4)
+  state, losses = sharded_run(TinyResNet(), tx, mesh, batches,
+                              AllReduce(mesh.axis_names, kind), bn_group_size=4)
+  ref_state, ref_losses = sharded_run(TinyResNet(), tx, mesh, batches, bn_group_size=4)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-  _assert_trees_close(state.params, ref_state.params, rtol=1e-4, atol=1e-6)
-  _assert_trees_close(state.batch_stats, ref_state.batch_stats, rtol=1e-4, atol=1e-6)
+  assert_trees_close(state.params, ref_state.params, rtol=1e-4, atol=1e-6)
+  assert_trees_close(state.batch_stats, ref_state.batch_stats, rtol=1e-4, atol=1e-6)
 
 
 def test_bfloat16_compute_keeps_float32_state_and_tracks_float32_losses():
   """[Y]'s mixed precision: bf16 convolutions/activations/input, float32 master weights,
   optimizer state, BN statistics and loss; 4 steps stay within 2 % of float32's losses."""
   tx = optax.sgd(0.05, momentum=0.9)
-  batches = _batches(4, batch=32)
+  batches = random_batches(4, batch=32)
   mesh = make_mesh((2, 4), ('x', 'y'))
-  f32_state, f32_losses = _sharded_run(TinyResNet(), tx, mesh, batches)
-  state, losses = _sharded_run(TinyResNet(dtype=jnp.bfloat16), tx, mesh, batches,
-                               AllReduce(mesh.axis_names, 'psum', jnp.bfloat16))
+  f32_state, f32_losses = sharded_run(TinyResNet(), tx, mesh, batches)
+  state, losses = sharded_run(TinyResNet(dtype=jnp.bfloat16), tx, mesh, batches,
+                              AllReduce(mesh.axis_names, 'psum', jnp.bfloat16))
   for tree in (state.params, state.opt_state, state.batch_stats):
     assert {x.dtype for x in jax.tree.leaves(tree)} == {jnp.dtype(jnp.float32)}
   np.testing.assert_allclose(losses, f32_losses, rtol=2e-2)
@@ -196,8 +138,8 @@ def test_bfloat16_reduction_sends_bfloat16(kind):
   mesh = make_mesh((2, 4), ('x', 'y'))
   model = TinyResNet(bn_axis_name=('x', 'y'))
   tx = optax.sgd(0.1)
-  state = _init(model, tx, (1, 16, 16, 3))
-  batch = to_global(mesh, _batches(1, batch=16)[0])
+  state = init_plain(model, tx, (1, 16, 16, 3))
+  batch = to_global(mesh, random_batches(1, batch=16)[0])
 
   def program(dtype):
     step = make_train_step(model, tx, mesh, AllReduce(mesh.axis_names, kind, dtype))

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import socket
 import zlib
 from typing import Callable
 
@@ -17,7 +18,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
-import jaxpar.data.sklearn_digits  # noqa: F401  (registers the bundled builder)
+from jaxpar.data.sklearn_digits import SklearnDigits  # registers the bundled builder
 from jaxpar.config import ConfigError
 
 IMAGE_FOLDER = 'image_folder'
@@ -43,8 +44,34 @@ def open_source(dataset_config) -> Source:
   return _tfds(dataset_config)
 
 
+# Where TFDS first looks for a prepared copy; a machine that cannot reach it within
+# REACH_SECONDS is taken to be offline (cluster nodes often are).
+DOWNLOAD_HOST = ('storage.googleapis.com', 443)
+REACH_SECONDS = 3.0
+
+
+def _online() -> bool:
+  try:
+    socket.create_connection(DOWNLOAD_HOST, timeout=REACH_SECONDS).close()
+    return True
+  except OSError:
+    return False
+
+
 def _tfds(cfg) -> Source:
   builder = tfds.builder(cfg.name, data_dir=cfg.data_dir or None)
+  # The bundled digits build locally, and a dataset downloaded by hand (ImageNet) says
+  # which files to fetch; another dataset not prepared yet needs a download, which on a
+  # machine without internet retries for minutes before failing.
+  fetched = not isinstance(builder, SklearnDigits) and not builder.MANUAL_DOWNLOAD_INSTRUCTIONS
+  if fetched and not builder.is_prepared() and not (cfg.download and _online()):
+    why = ('config.dataset.download=False' if not cfg.download
+           else f'this machine cannot reach {DOWNLOAD_HOST[0]}')
+    raise ConfigError(
+        f'config.dataset.name={cfg.name!r} is not prepared in config.dataset.data_dir='
+        f'{str(builder.data_dir_root)!r} and {why}: prepare it on a machine with internet '
+        f'(`tfds build {cfg.name} --data_dir DIR`), copy DIR here and pass '
+        f'--config.dataset.data_dir=DIR')
   try:
     builder.download_and_prepare()  # a no-op once prepared; builds the bundled digits locally
   except Exception as e:  # manual downloads, no network, a bad data_dir: say which and why

@@ -55,17 +55,13 @@ def mean_all_reduce(axes, kind: str = 'psum', dtype=None, one_buffer: bool = Fal
   return reduce
 
 
-class AllReduce(ReplicatedParams):
+class AllReduce(ReplicatedParams, optim.WholeTensors):
   """The step's strategy for all-reduce data parallelism: every device holds the whole
   parameters and optimizer state (replicated), averages the gradients with
   `mean_all_reduce` and applies the same update."""
   def __init__(self, axes, kind: str = 'psum', dtype=None, one_buffer: bool = False):
     self.axes, self.kind, self.dtype = axes, kind, dtype
     self.reduce = mean_all_reduce(axes, kind, dtype, one_buffer)
-
-  def make_optimizer(self, opt_config, schedule, params):
-    del params  # the optimizer sees whole tensors: masks come from their shapes
-    return optim.make_optimizer(opt_config, schedule)
 
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state)

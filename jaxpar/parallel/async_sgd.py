@@ -20,7 +20,7 @@ device 0; `distributed` places whole tensors by [T]'s Algorithm 3.7
 which applies that part of every push — workers pull each part from its owner
 and push each part to it. The BN statistics stay with device 0 and are replaced
 by each push's (computed from the statistics the worker pulled and its batch).
-Workers compute the gradient with the step's own loss (`step.model_loss`).
+Workers compute the gradient with the step's own loss (`step.gradients`).
 """
 import collections
 import dataclasses
@@ -31,7 +31,6 @@ import threading
 from typing import Any, Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from absl import logging
@@ -41,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from jaxpar import optim
 from jaxpar.parallel.collectives import nbytes
 from jaxpar.parallel.servers import greedy_owners
-from jaxpar.step import TrainState, model_loss
+from jaxpar.step import TrainState, gradients
 
 SERVERS = ('central', 'distributed')
 
@@ -118,17 +117,12 @@ class _Push:
   applied: threading.Event
 
 
-def gradient_fn(model):
+def gradient_fn(model, micro_batches: int = 1):
   """(params, batch_stats, batch, rng) → (grads, new batch_stats, metrics), jitted; it runs
-  on the device its inputs are on. BatchNorm normalises over the worker's own batch."""
-  model = model.clone(bn_axis_name=None)
-
-  def grads(params, batch_stats, batch, rng):
-    (loss, (logits, stats)), g = jax.value_and_grad(
-        functools.partial(model_loss, model), has_aux=True)(params, batch_stats, batch, rng)
-    return g, stats, {'loss': loss,
-                      'accuracy': jnp.mean(jnp.argmax(logits, -1) == batch['label'])}
-  return jax.jit(grads)
+  on the device its inputs are on. BatchNorm normalises over the worker's own batch (or
+  micro-batch: `step.gradients`)."""
+  return jax.jit(functools.partial(gradients, model.clone(bn_axis_name=None),
+                                   micro_batches=micro_batches))
 
 
 def _apply(tx, params, opt_state, grads):
@@ -146,9 +140,10 @@ class Downpour:
   and the stream's position (`examples_seen`) is exact for a resumed run.
   """
 
-  def __init__(self, model, tx, server: AsyncServer, batches: Iterator, count: int, rng):
+  def __init__(self, model, tx, server: AsyncServer, batches: Iterator, count: int, rng,
+               micro_batches: int = 1):
     self.server, self.batches, self.count, self.rng = server, batches, count, rng
-    self.grad_fn = gradient_fn(model)
+    self.grad_fn = gradient_fn(model, micro_batches)
     self.apply = jax.jit(functools.partial(_apply, tx))
     self.log: list = []              # one Update per applied push, in order
     self.pushes: queue.Queue = queue.Queue()

@@ -16,6 +16,12 @@ close to, not equal to, synchronous LARS.
 
 `local_sgd_warmup` steps of fully synchronous training come first (gradients averaged
 every step, as post-local SGD, Lin et al. 2020: replicas drift apart most early on).
+
+Hierarchical Local SGD (config `local_sgd_group_size` = G > 1; SparkNet's and PyTorch's
+`HierarchicalModelAverager`: synchronous within a node, averaging across nodes): the
+devices of each group of G — trailing mesh axes, e.g. one host's — all-reduce their
+gradients every step and so train one replica together; the groups' replicas are
+averaged every τ steps. τ = 1 is synchronous SGD over the whole mesh.
 Evaluation reads the average of the replicas (`variables`); checkpoints keep every
 replica, so a resumed run continues exactly.
 """
@@ -32,7 +38,7 @@ from jaxpar.parallel.allreduce import all_reduce_bytes
 from jaxpar.parallel.collectives import nbytes
 
 
-class Replicas:
+class Replicas(optim.WholeTensors):
   """The layout of one replica per device: parameters, BN statistics and optimizer state
   stacked on a leading dimension of size N, sharded over every mesh axis (`P(axes)`).
   Evaluation reads the replicas' mean. Strategies add `update`."""
@@ -43,15 +49,8 @@ class Replicas:
     self.layout = layouts.PerDevice(mesh)
     self._mean = jax.jit(self.layout.mean, out_shardings=NamedSharding(mesh, P()))
 
-  def make_optimizer(self, opt_config, schedule, params):
-    del params  # every replica updates whole tensors
-    return optim.make_optimizer(opt_config, schedule)
-
   def state_specs(self, state):
-    return jax.tree.map(lambda _: P(), state).replace(
-        params=self.layout.specs(state.params),
-        batch_stats=self.layout.specs(state.batch_stats),
-        opt_state=self.layout.specs(state.opt_state))
+    return self.layout.state_specs(state, 'params', 'batch_stats', 'opt_state')
 
   def init(self, tx, params, batch_stats):
     return self.layout.copies((params, batch_stats, tx.init(params)))
@@ -66,11 +65,12 @@ class Replicas:
 
 class LocalSGD(Replicas):
   """Strategy: replicas averaged after every `every`-th local step, after `warmup`
-  synchronous steps."""
+  synchronous steps; the devices of `inner_axes` (trailing mesh axes) train one replica
+  synchronously (hierarchical Local SGD)."""
 
-  def __init__(self, mesh, every: int, warmup: int = 0):
+  def __init__(self, mesh, every: int, warmup: int = 0, inner_axes: tuple = ()):
     super().__init__(mesh)
-    self.every, self.warmup = every, warmup
+    self.every, self.warmup, self.inner = every, warmup, tuple(inner_axes or ())
 
   def update(self, tx, grads, batch_stats, state):
     params, opt_state = self.layout.own((state.params, state.opt_state))
@@ -82,6 +82,10 @@ class LocalSGD(Replicas):
     synchronous = state.step < self.warmup if self.warmup else False
     if self.warmup:
       grads = lax.cond(synchronous, self._average, lambda g: g, grads)
+    inner_bytes = 0.0
+    if self.inner:  # the group's devices train one replica: their gradients' mean
+      grads = self._average(grads, self.inner)
+      inner_bytes = all_reduce_bytes('psum', nbytes(grads), self.inner)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     average = synchronous | ((state.step + 1 - self.warmup) % self.every == 0)
@@ -89,10 +93,10 @@ class LocalSGD(Replicas):
     # An all-reduce of the gradients while synchronous, of the model when averaging.
     sent = jnp.where(synchronous, all_reduce_bytes('psum', nbytes(grads), self.axes),
                      jnp.where(average, all_reduce_bytes('psum', nbytes((params, batch_stats)),
-                                                         self.axes), 0.0))
+                                                         self.axes), 0.0) + inner_bytes)
     return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
 
-  def _average(self, tree):
-    """The mean over all devices, kept typed per device (as the other branch is)."""
-    return jax.tree.map(lambda x: lax.pcast(lax.pmean(x, self.axes), self.axes, to='varying'),
-                        tree)
+  def _average(self, tree, axes=None):
+    """The mean over `axes` (all devices), kept typed per device (as the other branch is)."""
+    axes = axes or self.axes
+    return jax.tree.map(lambda x: lax.pcast(lax.pmean(x, axes), axes, to='varying'), tree)

@@ -15,8 +15,15 @@ on a leading dimension of size N), which the mixing keeps close but not equal;
 evaluation reads their average. Per step a device sends its gradient twice (to r and
 l): 2·|g| values, against the ring all-reduce's 2(N−1)/N·|g| — less only in the number
 of partners, which is the point on a slow or irregular network.
+
+Local SGD(p) with gossip ([L]'s best configuration, with sparsification:
+`sparsify.py`): config `sync_every` = p > 1 makes the exchange happen only on every
+p-th step (after `local_sgd_warmup` steps that all exchange); on the other steps each
+replica takes its own gradient, sending nothing — communication falls by p, as Local
+SGD's does. p = 1 is gossip. The distance s advances with the step count.
 """
 import jax
+import jax.numpy as jnp
 import optax
 from jax import lax
 
@@ -41,7 +48,19 @@ def distances(n: int) -> list:
 
 
 class Gossip(Replicas):
-  """Strategy: one replica per device, updated with its gossip-mixed gradient."""
+  """Strategy: one replica per device, updated with its gossip-mixed gradient on every
+  `every`-th step after `warmup` steps that all mix (Local SGD(p) + gossip), with its own
+  gradient on the others."""
+
+  def __init__(self, mesh, every: int = 1, warmup: int = 0):
+    super().__init__(mesh)
+    self.every, self.warmup = every, warmup
+
+  def exchanges(self, step):
+    """Whether `step` (traced) exchanges; None when every step does."""
+    if self.every == 1:
+      return None
+    return (step < self.warmup) | ((step + 1 - self.warmup) % self.every == 0)
 
   def update(self, tx, grads, batch_stats, state):
     params, opt_state = self.layout.own((state.params, state.opt_state))
@@ -49,12 +68,22 @@ class Gossip(Replicas):
     branches = [lambda g, s=s: gossip_mean(g, self.axes, s) for s in cycle]
     if self.devices == 1:  # its own partner twice: (g + g + g)/3 = g, with nothing sent
       mixed = grads
-    elif len(cycle) == 1:
-      mixed = branches[0](grads)
     else:
-      mixed = lax.switch(state.step % len(cycle), branches, grads)
+      mixed = exchange_when(self.exchanges(state.step), lambda g: lax.switch(
+          state.step % len(cycle), branches, g), lambda g: g, grads)
     updates, opt_state = tx.update(mixed, opt_state, params)
     params = optax.apply_updates(params, updates)
-    # The gradient to each of the two partners.
+    # The gradient to each of the two partners, on a step that exchanges.
     sent = 2 * nbytes(grads) if self.devices > 1 else 0
+    exchanging = self.exchanges(state.step)
+    if exchanging is not None:
+      sent = jnp.where(exchanging, sent, 0.0)
     return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
+
+
+def exchange_when(condition, exchange, keep, *args):
+  """exchange(*args) on a step where `condition` (traced) holds, keep(*args) on the
+  others; exchange(*args) when `condition` is None (every step exchanges)."""
+  if condition is None:
+    return exchange(*args)
+  return lax.cond(condition, exchange, keep, *args)

@@ -72,8 +72,9 @@ class HybridFC(ReplicatedParams):
     return jax.tree_util.tree_map_with_path(spec, params)
 
   def make_optimizer(self, opt_config, schedule, params):
-    del params  # each slice is updated whole (LARS' norms would need the other slices)
-    self.tx = optim.make_optimizer(opt_config, schedule)
+    del params  # the optimizer sees each device's slices; masks come from their shapes
+    # LARS: a split layer's norms are summed over the model axis (the whole tensor's).
+    self.tx = optim.make_optimizer(opt_config, schedule, norm_axes=(self.model_axis,))
     return self.tx
 
   def state_specs(self, state):

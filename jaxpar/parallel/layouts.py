@@ -31,6 +31,11 @@ class PerDevice:
     """Every leaf split over the data axes on its leading dimension."""
     return jax.tree.map(lambda _: P(self.axes) if self.axes else P(), tree)
 
+  def state_specs(self, state, *fields):
+    """A TrainState's specs: the `fields` one copy per device, the rest replicated."""
+    return jax.tree.map(lambda _: P(), state).replace(
+        **{field: self.specs(getattr(state, field)) for field in fields})
+
   def own(self, tree):
     """Inside shard_map: this device's copy."""
     if self.n == 1:

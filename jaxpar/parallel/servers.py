@@ -70,7 +70,7 @@ CENTRAL_SCHEDULES = ('serial', 'parallel')
 SERVER = 0  # the central server's device: index 0 along the mesh's axes
 
 
-class CentralServer:
+class CentralServer(optim.WholeTensors):
   """Strategy: device 0 gathers the gradients, updates, and sends the weights back,
   in rounds ordered by `schedule` (serial | parallel)."""
 
@@ -83,14 +83,8 @@ class CentralServer:
     self._first = jax.jit(lambda tree: self.layout.pick(tree, SERVER),
                           out_shardings=NamedSharding(mesh, P()))
 
-  def make_optimizer(self, opt_config, schedule, params):
-    del params  # the server updates whole tensors
-    return optim.make_optimizer(opt_config, schedule)
-
   def state_specs(self, state):
-    return jax.tree.map(lambda _: P(), state).replace(
-        params=self.layout.specs(state.params),
-        opt_state=self.layout.specs(state.opt_state))
+    return self.layout.state_specs(state, 'params', 'opt_state')
 
   def init(self, tx, params, batch_stats):
     params, opt_state = self.layout.copies((params, tx.init(params)))

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from jaxpar.parallel.gossip import Gossip, distances
+from jaxpar.parallel.gossip import Gossip, distances, exchange_when
 
 
 def capacity_of(size: int, capacity: float) -> int:
@@ -82,8 +82,9 @@ class SparseGossip(Gossip):
   """Strategy: gossip of sparsified gradients; the optimizer state is (the optimizer's,
   the error-feedback residual — () without it)."""
 
-  def __init__(self, mesh, threshold: float, capacity: float, error_feedback: bool = True):
-    super().__init__(mesh)
+  def __init__(self, mesh, threshold: float, capacity: float, error_feedback: bool = True,
+               every: int = 1, warmup: int = 0):
+    super().__init__(mesh, every, warmup)
     self.threshold, self.capacity, self.error_feedback = threshold, capacity, error_feedback
 
   def init(self, tx, params, batch_stats):
@@ -96,12 +97,22 @@ class SparseGossip(Gossip):
     cycle = distances(self.devices)
     branches = [lambda g, r, s=s: sparse_gossip_mean(g, self.axes, s, self.threshold,
                                                      self.capacity, r)[:3] for s in cycle]
-    mixed, residual, sent = lax.switch(state.step % len(cycle), branches, grads, residual)
+    # On a step that does not exchange (Local SGD(p) + gossip): its own gradient, whole;
+    # the residual waits for the next exchange.
+    mixed, residual, sent = exchange_when(
+        self.exchanges(state.step),
+        lambda g, r: lax.switch(state.step % len(cycle), branches, g, r),
+        lambda g, r: (g, r, lax.pcast(jnp.int32(0), self.axes, to='varying')),
+        grads, residual)
     updates, opt_state = tx.update(mixed, opt_state, params)
     params = optax.apply_updates(params, updates)
     leaves = jax.tree.leaves(grads)
     entries = sum(g.size for g in leaves)
-    wire = 2 * sum(capacity_of(g.size, self.capacity) * (g.dtype.itemsize + 4) for g in leaves)
-    report = {'sent_bytes': jnp.float32(wire), 'sent_fraction': sent / entries}
+    wire = jnp.float32(2 * sum(capacity_of(g.size, self.capacity) * (g.dtype.itemsize + 4)
+                               for g in leaves))
+    exchanging = self.exchanges(state.step)
+    if exchanging is not None:
+      wire = jnp.where(exchanging, wire, 0.0)
+    report = {'sent_bytes': wire, 'sent_fraction': sent / entries}
     residual = residual if self.error_feedback else ()
     return (*self.layout.stack((params, batch_stats, (opt_state, residual))), report)

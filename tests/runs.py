@@ -1,0 +1,71 @@
+"""What the tests share: a small ResNet, random batches, and training runs on a mesh (any
+strategy) and on one device (the reference every parallel method is held to)."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxpar import models
+from jaxpar.parallel.allreduce import AllReduce
+from jaxpar.parallel.group_batchnorm import group_axes
+from jaxpar.step import TrainState, init_state, loss_and_logits, make_train_step, to_global
+
+# A small ResNet: same blocks and BatchNorm as ResNet34, cheap to compile.
+TinyResNet = functools.partial(models.ResNet, stage_sizes=(1, 1), num_filters=8, num_classes=5)
+
+
+def init_plain(model, tx, image_shape):
+  """A single-device TrainState: the model's initial variables and `tx`'s state."""
+  variables = model.clone(bn_axis_name=None).init(
+      {'params': jax.random.key(0), 'dropout': jax.random.key(0)}, jnp.zeros(image_shape),
+      train=True)
+  return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=variables['params'],
+                    batch_stats=variables.get('batch_stats', {}),
+                    opt_state=tx.init(variables['params']))
+
+
+def random_batches(n, batch, size=16, seed=0):
+  """`n` batches of `batch` random size×size RGB images with labels in 0..4 (numpy)."""
+  rng = np.random.default_rng(seed)
+  return [{'image': rng.normal(size=(batch, size, size, 3)).astype(np.float32),
+           'label': rng.integers(0, 5, batch).astype(np.int32)} for _ in range(n)]
+
+
+def sharded_run(model, tx, mesh, batches, strategy=None, bn_group_size=0, micro_batches=1):
+  """Trains from the same initial weights on `batches` with `strategy` (all-reduce by
+  default) on `mesh`: (state with the model's whole weights, losses)."""
+  model = model.clone(bn_axis_name=group_axes(mesh.devices.shape, mesh.axis_names, bn_group_size))
+  strategy = strategy or AllReduce(mesh.axis_names)
+  state = init_state(model, tx, strategy, mesh, (1,) + batches[0]['image'].shape[1:],
+                     jax.random.key(0))
+  step = make_train_step(model, tx, mesh, strategy, micro_batches)
+  losses = []
+  for b in batches:
+    state, metrics = step(state, to_global(mesh, b), jax.random.key(7))
+    losses.append(float(metrics['loss']))
+  # The model's weights whatever the strategy's layout; the optimizer state as laid out.
+  return jax.device_get(state.replace(**strategy.variables(state))), losses
+
+
+def reference_run(model, tx, batches):
+  """Plain single-device training on the whole batch: no mesh, no collectives."""
+  state = init_plain(model, tx, (1,) + batches[0]['image'].shape[1:])
+  losses = []
+  for b in batches:
+    def loss_fn(params):
+      out, new = model.apply({'params': params, 'batch_stats': state.batch_stats}, b['image'],
+                             train=True, mutable=['batch_stats'])
+      return loss_and_logits(out, b['label'])[0], new['batch_stats']
+    (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    state = state.replace(params=optax.apply_updates(state.params, updates), batch_stats=stats,
+                          opt_state=opt_state, step=state.step + 1)
+    losses.append(float(loss))
+  return state, losses
+
+
+def assert_trees_close(a, b, **tol):
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, err_msg=jax.tree_util.keystr(path), **tol)
