@@ -1,9 +1,12 @@
 """Tests run on 8 emulated CPU devices, requested before JAX starts its backend.
 
 Compiled programs are kept in a persistent compilation cache for the session (one
-directory shared by the xdist workers and every process a test launches, removed at the
-end): many tests compile the same steps (the same small networks under the same
-strategies, a run and its resumed twin), and compilation is most of the suite's time.
+directory shared by the xdist workers, removed at the end): many tests compile the same
+steps (the same small networks under the same strategies, a run and its resumed twin),
+and compilation is most of the suite's time. Processes the tests launch do not use it:
+in a multi-process run only some processes would find their programs there, and a
+process that compiles while its peer waits in the first collective can exceed gloo's
+30 s rendezvous.
 """
 import atexit
 import os
@@ -11,15 +14,15 @@ import shutil
 import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:  # the session's first process
-  _cache = tempfile.mkdtemp(prefix='jaxpar-tests-xla-cache-')
-  os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
-  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+if 'JAXPAR_TEST_XLA_CACHE' not in os.environ:  # the session's first process
+  os.environ['JAXPAR_TEST_XLA_CACHE'] = tempfile.mkdtemp(prefix='jaxpar-tests-xla-cache-')
+  atexit.register(shutil.rmtree, os.environ['JAXPAR_TEST_XLA_CACHE'], ignore_errors=True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update('jax_num_cpu_devices', 8)
+jax.config.update('jax_compilation_cache_dir', os.environ['JAXPAR_TEST_XLA_CACHE'])
 assert jax.device_count() == 8, jax.devices()
 
 
