@@ -62,22 +62,25 @@ class Gossip(Replicas):
       return None
     return (step < self.warmup) | ((step + 1 - self.warmup) % self.every == 0)
 
+  @staticmethod
+  def sent_when(exchanging, sent):
+    """`sent` bytes on a step that exchanges, 0 on the others."""
+    return sent if exchanging is None else jnp.where(exchanging, sent, 0.0)
+
   def update(self, tx, grads, batch_stats, state):
     params, opt_state = self.layout.own((state.params, state.opt_state))
     cycle = distances(self.devices)
     branches = [lambda g, s=s: gossip_mean(g, self.axes, s) for s in cycle]
+    exchanging = self.exchanges(state.step)
     if self.devices == 1:  # its own partner twice: (g + g + g)/3 = g, with nothing sent
       mixed = grads
     else:
-      mixed = exchange_when(self.exchanges(state.step), lambda g: lax.switch(
+      mixed = exchange_when(exchanging, lambda g: lax.switch(
           state.step % len(cycle), branches, g), lambda g: g, grads)
     updates, opt_state = tx.update(mixed, opt_state, params)
     params = optax.apply_updates(params, updates)
     # The gradient to each of the two partners, on a step that exchanges.
-    sent = 2 * nbytes(grads) if self.devices > 1 else 0
-    exchanging = self.exchanges(state.step)
-    if exchanging is not None:
-      sent = jnp.where(exchanging, sent, 0.0)
+    sent = self.sent_when(exchanging, 2 * nbytes(grads) if self.devices > 1 else 0)
     return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
 
 

@@ -99,8 +99,9 @@ class SparseGossip(Gossip):
                                                      self.capacity, r)[:3] for s in cycle]
     # On a step that does not exchange (Local SGD(p) + gossip): its own gradient, whole;
     # the residual waits for the next exchange.
+    exchanging = self.exchanges(state.step)
     mixed, residual, sent = exchange_when(
-        self.exchanges(state.step),
+        exchanging,
         lambda g, r: lax.switch(state.step % len(cycle), branches, g, r),
         lambda g, r: (g, r, lax.pcast(jnp.int32(0), self.axes, to='varying')),
         grads, residual)
@@ -108,11 +109,8 @@ class SparseGossip(Gossip):
     params = optax.apply_updates(params, updates)
     leaves = jax.tree.leaves(grads)
     entries = sum(g.size for g in leaves)
-    wire = jnp.float32(2 * sum(capacity_of(g.size, self.capacity) * (g.dtype.itemsize + 4)
-                               for g in leaves))
-    exchanging = self.exchanges(state.step)
-    if exchanging is not None:
-      wire = jnp.where(exchanging, wire, 0.0)
+    wire = self.sent_when(exchanging, jnp.float32(
+        2 * sum(capacity_of(g.size, self.capacity) * (g.dtype.itemsize + 4) for g in leaves)))
     report = {'sent_bytes': wire, 'sent_fraction': sent / entries}
     residual = residual if self.error_feedback else ()
     return (*self.layout.stack((params, batch_stats, (opt_state, residual))), report)
