@@ -11,9 +11,10 @@ from absl import logging
 from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import models, multihost, optim, validation
-from jaxpar.data import pipeline
+from jaxpar.data import pipeline, sources
 from jaxpar.models.conv import conv_general_dilated
 from jaxpar.parallel.allreduce import AllReduce
+from jaxpar.parallel.async_ray import RayDownpour
 from jaxpar.parallel.async_sgd import AsyncServer, Downpour
 from jaxpar.parallel.averaging import LocalSGD
 from jaxpar.parallel.gossip import Gossip
@@ -29,6 +30,12 @@ def mesh(cfg):
   emulates CPU devices if asked, and builds the mesh. Must run before anything else
   starts JAX's backend."""
   processes = multihost.join(**cfg.distributed)
+  if config_lib.on_ray(cfg):  # the workers are Ray's actors; this process evaluates
+    mesh_lib.emulate_cpu_devices(1)
+    logging.info('Downpour on Ray: %d worker actors; this process (the driver) evaluates on '
+                 'one device.', config_lib.num_devices(cfg))
+    validation.validate_devices(cfg, 1, jax.process_count())
+    return mesh_lib.make_mesh((1,), cfg.mesh.axes[:1], devices=jax.devices()[:1])
   if cfg.mesh.emulate_cpu_devices:
     mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg) // processes)
   logging.info('%s', multihost.describe_process())
@@ -71,7 +78,7 @@ def strategy(cfg, mesh, model):
   make = {
       'hybrid': lambda: HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype,
                                  config_lib.device_batch(cfg), cfg.dtype),
-      'async': lambda: AsyncServer(mesh, cfg.server),
+      'async': lambda: AsyncServer(mesh, cfg.server, config_lib.num_devices(cfg)),
       'sparse_gossip': lambda: SparseGossip(mesh, cfg.sparsify.threshold, cfg.sparsify.capacity,
                                             cfg.sparsify.error_feedback, every,
                                             cfg.local_sgd_warmup),
@@ -119,11 +126,19 @@ def for_timing(cfg, num_classes: int, channels: int, mesh):
 def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):
   """`loop(state) -> (state, metrics)`, called `steps` times from `state`: one synchronous
   step on the next global batch, or (async) one applied push of a worker's batch."""
+  a = cfg.async_sgd
+  if config_lib.on_ray(cfg):  # each worker reads its own shard, where it runs
+    return RayDownpour(model, tx, strategy, functools.partial(worker_batches, cfg), steps, rng,
+                       workers=config_lib.num_devices(cfg), micro_batches=cfg.grad_accum_steps,
+                       max_staleness=a.max_staleness, lr_staleness=a.lr_staleness,
+                       restart_workers=a.restart_workers, gpus_per_worker=a.gpus_per_worker,
+                       address=a.ray_address)
   start = int(state.examples_seen)
   # A step's examples: the global batch, or (async) one worker's push.
   batches = train_batches(cfg, source, config_lib.global_batch(cfg), start)
   if config_lib.method(cfg) == 'async':
-    return Downpour(model, tx, strategy, batches, steps, rng, cfg.grad_accum_steps)
+    return Downpour(model, tx, strategy, batches, steps, rng, cfg.grad_accum_steps,
+                    a.max_staleness, a.lr_staleness)
   return Synchronous(make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps),
                      pipeline.prefetch_to_device(batches, mesh), rng)
 
@@ -146,6 +161,17 @@ def train_batches(cfg, source, global_batch: int, start: int):
   """This process's share of the training stream from global example `start`, as numpy."""
   return pipeline.train_batches(
       source, batch=global_batch // jax.process_count(), start=start // jax.process_count(),
+      seed=cfg.seed, image_size=cfg.image_size, augment=cfg.augment.kind,
+      crop_padding=cfg.augment.crop_padding, flip=cfg.augment.flip,
+      shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache)
+
+
+def worker_batches(cfg, worker: int, position: int):
+  """Asynchronous worker `worker`'s shard (`worker` of N) of the training stream, from its
+  batch `position` on, as numpy: what a Ray worker reads where it runs."""
+  source = sources.open_source(cfg.dataset, shard=(worker, config_lib.num_devices(cfg)))
+  return pipeline.train_batches(
+      source, batch=cfg.per_device_batch, start=position * cfg.per_device_batch,
       seed=cfg.seed, image_size=cfg.image_size, augment=cfg.augment.kind,
       crop_padding=cfg.augment.crop_padding, flip=cfg.augment.flip,
       shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache)

@@ -31,6 +31,10 @@ class Checkpoints:
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
     return self.manager.restore(step, args=ocp.args.StandardRestore(target))
 
+  def due(self, step: int) -> bool:
+    """Whether `save(step, ...)` would save (the interval, or a preemption)."""
+    return self.manager.should_save(step)
+
   def save(self, step: int, state, force: bool = False):
     """Saves if `step` is on the save interval (or `force`); asynchronous."""
     self.manager.save(step, args=ocp.args.StandardSave(state), force=force)

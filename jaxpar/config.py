@@ -17,10 +17,16 @@ CLUSTERS = ('auto', 'none', 'slurm', 'ompi', 'mpi4py', 'gketpu', 'gcetpu', 'k8s'
 DTYPES = ('float32', 'bfloat16', 'float16')
 REDUCE_DTYPES = ('float32', 'bfloat16')
 LOSS_SCALINGS = ('auto', 'dynamic', 'none')
+ASYNC_BACKENDS = ('threads', 'ray')
+LR_STALENESS = ('none', 'inverse')
 
 
 class ConfigError(ValueError):
   """A config field has a value the run cannot use."""
+
+
+class RunError(RuntimeError):
+  """A run that cannot go on (e.g. every asynchronous worker lost), said in one line."""
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -137,6 +143,19 @@ def defaults() -> ml_collections.ConfigDict:
   # batches, the server (central or distributed) applying each gradient as it arrives.
   c.scheme = 'sync-split'
   c.global_batch = 128
+  # Downpour (scheme='async'; jaxpar/parallel/async_sgd.py, async_ray.py, docs/async.md).
+  c.async_sgd = ml_collections.ConfigDict()
+  # threads: a thread per device of this process (one host); ray: a Ray actor (process)
+  # per worker, on this machine or a Ray cluster, going on when workers die.
+  c.async_sgd.backend = 'threads'
+  c.async_sgd.ray_address = ''      # ray: a cluster's address; '' = $RAY_ADDRESS, else a local Ray
+  # A worker's push is held (the worker waits, stale-synchronous style) while applying it
+  # would let an older gradient's staleness exceed this; at least N - 1. None = no bound
+  # (Downpour as published).
+  c.async_sgd.max_staleness = config_dict.placeholder(int)
+  c.async_sgd.lr_staleness = 'none'  # none | inverse: the update's rate divided by its staleness
+  c.async_sgd.restart_workers = 0   # ray: how often Ray restarts each lost worker (0 = never)
+  c.async_sgd.gpus_per_worker = 0.0  # ray: GPUs each worker actor reserves (1 on a GPU cluster)
   c.per_device_batch = 16
   c.eval_batch = 256            # global; the last batch is padded and masked
   # Gradient accumulation: every device takes its share of an update's batch in this
@@ -192,7 +211,19 @@ def method(c) -> str:
 
 
 def num_devices(c) -> int:
+  """The mesh's devices: the workers of every scheme (async on Ray: its worker actors)."""
   return math.prod(c.mesh.shape)
+
+
+def on_ray(c) -> bool:
+  """Downpour with Ray's actors as workers and servers (`async_sgd.backend='ray'`)."""
+  return c.scheme == 'async' and c.async_sgd.backend == 'ray'
+
+
+def driver_devices(c) -> int:
+  """The devices of this process's mesh: every worker's, or (on Ray) one, the driver's,
+  which evaluates while the actors train."""
+  return 1 if on_ray(c) else num_devices(c)
 
 
 def global_batch(c) -> int:

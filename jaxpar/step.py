@@ -248,6 +248,11 @@ class Synchronous:
   def __call__(self, state):
     return self.train_step(state, next(self.batches), self.rng)
 
+  def synced(self, state):
+    """The state as of the last step, in this process (a loop whose state lives elsewhere,
+    Downpour's on Ray, fetches it here)."""
+    return state
+
   def histograms(self) -> dict:
     return {}
 

@@ -111,12 +111,15 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
     if step % cfg.log_every == 0 or step == last_step:
       reporter.report(step, float(schedule(step - 1)))
     if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
+      state = loop.synced(state)
       reporter.evaluation(step, evaluate(eval_step, strategy.variables(state), mesh, source, cfg))
-    checkpoints.save(step, state, force=step == last_step)
+    if checkpoints.due(step) or step == last_step:
+      checkpoints.save(step, loop.synced(state), force=step == last_step)
     if checkpoints.reached_preemption(step):
       logging.warning('Preempted: saved step %d; run again to resume.', step)
       break
 
+  state = loop.synced(state)
   loop.close()
   reporter.histograms(step, loop.histograms())
 
@@ -166,6 +169,9 @@ def main(argv):
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
+  except config_lib.RunError as e:
+    print(f'jaxpar: {e}', file=sys.stderr)
+    sys.exit(1)
   if result.eval:
     skipped = result.eval['unreadable_files']
     print(f"test accuracy: top-1 {result.eval['top1']:.2%}, top-5 {result.eval['top5']:.2%} "

@@ -9,6 +9,7 @@ Fields left `auto` (`placement`, `bn_group_size`, `loss_scaling`, `optimizer.lr_
 take what the chosen method needs (`settle`, logged in one line); only a value the user
 set that contradicts the method is an error.
 """
+import importlib.util
 import math
 import os
 
@@ -16,6 +17,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from jaxpar import optim
+from jaxpar import config as config_lib
 from jaxpar.config import (CLUSTERS, DTYPES, LOSS_SCALINGS, REDUCE_DTYPES, SCHEMES, SERVERS,
                            ConfigError, num_devices)
 from jaxpar.data import sources
@@ -257,12 +259,34 @@ def _validate_async(c) -> None:
   if c.loss_scaling == 'dynamic':
     _fail('loss_scaling', c.loss_scaling, "scheme='async' does not scale the loss: leave it "
           "'auto'")
+  a = c.async_sgd
+  if a.backend not in config_lib.ASYNC_BACKENDS:
+    _fail('async_sgd.backend', a.backend, f'choose one of {list(config_lib.ASYNC_BACKENDS)}')
+  if a.lr_staleness not in config_lib.LR_STALENESS:
+    _fail('async_sgd.lr_staleness', a.lr_staleness,
+          f'choose one of {list(config_lib.LR_STALENESS)}')
+  workers = num_devices(c)
+  if a.max_staleness is not None and a.max_staleness < workers - 1:
+    _fail('async_sgd.max_staleness', a.max_staleness,
+          f'{workers} workers that pulled the same weights are applied one after another, '
+          f'the last with staleness {workers - 1}: use at least {workers - 1}, or None (no bound)')
+  if a.backend == 'threads':
+    for field, value in (('restart_workers', 0), ('ray_address', ''), ('gpus_per_worker', 0.0)):
+      if a[field] != value:
+        _fail(f'async_sgd.{field}', a[field], "applies to Ray's worker processes: set "
+              f"async_sgd.backend='ray', or leave it {value!r}")
+  if a.restart_workers < 0 or a.gpus_per_worker < 0:
+    field = 'restart_workers' if a.restart_workers < 0 else 'gpus_per_worker'
+    _fail(f'async_sgd.{field}', a[field], 'must be 0 or more')
+  if a.backend == 'ray' and importlib.util.find_spec('ray') is None:
+    _fail('async_sgd.backend', a.backend, "Ray is not installed: pip install 'jaxpar[ray]', "
+          "or use 'threads'")
   for field, synchronous_only in (('grad_reduce', 'psum'), ('grad_reduce_dtype', 'float32'),
                                   ('bn_group_size', 0), ('distributed.num_processes', 1)):
     if _get(c, field) != synchronous_only:
-      _fail(field, _get(c, field), f"not supported with scheme='async' (one host; each "
-            f"worker's BN statistics are its own; pushes are float32): set it to "
-            f"{synchronous_only!r}")
+      _fail(field, _get(c, field), f"not supported with scheme='async' (the run is one "
+            f"process: threads, or Ray's actors with async_sgd.backend='ray'; each worker's BN "
+            f"statistics are its own; pushes are float32): set it to {synchronous_only!r}")
 
 
 def _validate_replicas(c) -> None:
@@ -327,7 +351,7 @@ def _validate_hybrid(c, axes) -> None:
 
 
 def validate_devices(c, device_count: int, process_count: int) -> None:
-  n = num_devices(c)
+  n = config_lib.driver_devices(c)
   if n != device_count:
     _fail('mesh.shape', tuple(c.mesh.shape),
           f'it has {n} devices but JAX sees {device_count}; use a shape whose product is '
@@ -343,8 +367,9 @@ def validate_devices(c, device_count: int, process_count: int) -> None:
     _fail('eval_batch', c.eval_batch, f'use a multiple of the {n} data devices')
   if c.scheme == 'async' and process_count > 1:
     _fail('scheme', c.scheme, f'the {process_count} processes of this cluster cannot run '
-          f"Downpour (one host only): choose 'sync-split' or 'sync-join', or set "
-          f"distributed.cluster='none'")
+          f"Downpour as SPMD processes: run one process with async_sgd.backend='ray' (its "
+          f"workers are Ray actors on the cluster) and distributed.cluster='none', or "
+          f"choose 'sync-split' or 'sync-join'")
 
 
 def validate_schedule(c, total_steps: int) -> None:

@@ -69,3 +69,50 @@ def reference_run(model, tx, batches):
 def assert_trees_close(a, b, **tol):
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
     np.testing.assert_allclose(x, y, err_msg=jax.tree_util.keystr(path), **tol)
+
+
+def learnable_batches(n, batch, seed=0, size=16):
+  """Each class is a fixed pattern plus noise: a loss that falls over a few fresh batches."""
+  patterns = np.random.default_rng(99).normal(size=(5, size, size, 3)).astype(np.float32)
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    labels = rng.integers(0, 5, batch).astype(np.int32)
+    images = patterns[labels] + 0.5 * rng.normal(size=(batch, size, size, 3)).astype(np.float32)
+    out.append({'image': images, 'label': labels})
+  return out
+
+
+def shard_batch(worker, position, batch=8):
+  """Batch `position` of asynchronous worker `worker`'s shard: a pure function of both."""
+  return learnable_batches(1, batch, seed=1000 * worker + position)[0]
+
+
+def shard_batches(worker, position, batch=8):
+  """Worker `worker`'s shard from batch `position` on (what a Ray worker reads)."""
+  while True:
+    yield shard_batch(worker, position, batch)
+    position += 1
+
+
+def downpour_replay(model, tx, batch_of, log, image_shape):
+  """Sequential single-device reference of asynchronous training: version k+1 = version k
+  updated (its step times log[k].lr_scale) with the gradient of `batch_of(log[k])` at the
+  weights and BN statistics of version log[k].version."""
+  ref = init_plain(model, tx, image_shape)
+  versions = [(ref.params, ref.batch_stats)]
+  params, opt_state = ref.params, tx.init(ref.params)
+  for u in log:
+    pulled, stats = versions[u.version]
+    b = batch_of(u)
+
+    def loss_fn(p):
+      out, new = model.apply({'params': p, 'batch_stats': stats}, b['image'], train=True,
+                             mutable=['batch_stats'])
+      return optax.softmax_cross_entropy_with_integer_labels(out, b['label']).mean(), new
+    grads, new = jax.grad(loss_fn, has_aux=True)(pulled)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    updates = jax.tree.map(lambda x: x * u.lr_scale, updates)
+    params = optax.apply_updates(params, updates)
+    versions.append((params, new['batch_stats']))
+  return ref.replace(params=params, opt_state=opt_state)

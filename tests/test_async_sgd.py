@@ -12,9 +12,10 @@ import pytest
 from jaxpar import config as config_lib
 from jaxpar import optim
 from jaxpar.mesh import make_mesh
-from jaxpar.parallel.async_sgd import AsyncServer, Downpour
+from jaxpar.parallel.async_sgd import AsyncServer, Downpour, Ledger
 from jaxpar.step import init_state
-from runs import TinyResNet, assert_trees_close, init_plain, random_batches, reference_run
+from runs import (TinyResNet, assert_trees_close, downpour_replay, learnable_batches,
+                  random_batches, reference_run)
 
 IMAGE = (1, 16, 16, 3)
 
@@ -71,7 +72,7 @@ def test_four_workers_apply_every_batch_once(server_kind):
   after the worker's own previous push was applied, and every batch is applied once."""
   tx = optax.sgd(0.05, momentum=0.5)
   workers, steps = 4, 24
-  batches = _learnable_batches(steps, batch=16)
+  batches = learnable_batches(steps, batch=16)
   server, state, metrics, log = _run(server_kind, workers, tx, batches, steps)
   assert sorted(u.batch for u in log) == list(range(steps))
   assert [u.version + u.staleness for u in log] == list(range(steps))  # applied in order
@@ -88,7 +89,7 @@ def test_four_workers_apply_every_batch_once(server_kind):
   late = [m['loss'] for u, m in zip(log, metrics) if u.version >= steps - 8]
   assert early and late and np.mean(late) < 0.85 * np.mean(early)
   assert [m['staleness'] for m in metrics] == [u.staleness for u in log]
-  replay = _replay(tx, batches, log)
+  replay = downpour_replay(TinyResNet(), tx, lambda u: batches[u.batch], log, IMAGE)
   assert_trees_close(state.params, replay.params, rtol=1e-5, atol=1e-6)
   # Momentum, gathered from the owners' parts into the order of the parameters.
   by_leaf = {i: m for (_, part), s in zip(server.parts, state.opt_state)
@@ -109,40 +110,6 @@ def test_distributed_server_places_each_part_on_its_owner():
     assert leaf.devices() == {server.devices[owner]}
   for (d, _), part in zip(server.parts, state.opt_state):
     assert all(x.devices() == {server.devices[d]} for x in jax.tree.leaves(part))
-
-
-def _replay(tx, batches, log):
-  """Sequential single-device reference: version k+1 = version k updated with the gradient of
-  log[k]'s batch at the weights and BN statistics of version log[k].version."""
-  model = TinyResNet()
-  ref = init_plain(model, tx, IMAGE)
-  versions = [(ref.params, ref.batch_stats)]
-  params, opt_state = ref.params, tx.init(ref.params)
-  for u in log:
-    pulled, stats = versions[u.version]
-    b = batches[u.batch]
-
-    def loss_fn(p):
-      out, new = model.apply({'params': p, 'batch_stats': stats}, b['image'], train=True,
-                             mutable=['batch_stats'])
-      return optax.softmax_cross_entropy_with_integer_labels(out, b['label']).mean(), new
-    grads, new = jax.grad(loss_fn, has_aux=True)(pulled)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    versions.append((params, new['batch_stats']))
-  return ref.replace(params=params, opt_state=opt_state)
-
-
-def _learnable_batches(n, batch, seed=0):
-  """Each class is a fixed pattern plus noise: a loss that falls over 24 fresh batches."""
-  patterns = np.random.default_rng(99).normal(size=(5, 16, 16, 3)).astype(np.float32)
-  rng = np.random.default_rng(seed)
-  out = []
-  for _ in range(n):
-    labels = rng.integers(0, 5, batch).astype(np.int32)
-    images = patterns[labels] + 0.5 * rng.normal(size=(batch, 16, 16, 3)).astype(np.float32)
-    out.append({'image': images, 'label': labels})
-  return out
 
 
 def test_checkpoint_of_the_placed_state_restores_and_training_continues(tmp_path):
@@ -172,3 +139,96 @@ def test_checkpoint_of_the_placed_state_restores_and_training_continues(tmp_path
   loop.close()
   assert sorted(u.batch for u in loop.log) == [2, 3]
   assert int(restored.step) == 4 and int(restored.examples_seen) == 32
+
+
+# ----------------------------------------------------------------------------- the ledger
+def _simulate(workers, count, max_staleness, seed, lose=None):
+  """Random arrival orders against the Ledger: workers draw, arrive in random order, the
+  ledger applies what its bound allows (a held worker waits); `lose` = (at, worker)."""
+  rng = np.random.default_rng(seed)
+  ledger = Ledger(count, 0, max_staleness)
+  computing, position = [], collections.Counter()
+  alive = set(range(workers))
+
+  def draw(w):
+    if w in alive and ledger.may_draw():
+      ledger.draw(w, position[w])
+      position[w] += 1
+      computing.append(w)
+  for w in range(workers):
+    draw(w)
+  while len(ledger.log) < count:
+    if lose and len(ledger.log) == lose[0] and lose[1] in alive:
+      alive.discard(lose[1])
+      ledger.lose(lose[1])
+      if lose[1] in computing:
+        computing.remove(lose[1])
+    push = ledger.next()
+    if push is None:
+      assert computing, 'deadlock: nothing computing and nothing the bound allows'
+      w = computing.pop(int(rng.integers(len(computing))))
+      ledger.arrive(w, w)
+      continue
+    ledger.apply(push)
+    draw(push)
+  return ledger
+
+
+@pytest.mark.parametrize('workers, bound', [(2, 1), (4, 3), (4, 5), (8, 7)])
+def test_the_bound_holds_for_any_arrival_order_and_never_deadlocks(workers, bound):
+  for seed in range(20):
+    ledger = _simulate(workers, 60, bound, seed)
+    assert max(u.staleness for u in ledger.log) <= bound
+    assert sorted((u.worker, u.batch) for u in ledger.log) == sorted(
+        {(u.worker, u.batch) for u in ledger.log})  # each batch once
+    assert [u.version + u.staleness for u in ledger.log] == list(range(60))
+
+
+def test_without_a_bound_stragglers_exceed_it_and_with_one_they_do_not():
+  unbounded = [max(u.staleness for u in _simulate(4, 60, None, s).log) for s in range(20)]
+  assert max(unbounded) > 3   # random arrivals make stragglers: the bound has work to do
+  bounded = [max(u.staleness for u in _simulate(4, 60, 3, s).log) for s in range(20)]
+  assert max(bounded) <= 3
+
+
+def test_a_lost_worker_is_accounted_and_the_others_go_on():
+  ledger = _simulate(4, 40, 3, seed=1, lose=(10, 2))
+  assert len(ledger.log) == 40 and ledger.drawn == 40 + len(ledger.lost)
+  assert [t.worker for t in ledger.lost] == [2]
+  assert all(u.worker != 2 for u in ledger.log[10:])
+  applied = {(u.worker, u.batch) for u in ledger.log}
+  assert (2, ledger.lost[0].batch) not in applied
+
+
+def test_inverse_learning_rate_divides_by_the_staleness():
+  ledger = Ledger(10, 0, None, 'inverse')
+  for w in range(3):
+    ledger.draw(w, 0)
+  for w in (2, 0, 1):
+    ledger.arrive(w, w)
+    ledger.apply(ledger.next())
+  assert [(u.staleness, u.lr_scale) for u in ledger.log] == [(0, 1.0), (1, 1.0), (2, 0.5)]
+
+
+@pytest.mark.parametrize('lr_staleness', ['none', 'inverse'])
+def test_threads_with_a_bound_and_inverse_rate_replay_exactly(lr_staleness):
+  """The thread backend under the bound: no applied staleness above it, and the weights
+  are the sequential replay of the applied updates, each step scaled as the ledger said."""
+  tx = optax.sgd(0.05, momentum=0.5)
+  workers, steps, bound = 4, 16, 3
+  batches = learnable_batches(steps, batch=8)
+  mesh = make_mesh((workers,), ('data',))
+  server = AsyncServer(mesh, 'central')
+  server.make_optimizer(_SGD, optax.constant_schedule(0.0), _abstract_params())
+  state = init_state(TinyResNet(), tx, server, mesh, IMAGE, jax.random.key(0))
+  loop = Downpour(TinyResNet(), tx, server, iter(batches), steps, jax.random.key(3),
+                  max_staleness=bound, lr_staleness=lr_staleness)
+  for _ in range(steps):
+    state, _ = loop(state)
+  loop.close()
+  assert max(u.staleness for u in loop.log) <= bound
+  if lr_staleness == 'inverse':
+    assert [u.lr_scale for u in loop.log] == [1 / max(1, u.staleness) for u in loop.log]
+    assert any(u.lr_scale < 1 for u in loop.log)
+  replay = downpour_replay(TinyResNet(), tx, lambda u: batches[u.batch], loop.log, IMAGE)
+  assert_trees_close(jax.device_get(state.params), replay.params, rtol=1e-5, atol=1e-6)

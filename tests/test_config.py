@@ -44,7 +44,17 @@ def test_defaults_are_valid():
      "scheme='async'"),
     ({'scheme': 'async', 'server': 'central', 'distributed.num_processes': 2,
       'distributed.coordinator': 'localhost:1234'}, 'config.distributed.num_processes',
-     'one host'),
+     "async_sgd.backend='ray'"),
+    ({'scheme': 'async', 'server': 'central', 'async_sgd.backend': 'mpi'},
+     'config.async_sgd.backend', "'ray'"),
+    ({'scheme': 'async', 'server': 'central', 'async_sgd.max_staleness': 3},
+     'config.async_sgd.max_staleness', 'at least 7'),
+    ({'scheme': 'async', 'server': 'central', 'async_sgd.lr_staleness': 'sqrt'},
+     'config.async_sgd.lr_staleness', "'inverse'"),
+    ({'scheme': 'async', 'server': 'central', 'async_sgd.restart_workers': 2},
+     'config.async_sgd.restart_workers', "backend='ray'"),
+    ({'scheme': 'async', 'server': 'central', 'async_sgd.backend': 'ray',
+      'async_sgd.restart_workers': -1}, 'config.async_sgd.restart_workers', '0 or more'),
     ({'central_schedule': 'parallel'}, 'config.central_schedule', "server='central'"),
     ({'grad_fusion': 'bucketed'}, 'config.grad_fusion', "'one_buffer'"),
     ({'grad_fusion': 'one_buffer', 'grad_reduce': 'ring'}, 'config.grad_fusion',
@@ -320,6 +330,16 @@ def test_async_refuses_a_cluster_of_several_processes():
   validation.validate_devices(c, 8, 1)
   with pytest.raises(config_lib.ConfigError, match=r"config.scheme='async' .*2 processes"):
     validation.validate_devices(c, 8, 2)
+
+
+def test_async_on_ray_runs_its_driver_on_one_device():
+  """The workers are Ray's actors: this process needs one device, whatever the mesh."""
+  c = _config(scheme='async', server='central', **{'async_sgd.backend': 'ray'})
+  validation.validate(c)
+  assert config_lib.driver_devices(c) == 1 and config_lib.num_devices(c) == 8
+  validation.validate_devices(c, 1, 1)
+  with pytest.raises(config_lib.ConfigError, match='config.mesh.shape'):
+    validation.validate_devices(c, 8, 1)
 
 
 def test_an_unusable_workdir_is_one_line_before_anything_compiles(tmp_path):

@@ -1,6 +1,6 @@
 """Where examples come from: a TFDS dataset by name, or an image folder by path.
 
-A source yields this process's share of a split, in a fixed order, as
+A source yields this process's (or an asynchronous worker's) share of a split, in a fixed order, as
 {'image': the encoded image (JPEG, PNG, …) as a string, 'label': int64};
 `pipeline.py` decodes (for JPEG, only the crop window), shuffles, augments and
 batches.
@@ -38,10 +38,13 @@ class Source:
   unreadable: tuple = ()    # files left out because they could not be decoded
 
 
-def open_source(dataset_config) -> Source:
+def open_source(dataset_config, shard=None) -> Source:
+  """The dataset's share (index, count) `shard`; by default this process's share of the
+  processes of the run (`jax.process_index()` of `jax.process_count()`)."""
+  shard = shard or (jax.process_index(), jax.process_count())
   if dataset_config.name == IMAGE_FOLDER:
-    return _image_folder(dataset_config.path, dataset_config.test_percent)
-  return _tfds(dataset_config)
+    return _image_folder(dataset_config.path, dataset_config.test_percent, shard)
+  return _tfds(dataset_config, shard)
 
 
 # Where TFDS first looks for a prepared copy; a machine that cannot reach it within
@@ -58,7 +61,7 @@ def _online() -> bool:
     return False
 
 
-def _tfds(cfg) -> Source:
+def _tfds(cfg, shard) -> Source:
   builder = tfds.builder(cfg.name, data_dir=cfg.data_dir or None)
   # The bundled digits build locally, and a dataset downloaded by hand (ImageNet) says
   # which files to fetch; another dataset not prepared yet needs a download, which on a
@@ -85,7 +88,7 @@ def _tfds(cfg) -> Source:
                       f'is not an encoded image (tfds.features.Image); use an image dataset')
 
   def split(name):
-    own = tfds.split_for_jax_process(name)
+    own = tfds.even_splits(name, n=shard[1], drop_remainder=False)[shard[0]]  # as split_for_jax_process
 
     def dataset():
       ds = builder.as_dataset(split=own, shuffle_files=False,
@@ -102,7 +105,7 @@ def _tfds(cfg) -> Source:
                 train, test)
 
 
-def _image_folder(root: str, test_percent: int) -> Source:
+def _image_folder(root: str, test_percent: int, shard) -> Source:
   """Caltech-256 layout: `root/<class>/<image>`, classes in sorted order.
 
   The test split is the files whose path hashes (crc32) below `test_percent`
@@ -128,7 +131,8 @@ def _image_folder(root: str, test_percent: int) -> Source:
     if rel not in skip:
       split = 'test' if zlib.crc32(rel.encode()) % 100 < test_percent else 'train'
       files[split].append((os.path.join(root, rel), label))
-  shard = {k: v[jax.process_index()::jax.process_count()] for k, v in files.items()}
+  index, count = shard
+  shard = {k: v[index::count] for k, v in files.items()}
 
   def reader(items):
     def dataset():
