@@ -19,13 +19,16 @@ Two settings, always labelled:
              devices share the cores).
   processes  1, 2, 4, ... up to --processes separate processes, each with one device and
              pinned to its own core, joined by jax.distributed over loopback (gloo): the
-             code path of a GPU/TPU cluster. Async runs in one process only (its workers
-             are threads), so it is measured in the emulated setting alone.
+             code path of a GPU/TPU cluster. Async here runs on Ray (worker and server
+             actors, each its own process; `async_sgd.backend='ray'`), for N = 1, 2, ...
+             workers, driven from the one-process run; skipped with a note when Ray is
+             not installed.
 
 Progress lines go to stderr; the JSON records the machine, versions, the config and every
 sample. Each setting runs in child processes (`analysis.timing`).
 """
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -162,7 +165,7 @@ def _validated(cfg, overrides, where: str):
   cell = _cell(cfg, overrides)
   try:
     validation.validate(cell)
-    validation.validate_devices(cell, config_lib.num_devices(cell), 1)
+    validation.validate_devices(cell, config_lib.driver_devices(cell), 1)
   except config_lib.ConfigError as e:
     raise config_lib.ConfigError(f'{e} (in the {where} cell)') from None
   return overrides
@@ -215,8 +218,17 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
     cells = {p: steps([p]) for p in ps}
     # t_grad in the one-process run: one pinned core, as each process of the others has.
     every = [c for p in ps for c in cells[p]]
+    on_ray = []  # Downpour's real processes are Ray's actors, driven by the 1-process run
+    if async_servers and importlib.util.find_spec('ray') is None:
+      skipped.append("async on Ray (processes setting): Ray is not installed (pip install "
+                     "'jaxpar[ray]')")
+    elif async_servers:
+      on_ray = [{'server': v, 'n': n, 'backend': 'ray', 'overrides': _validated(
+          cfg, {**_grid_overrides(cfg, 'async', v, n), 'async_sgd.backend': 'ray'},
+          f'async on Ray {v} N={n}')} for n in ps for v in async_servers]
     runs['processes'] = [(p, {'local_devices': 1, 'grad_batches': grad_batches(every) if p == 1
-                              else [], 'steps': cells[p], 'async': [], 'volume': []})
+                              else [], 'steps': cells[p], 'async': on_ray if p == 1 else [],
+                              'volume': []})
                          for p in ps]
   return runs, skipped
 

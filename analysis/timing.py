@@ -14,8 +14,10 @@ in the first), each ended by `block_until_ready`:
             over both (`psum`), for the sizes of the α-β calibration up to the network's
             weights, P: t_comm is the transfer of P ([T]'s `transport.py`).
   t_iter    one train step of a synchronous scheme × server on N devices.
-  t_train   D pushes applied by the asynchronous loop (Downpour) on N workers.
+  t_train   D pushes applied by the asynchronous loop (Downpour) on N workers: threads
+            (emulated setting) or Ray's actors (processes setting).
 """
+import functools
 import itertools
 import json
 import os
@@ -142,27 +144,60 @@ def time_async(cfg, meta, batches: int, repeats: int) -> list:
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
+  from jaxpar.parallel.async_ray import RayDownpour
   from jaxpar.parallel.async_sgd import Downpour
 
   n = config_lib.num_devices(cfg)
-  mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
-  model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'], mesh)
   warmup = 2 * n
-  push = _synthetic(config_lib.device_batch(cfg), cfg, meta)
-  loop = Downpour(model, tx, strategy, itertools.repeat(push), warmup + repeats * batches,
-                  jax.random.key(1), cfg.grad_accum_steps)
+  count = warmup + repeats * batches
+  if config_lib.on_ray(cfg):  # the workers and servers are Ray's actors; this is the driver
+    mesh = make_mesh((1,), ('data',), jax.devices()[:1])
+    model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'],
+                                                  mesh)
+    rows = config_lib.device_batch(cfg)
+    stream = functools.partial(synthetic_stream, rows, cfg.image_size, meta['channels'],
+                               meta['num_classes'])
+    loop = RayDownpour(model, tx, strategy, stream, count, jax.random.key(1), workers=n,
+                       micro_batches=cfg.grad_accum_steps)
+    # Ray's processes inherit this one's core: they get every core, as on a cluster node.
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    try:
+      state, metrics = loop(state)  # starts Ray (once) and the actors
+    finally:
+      os.sched_setaffinity(0, pinned)
+    warmup -= 1
+  else:
+    mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
+    model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'],
+                                                  mesh)
+    push = _synthetic(config_lib.device_batch(cfg), cfg, meta)
+    loop = Downpour(model, tx, strategy, itertools.repeat(push), count, jax.random.key(1),
+                    cfg.grad_accum_steps)
   for _ in range(warmup):
     state, metrics = loop(state)
   samples = []
   for _ in range(repeats):
-    jax.block_until_ready((state, metrics))
+    # Ends when every push is applied and the weights are at hand (Ray: fetched from the
+    # servers, as for a checkpoint).
+    jax.block_until_ready((loop.synced(state), metrics))
     start = time.perf_counter()
     for _ in range(batches):
       state, metrics = loop(state)
-    jax.block_until_ready((state, metrics))
+    jax.block_until_ready((loop.synced(state), metrics))
     samples.append(time.perf_counter() - start)
   loop.close()
   return samples
+
+
+def synthetic_stream(rows, image_size, channels, classes, worker, position):
+  """A Ray worker's stream for timing: one synthetic batch, again and again."""
+  import numpy as np
+  rng = np.random.default_rng(worker)
+  batch = {'image': rng.normal(size=(rows, image_size, image_size, channels)).astype(np.float32),
+           'label': rng.integers(0, classes, rows).astype(np.int32)}
+  while True:
+    yield batch
 
 
 def run(spec) -> dict:

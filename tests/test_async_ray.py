@@ -152,6 +152,36 @@ def test_a_killed_worker_is_counted_and_training_goes_on(restart, caplog):
     assert_trees_close(state.params, replay.params, rtol=1e-5, atol=1e-6)
 
 
+def test_a_lost_server_ends_the_run_with_one_line_naming_it():
+  """The distributed server's part 1 is gone with its actor: no state to go on from."""
+  from jaxpar.config import RunError
+  tx = optax.sgd(0.05, momentum=0.5)
+  loop, state = _loop('distributed', 3, tx, 40)
+
+  def kill_server(loop):
+    if len(loop.log) == 3 and not kill_server.done:
+      kill_server.done = True
+      os.kill(ray.get(loop.servers[1].where.remote())[1], signal.SIGKILL)
+  kill_server.done = False
+  with pytest.raises(RunError, match=r'asynchronous server 1 of 3 \(it held \d+ tensors'):
+    _train(loop, state, 40, kill_server)
+  loop.close()
+
+
+def test_no_worker_left_ends_the_run_with_one_line():
+  from jaxpar.config import RunError
+  tx = optax.sgd(0.05, momentum=0.5)
+  loop, state = _loop('central', 2, tx, 40)
+  kill_0, kill_1 = _kill_worker(0, after=2), _kill_worker(1, after=2)
+
+  def both(loop):
+    kill_0(loop)
+    kill_1(loop)
+  with pytest.raises(RunError, match=r'all 2 asynchronous workers are lost \(worker \d: batch'):
+    _train(loop, state, 40, both)
+  loop.close()
+
+
 def test_train_with_a_killed_worker_finishes_and_evaluates_every_example(data_dir, monkeypatch,
                                                                           tmp_path, caplog):
   """`jaxpar.train` end to end on Ray: SqueezeNet on the digits at 16², two workers, one

@@ -1,5 +1,5 @@
 """analysis.measure and analysis.compare end to end with 2 real processes (jax.distributed
-over loopback, each pinned to a core). Its own file, so the suite's two workers can run it
+over loopback, each pinned to a core; async: Ray's actors). Its own file, so the suite's two workers can run it
 beside the emulated case of test_measure.py."""
 import csv
 import os
@@ -18,8 +18,14 @@ def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
   setting = check_setting(result, 'processes')
   assert setting['processes'] == 2
   assert setting['pinned_cores'] == [0, 1 % (os.cpu_count() or 1)]
+  # Downpour's processes: Ray's worker and server actors, N = 1, 2, D = 4 pushes each.
+  assert [(c['n'], c['backend'], len(c['samples'])) for c in setting['async']] == [
+      (1, 'ray', 1), (2, 'ray', 1)]
+  assert all(t > 0 for c in setting['async'] for t in c['samples'])
+  assert '[processes] [2/2] t_train async central N=2' in stderr
   text = (report / 'report.md').read_text()
   assert '| processes | sync-join | allreduce | 2 |' in text
+  assert '| processes | async | central | 2 |' in text
   assert '- **squeezenet** (processes):' in text
   with open(report / 'speedup.csv') as f:
-    assert len(list(csv.DictReader(f))) == 2  # N = 1, 2
+    assert len(list(csv.DictReader(f))) == 4  # sync-join and async on Ray, N = 1, 2

@@ -136,8 +136,8 @@ class _Server:
   def state(self):
     return self.pull(), _numpy(self.opt_state), self.stats
 
-  def ping(self):
-    return True
+  def where(self):
+    return socket.gethostname(), os.getpid()
 
 
 class RayDownpour:
@@ -193,6 +193,8 @@ class RayDownpour:
       try:
         summary = ray.get(ref)
       except ray.exceptions.RayActorError:
+        # The worker died, or a server did (its pulled weights then fail the worker's call).
+        self._check_servers()
         self._lost(worker, state)
         continue
       except ray.exceptions.RayError:
@@ -365,7 +367,7 @@ class RayDownpour:
     ray = ray_module()
     for p, s in enumerate(self.servers):
       try:
-        ray.get(s.ping.remote(), timeout=60)
+        ray.get(s.where.remote(), timeout=60)
       except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         _, part = self.server.parts[p]
         raise RunError(f'asynchronous server {p} of {len(self.servers)} (it held {len(part)} '
