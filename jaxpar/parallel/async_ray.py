@@ -63,6 +63,14 @@ def start(address: str, workers: int) -> None:
     return
   address = address or os.environ.get('RAY_ADDRESS') or None
   local = {} if address else {'num_cpus': max(workers + 1, os.cpu_count() or 1)}
+  token = os.environ.get('RAY_AUTH_TOKEN') or os.path.exists(
+      os.environ.get('RAY_AUTH_TOKEN_PATH') or os.path.expanduser('~/.ray/auth_token'))
+  if address and 'RAY_AUTH_MODE' not in os.environ and token:
+    # `ray start` (Ray ≥ 2.5x) makes a cluster that wants its token; ray.init with an
+    # address does not send it unless asked to.
+    os.environ['RAY_AUTH_MODE'] = 'token'
+    logging.info('Connecting to the Ray cluster with its authentication token (RAY_AUTH_MODE '
+                 'unset, a token found): RAY_AUTH_MODE=token.')
   ray.init(address=address, include_dashboard=False, logging_level='warning',
            log_to_driver=True, **local)
   resources = ray.cluster_resources()
@@ -258,6 +266,12 @@ class RayDownpour:
   def _start(self, state):
     ray = ray_module()
     start(self.address, self.workers)
+    have = ray.cluster_resources().get('GPU' if self.gpus_per_worker else 'CPU', 0)
+    need = self.workers * (self.gpus_per_worker or 1)
+    if have < need:
+      logging.warning('%d asynchronous workers reserve %g %ss but the Ray cluster has %g: '
+                      'the others wait until one is free.', self.workers, need,
+                      'GPU' if self.gpus_per_worker else 'CPU', have)
     first = int(state.step)
     self.ledger = Ledger(self.count, first, self.max_staleness, self.lr_staleness)
     leaves, treedef = jax.tree.flatten(jax.device_get(state.params))
