@@ -189,6 +189,28 @@ class _Watchdog(threading.Thread):
     call.join(2 * self.interval + _RPC_GRACE)
 
 
+# A step every process takes may last hours (preparing a dataset); the watchdog ends the
+# wait at once if a peer is lost, so the barriers themselves need no shorter limit.
+_BARRIER_MS = 24 * 3600 * 1000
+
+
+def process_0_first(name: str, fn):
+  """`fn()` in process 0, then in the others, all leaving together: a directory every process
+  shares is prepared once, node-local ones each their own, and no two processes write one
+  at the same time. The waits are barriers of the coordination service: the first gloo
+  collective (orbax's, creating the checkpoint directory) gives up after 30 s, far less
+  than building a dataset takes. Without a joined run, just `fn()`."""
+  state = jax_distributed.global_state
+  if state.client is None or state.num_processes == 1:
+    return fn()
+  result = fn() if state.process_id == 0 else None
+  state.client.wait_at_barrier(f'{_PREFIX}{name}/first', _BARRIER_MS)
+  if state.process_id != 0:
+    result = fn()
+  state.client.wait_at_barrier(f'{_PREFIX}{name}/all', _BARRIER_MS)
+  return result
+
+
 def _stop(reason: str, status: int = EXIT_PEER_LOST):
   """Ends this process from any thread, even while its main thread waits in a collective."""
   state = jax_distributed.global_state

@@ -27,11 +27,15 @@ IMAGE = (1, 16, 16, 3)
 
 @pytest.fixture(scope='module', autouse=True)
 def local_ray():
-  """A local Ray for this module; the workers import the tests' helpers (`runs`)."""
+  """A local Ray for this module; the workers import the tests' helpers (`runs`) and share
+  the tests' compilation cache (the actors of a run compile the same programs, and so do
+  the tests' runs: 3 workers compiling one program each on 2 cores was most of a test)."""
   tests = os.path.dirname(os.path.abspath(__file__))
   path = os.pathsep.join(p for p in (tests, os.environ.get('PYTHONPATH', '')) if p)
   ray.init(num_cpus=8, include_dashboard=False, logging_level='warning',
-           runtime_env={'env_vars': {'PYTHONPATH': path}})
+           runtime_env={'env_vars': {
+               'PYTHONPATH': path,
+               'JAX_COMPILATION_CACHE_DIR': os.environ['JAXPAR_TEST_XLA_CACHE']}})
   yield
   ray.shutdown()
 

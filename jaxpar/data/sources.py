@@ -19,6 +19,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from jaxpar.data.sklearn_digits import SklearnDigits  # registers the bundled builder
+from jaxpar import multihost
 from jaxpar.config import ConfigError
 
 IMAGE_FOLDER = 'image_folder'
@@ -61,7 +62,9 @@ def _online() -> bool:
     return False
 
 
-def _tfds(cfg, shard) -> Source:
+def _prepared(cfg):
+  """The dataset's builder, its data prepared (a no-op once it is; the bundled digits build
+  locally), or one line saying why it cannot be."""
   builder = tfds.builder(cfg.name, data_dir=cfg.data_dir or None)
   # The bundled digits build locally, and a dataset downloaded by hand (ImageNet) says
   # which files to fetch; another dataset not prepared yet needs a download, which on a
@@ -76,11 +79,18 @@ def _tfds(cfg, shard) -> Source:
         f'(`tfds build {cfg.name} --data_dir DIR`), copy DIR here and pass '
         f'--config.dataset.data_dir=DIR')
   try:
-    builder.download_and_prepare()  # a no-op once prepared; builds the bundled digits locally
+    builder.download_and_prepare()
   except Exception as e:  # manual downloads, no network, a bad data_dir: say which and why
     raise ConfigError(f'config.dataset.name={cfg.name!r} could not be prepared in '
                       f'config.dataset.data_dir={str(builder.data_dir_root)!r}: '
                       + ' '.join(str(e).split())) from e
+  return builder
+
+
+def _tfds(cfg, shard) -> Source:
+  # Process 0 first (a no-op without a joined run): two processes building into one
+  # data_dir at once took minutes and broke the run's first collective.
+  builder = multihost.process_0_first(f'prepare/{cfg.name}', lambda: _prepared(cfg))
   image_key, label_key = builder.info.supervised_keys
   if not isinstance(builder.info.features[image_key], tfds.features.Image):
     # The pipeline decodes (and for JPEG crops while decoding) encoded images itself.
