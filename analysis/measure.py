@@ -23,6 +23,11 @@ Two settings, always labelled:
              actors, each its own process; `async_sgd.backend='ray'`), for N = 1, 2, ...
              workers, driven from the one-process run; skipped with a note when Ray is
              not installed.
+  link-RATE  with --links=RATE[,RATE...]: the processes setting's steps again, each process
+             in its own network namespace sending through a link of RATE (tc syntax:
+             100mbit, 1gbit) into one bridge (`analysis.link`): a cluster's network,
+             emulated. Needs root; skipped with one line otherwise. Async is not run there
+             (Ray's actors would need a node per namespace).
 
 Progress lines go to stderr; the JSON records the machine, versions, the config and every
 sample. Each setting runs in child processes (`analysis.timing`).
@@ -49,7 +54,7 @@ from absl import app, flags  # noqa: E402
 from jax.sharding import AbstractMesh  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis import calibrate, volume  # noqa: E402
+from analysis import calibrate, link, volume  # noqa: E402
 from analysis.timing import ONE_DEVICE  # noqa: E402
 from jaxpar import build, models, validation  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
@@ -72,6 +77,8 @@ def define_flags():
                        'up to this many processes, one core each (0: skip the setting).')
   flags.DEFINE_list('schemes', list(SYNC_SCHEMES), 'Synchronous schemes to time.')
   flags.DEFINE_list('servers', list(config_lib.SERVERS), 'Servers to time.')
+  flags.DEFINE_list('links', [], 'Emulated link rates (tc syntax: 100mbit, 1gbit): the '
+                    'processes setting again on each (needs root); empty: loopback only.')
   flags.DEFINE_list('async_servers', list(ASYNC_SERVERS),
                     'Servers of the async scheme to time (empty: none).')
   flags.DEFINE_integer('batches', 128, 'D: batches of a training run ([T]: 128); the async '
@@ -108,6 +115,14 @@ def check_args(args):
     bad = [v for v in values if v not in valid]
     if bad:
       raise app.UsageError(f'--{name}: {bad} unknown; choose from {list(valid)}.')
+  for rate in args.links:
+    try:
+      link.bits_per_second(rate)
+    except ValueError as e:
+      raise app.UsageError(f'--links: {e}.')
+  if args.links and args.processes < 2:
+    raise app.UsageError(f'--links={",".join(args.links)} times 2 or more processes across the '
+                         f'link: use --processes=2 or more (it is {args.processes}).')
   if args.processes > 1 and not shutil.which('taskset'):
     raise app.UsageError('--processes > 1 pins each process to a core with taskset, which is '
                          'not installed (util-linux); use --processes=1 or install it.')
@@ -171,7 +186,8 @@ def _validated(cfg, overrides, where: str):
   return overrides
 
 
-def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, with_volume: bool):
+def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, with_volume: bool,
+         links=()):
   """What each setting's runs measure: {setting: [(processes, spec fields)]}, every cell
   validated. Raises ConfigError naming the cell and field."""
   batch = {'sync-split': cfg.global_batch, 'sync-join': cfg.per_device_batch}
@@ -230,6 +246,11 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
                               else [], 'steps': cells[p], 'async': on_ray if p == 1 else [],
                               'volume': []})
                          for p in ps]
+    why_not = link.unavailable() if links else None
+    if why_not:
+      skipped.append(f'the emulated links {",".join(links)}: {why_not}')
+    for rate in links if not why_not else ():
+      runs[f'link-{rate}'] = [(p, {**fields, 'async': []}) for p, fields in runs['processes']]
   return runs, skipped
 
 
@@ -249,23 +270,34 @@ def _child_env():
 
 
 def run_setting(setting: str, processes: int, fields: dict, common: dict, folder: str) -> dict:
-  """Runs one setting's child processes (pinned to cores 0..P−1 when P > 1) and returns
-  process 0's results. A failed process stops the others and raises with its log."""
+  """Runs one setting's child processes (pinned to cores 0..P−1 when P > 1; a link setting's
+  in their network namespaces) and returns process 0's results. A failed process stops the
+  others and raises with its log."""
+  if setting.startswith('link-') and processes > 1:
+    with link.Link(processes, setting.removeprefix('link-')) as emulated:
+      return _run_children(setting, processes, fields, common, folder, emulated)
+  return _run_children(setting, processes, fields, common, folder, None)
+
+
+def _run_children(setting, processes, fields, common, folder, emulated) -> dict:
   out = os.path.join(folder, f'{setting}_{processes}.json')
   port = _free_port() if processes > 1 else 0
+  host = emulated.addresses[0] if emulated else '127.0.0.1'
   cores = os.cpu_count() or 1
   procs, logs = [], []
   for i in range(processes):
     spec = {**common, **fields, 'setting': setting, 'process_id': i,
-            'num_processes': processes, 'coordinator': f'127.0.0.1:{port}' if port else '',
+            'num_processes': processes, 'coordinator': f'{host}:{port}' if port else '',
             'transfer_sizes': fields.get('transfer_sizes', []), 'out': out,
-            'pinned_cores': [j % cores for j in range(processes)] if setting == 'processes'
+            'pinned_cores': [j % cores for j in range(processes)] if setting != 'emulated'
             else None}
     path = os.path.join(folder, f'{setting}_{processes}_{i}.spec.json')
     with open(path, 'w') as f:
       json.dump(spec, f)
     cmd = [sys.executable, '-m', 'analysis.timing', path]
-    if setting == 'processes':
+    if emulated:
+      cmd = emulated.command(i, cmd)
+    if setting != 'emulated':
       cmd = ['taskset', '-c', str(i % cores)] + cmd
     log = open(os.path.join(folder, f'{setting}_{processes}_{i}.log'), 'w+')
     logs.append(log)
@@ -322,7 +354,7 @@ def versions() -> dict:
 def measure(cfg, argv) -> dict:
   validation.validate(cfg)
   runs, skipped = plan(cfg, FLAGS.workers, FLAGS.processes, FLAGS.schemes, FLAGS.servers,
-                       FLAGS.async_servers, FLAGS.volume)
+                       FLAGS.async_servers, FLAGS.volume, FLAGS.links)
   source = sources.open_source(cfg.dataset)
   meta = {'num_classes': source.num_classes, 'channels': source.channels}
   one = _cell(cfg, ONE_DEVICE)
@@ -343,7 +375,7 @@ def measure(cfg, argv) -> dict:
       results = []
       for processes, fields in setting_runs:
         devices = fields['local_devices'] * processes
-        transfers = (setting == 'emulated' and devices > 1) or (setting == 'processes'
+        transfers = (setting == 'emulated' and devices > 1) or (setting != 'emulated'
                                                                 and processes == 2)
         print(f'[measure] {setting}: {processes} process(es), {devices} device(s)',
               file=sys.stderr, flush=True)

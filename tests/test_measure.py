@@ -17,7 +17,7 @@ from absl import app
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from analysis import calibrate, collectives, compare, hlo, measure
+from analysis import calibrate, collectives, compare, hlo, link, measure
 from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
 
@@ -177,7 +177,7 @@ def test_measure_and_compare_end_to_end_emulated(tmp_path, data_dir):
 def _args(**overrides):
   values = dict(out='/tmp/m.json', workers=8, processes=2, batches=128, repeats=10, warmup=2,
                 async_repeats=2, schemes=['sync-split'], servers=['allreduce'],
-                async_servers=['central'])
+                async_servers=['central'], links=[])
   return types.SimpleNamespace(**{**values, **overrides})
 
 
@@ -186,6 +186,8 @@ def _args(**overrides):
     (dict(servers=['bogus']), "--servers: ['bogus'] unknown"),
     (dict(workers=0, processes=0), 'nothing to measure'),
     (dict(out='/no/such/folder/m.json'), 'does not exist'),
+    (dict(links=['1gbps']), "--links: '1gbps' is not a link rate: write it as tc does"),
+    (dict(links=['1gbit'], processes=1), '--links=1gbit times 2 or more processes'),
 ])
 def test_measure_bad_arguments_are_usage_errors(overrides, message):
   with pytest.raises(app.UsageError, match=re.escape(message)):
@@ -208,6 +210,24 @@ def test_measure_names_the_config_field_of_a_bad_cell(data_dir):
   with pytest.raises(config_lib.ConfigError,
                      match=r'config.global_batch=12 is invalid.*N=8 cell'):
     measure.plan(cfg, 8, 0, ['sync-split'], ['allreduce'], [], False)
+
+
+def test_measure_plans_each_link_as_the_processes_setting_without_async(data_dir, monkeypatch):
+  """Each --links rate repeats the processes setting's steps (async on Ray stays on loopback);
+  where links cannot be made (not root), one skipped line and no link setting."""
+  cfg = config_lib.defaults()
+  cfg.model, cfg.dataset.data_dir = 'squeezenet', data_dir
+  args = (cfg, 0, 2, ['sync-join'], ['allreduce'], ['central'], False)
+  monkeypatch.setattr(link, 'unavailable', lambda: None)
+  runs, skipped = measure.plan(*args, ['100mbit', '1gbit'])
+  assert sorted(runs) == ['link-100mbit', 'link-1gbit', 'processes']
+  for rate in ('100mbit', '1gbit'):
+    assert [(p, f['steps'], f['async']) for p, f in runs[f'link-{rate}']] == [
+        (p, f['steps'], []) for p, f in runs['processes']]
+  assert runs['processes'][0][1]['async']
+  monkeypatch.setattr(link, 'unavailable', lambda: 'it needs root')
+  runs, skipped = measure.plan(*args, ['1gbit'])
+  assert sorted(runs) == ['processes'] and skipped == ['the emulated links 1gbit: it needs root']
 
 
 def test_compare_rejects_a_file_measure_did_not_write(tmp_path):

@@ -1,10 +1,14 @@
 """analysis.measure and analysis.compare end to end with 2 real processes (jax.distributed
-over loopback, each pinned to a core; async: Ray's actors). Its own file, so the suite's two workers can run it
-beside the emulated case of test_measure.py."""
+over loopback, each pinned to a core; async: Ray's actors), and again across an emulated
+100 Mbit/s link where root can make one. Its own file, so the suite's two workers can run
+it beside the emulated case of test_measure.py."""
 import csv
 import os
 
+import numpy as np
 import pytest
+
+from analysis import link
 
 from test_measure import check_setting, measure_and_compare
 
@@ -12,9 +16,10 @@ from test_measure import check_setting, measure_and_compare
 @pytest.mark.slow
 def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
   result, stderr, report = measure_and_compare(tmp_path, data_dir, '--workers=0',
-                                               '--processes=2')
+                                               '--processes=2', '--links=100mbit')
   assert '[processes] [1/1] t_iter sync-join allreduce N=2' in stderr  # progress
-  assert set(result['settings']) == {'processes'}
+  why_not = link.unavailable()
+  assert set(result['settings']) == {'processes'} | ({'link-100mbit'} if not why_not else set())
   setting = check_setting(result, 'processes')
   assert setting['processes'] == 2
   assert setting['pinned_cores'] == [0, 1 % (os.cpu_count() or 1)]
@@ -27,5 +32,18 @@ def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
   assert '| processes | sync-join | allreduce | 2 |' in text
   assert '| processes | async | central | 2 |' in text
   assert '- **squeezenet** (processes):' in text
+  if why_not:
+    assert f'[measure] skipped the emulated links 100mbit: {why_not}' in stderr
+    with open(report / 'speedup.csv') as f:
+      assert len(list(csv.DictReader(f))) == 4  # sync-join and async on Ray, N = 1, 2
+    return
+  # The link: the same steps, no async; the weights' transfer takes at least the time
+  # 100 Mbit/s allows (less one token-bucket burst), loopback's far less.
+  linked = check_setting(result, 'link-100mbit')
+  assert linked['async'] == [] and '| link-100mbit | sync-join | allreduce | 2 |' in text
+  largest = linked['transfers'][-1]
+  wire = (largest['bytes'] - 128 * 1024) * 8 / 1e8
+  assert np.median(largest['samples']) >= wire
+  assert np.median(setting['transfers'][-1]['samples']) < wire / 3
   with open(report / 'speedup.csv') as f:
-    assert len(list(csv.DictReader(f))) == 4  # sync-join and async on Ray, N = 1, 2
+    assert len(list(csv.DictReader(f))) == 4 + 2  # and sync-join across the link, N = 1, 2

@@ -1,0 +1,121 @@
+"""An emulated cluster link: processes on one machine that talk as if through a switch.
+
+The thesis' regime — workers on 1 Gb/s Ethernet, where communication decides — cannot be
+seen over loopback (here tens of GB/s). So each process i of a measurement runs in its own
+Linux network namespace with address 10.213.k.(i+1)/24 on one end of a veth pair; the other
+ends join one bridge (the switch). The namespace's end sends through a token-bucket filter
+(`tc qdisc ... tbf rate R`): every process sends at most R bits/s, as a NIC of rate R into a
+non-blocking switch; a ring all-reduce of n bytes over P processes then needs at least
+2·n·(P−1)/P bytes per process on the wire, 2·n·(P−1)/(P·R/8) seconds (eq. 4.2's β = 8/R).
+netem is not in every kernel (not in this one), so there is no added latency: α stays the
+software's.
+
+gloo binds to the address the host name resolves to, and `ip netns exec NS` reads
+/etc/netns/NS/hosts over /etc/hosts: each namespace maps the host name to its own address.
+Everything is created under a random tag and removed on exit (also after an error). Only
+the namespaces' own addresses are used; nothing on the host's interfaces changes.
+Needs root and iproute2 (`ip`, `tc`); `unavailable()` says why not in one line.
+"""
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import uuid
+
+_RATE = re.compile(r'^(\d+(?:\.\d+)?)([kmg]?)bit$')
+_UNITS = {'': 1.0, 'k': 1e3, 'm': 1e6, 'g': 1e9}
+
+
+def bits_per_second(rate: str) -> float:
+  """'1gbit' → 1e9: tc's rate syntax in bits (kbit, mbit, gbit)."""
+  match = _RATE.match(rate)
+  if not match:
+    raise ValueError(f'{rate!r} is not a link rate: write it as tc does, e.g. 100mbit or 1gbit')
+  return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def unavailable() -> str | None:
+  """Why an emulated link cannot be made here, or None."""
+  if os.geteuid() != 0:
+    return 'it needs root (network namespaces, veth pairs, a bridge and tc)'
+  missing = [tool for tool in ('ip', 'tc') if not shutil.which(tool)]
+  if missing:
+    return f'it needs {" and ".join(missing)} (iproute2), which is not installed'
+  return None
+
+
+def _run(*cmd):
+  done = subprocess.run(cmd, capture_output=True, text=True)
+  if done.returncode:
+    raise RuntimeError(f'emulated link: `{" ".join(cmd)}` failed: {done.stderr.strip()}')
+
+
+class Link:
+  """`processes` namespaces on one bridge, each sending at most `rate` (tc syntax).
+
+  with Link(2, '1gbit') as link:
+    subprocess.Popen(link.command(i, [...]))   # process i, in its namespace
+    link.addresses[0]                          # where process 0 listens
+  """
+
+  def __init__(self, processes: int, rate: str):
+    self.rate, self.bits_per_second = rate, bits_per_second(rate)
+    tag = uuid.uuid4().hex[:6]
+    subnet = random.randrange(256)
+    self.bridge = f'jp{tag}br'
+    self.namespaces = [f'jp{tag}n{i}' for i in range(processes)]
+    self.veths = [(f'jp{tag}h{i}', f'jp{tag}v{i}') for i in range(processes)]  # host, ns side
+    self.addresses = [f'10.213.{subnet}.{i + 1}' for i in range(processes)]
+
+  def command(self, i: int, cmd: list) -> list:
+    return ['ip', 'netns', 'exec', self.namespaces[i], *cmd]
+
+  def __enter__(self):
+    try:
+      self._create()
+    except BaseException:
+      self.remove()
+      raise
+    return self
+
+  def __exit__(self, *exc):
+    self.remove()
+
+  def _create(self):
+    # A burst of at least one 64 KiB segment (veth passes GSO packets) and of 1 ms at the rate.
+    burst = max(int(self.bits_per_second / 8 / 1000), 128 * 1024)
+    hostname = socket.gethostname()
+    _run('ip', 'link', 'add', self.bridge, 'type', 'bridge')
+    _run('ip', 'link', 'set', self.bridge, 'up')
+    for ns, (host_end, ns_end), address in zip(self.namespaces, self.veths, self.addresses):
+      _run('ip', 'netns', 'add', ns)
+      _run('ip', 'link', 'add', host_end, 'type', 'veth', 'peer', 'name', ns_end)
+      _run('ip', 'link', 'set', ns_end, 'netns', ns)
+      _run('ip', 'link', 'set', host_end, 'master', self.bridge)
+      _run('ip', 'link', 'set', host_end, 'up')
+      _run('ip', '-n', ns, 'addr', 'add', f'{address}/24', 'dev', ns_end)
+      _run('ip', '-n', ns, 'link', 'set', ns_end, 'up')
+      _run('ip', '-n', ns, 'link', 'set', 'lo', 'up')
+      _run('tc', '-n', ns, 'qdisc', 'add', 'dev', ns_end, 'root', 'tbf', 'rate', self.rate,
+           'burst', str(burst), 'latency', '100ms')
+      os.makedirs(f'/etc/netns/{ns}', exist_ok=True)
+      with open(f'/etc/netns/{ns}/hosts', 'w') as f:
+        f.write(f'127.0.0.1 localhost\n{address} {hostname}\n')
+
+  def remove(self):
+    """Removes whatever of it exists (deleting a namespace deletes its veth pair)."""
+    for ns, (host_end, _) in zip(self.namespaces, self.veths):
+      subprocess.run(['ip', 'netns', 'del', ns], capture_output=True)
+      subprocess.run(['ip', 'link', 'del', host_end], capture_output=True)
+      shutil.rmtree(f'/etc/netns/{ns}', ignore_errors=True)
+    subprocess.run(['ip', 'link', 'del', self.bridge], capture_output=True)
+    if os.path.isdir('/etc/netns') and not os.listdir('/etc/netns'):
+      os.rmdir('/etc/netns')
+
+  def exists(self) -> bool:
+    listed = subprocess.run(['ip', 'netns', 'list'], capture_output=True, text=True).stdout
+    links = subprocess.run(['ip', 'link', 'show'], capture_output=True, text=True).stdout
+    return (any(ns in listed for ns in self.namespaces) or self.bridge in links
+            or any(os.path.exists(f'/etc/netns/{ns}') for ns in self.namespaces))
