@@ -49,11 +49,8 @@ def train_losses(cfg, batch, steps=STEPS, until=lambda loss: False):
   lr = optim.peak_learning_rate(cfg.optimizer, cfg.global_batch)
   tx = optim.make_optimizer(cfg.optimizer, optax.constant_schedule(lr))
   x, y = jnp.asarray(batch['image']), jnp.asarray(batch['label'])
-  # One program each, compiled without LLVM's optimisation passes (the same arithmetic):
-  # the networks pass the bar within ~10 steps, so compiling is most of the time.
-  fast = {'xla_backend_optimization_level': 0}
-  init = jax.jit(lambda x: model.init(jax.random.key(0), x, train=True))
-  variables = init.lower(x[:1]).compile(compiler_options=fast)(x[:1])
+  # One program (op by op, GoogLeNet's init took over a minute).
+  variables = jax.jit(lambda x: model.init(jax.random.key(0), x, train=True))(x[:1])
   params, stats = variables['params'], variables.get('batch_stats', {})
 
   def step(params, stats, opt_state, rng):
@@ -66,8 +63,7 @@ def train_losses(cfg, batch, steps=STEPS, until=lambda loss: False):
     return optax.apply_updates(params, updates), stats, opt_state, loss
 
   opt_state, losses = jax.jit(tx.init)(params), []
-  step = jax.jit(step).lower(params, stats, opt_state, jax.random.key(0)).compile(
-      compiler_options=fast)
+  step = jax.jit(step)
   for i in range(steps):
     params, stats, opt_state, loss = step(params, stats, opt_state, jax.random.key(i))
     losses.append(float(loss))

@@ -22,8 +22,7 @@ from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The children compile without LLVM's optimisation passes: what they time is not judged here.
-ENV = {**os.environ, 'PYTHONPATH': ROOT, 'XLA_FLAGS': '--xla_backend_optimization_level=0'}
+ENV = {**os.environ, 'PYTHONPATH': ROOT}  # with conftest's XLA_FLAGS: compiled fast
 SIZES = np.geomspace(4096, 64e6, 8)
 
 

@@ -98,10 +98,8 @@ def _assert_heads(net, train_out, eval_out, batch, classes):
 def test_output_shapes_32(net, batch=2, classes=7):
   """Init, a training and an evaluation forward pass at 32²: shapes, and finite values."""
   x = jax.random.normal(jax.random.key(2), (batch, 32, 32, 3))
-  # One program, without LLVM's optimisation passes (same arithmetic): compiling GoogLeNet's
-  # init and applies op by op took 85 s of the suite, optimised ~50 s, this ~20 s.
-  train_out, eval_out = jax.jit(_outputs(net, classes)).lower(x).compile(
-      compiler_options={'xla_backend_optimization_level': 0})(x)
+  # One program: compiling GoogLeNet's init and applies op by op took 85 s of the suite.
+  train_out, eval_out = jax.jit(_outputs(net, classes))(x)
   _assert_heads(net, train_out, eval_out, batch, classes)
   assert all(np.all(np.isfinite(y)) for y in jax.tree.leaves((train_out, eval_out)))
 
@@ -128,15 +126,14 @@ def _symmetric_conv(x, kernel, stride, pad):
 
 
 def _intermediates(model, x):
-  """(params, every module's output), in one program compiled without LLVM's optimisation
-  (op by op, GoogLeNet's took 73 s of the suite)."""
+  """(params, every module's output), in one program (op by op, GoogLeNet's took 73 s of the
+  suite)."""
   def run(x):
     variables = model.init(RNGS, x, train=False)
     _, state = model.apply(variables, x, train=False, capture_intermediates=True,
                            mutable=['intermediates'])
     return variables['params'], state['intermediates']
-  return jax.jit(run).lower(x).compile(
-      compiler_options={'xla_backend_optimization_level': 0})(x)
+  return jax.jit(run)(x)
 
 
 def test_resnet_strided_convolutions_pad_symmetrically_on_even_inputs():

@@ -15,11 +15,8 @@ from jaxpar.mesh import make_mesh
 from runs import random_batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, 'PYTHONPATH': ROOT, 'XLA_FLAGS': ''}
+ENV = {**os.environ, 'PYTHONPATH': ROOT}  # with conftest's XLA_FLAGS: compiled fast
 PROCESS_TIMEOUT = 600  # seconds: no real-process run may hang the suite
-# Without LLVM's optimisation passes: the same arithmetic (within the tests' tolerances),
-# compiled in about half the time; these processes run few steps of small programs.
-FAST_COMPILE = {'XLA_FLAGS': '--xla_backend_optimization_level=0'}
 
 
 def _port():
@@ -34,8 +31,7 @@ def two_processes(tmp_path_factory):
   slurm = {'SLURM_JOB_ID': '1', 'SLURM_STEP_NODELIST': '127.0.0.1', 'SLURM_NTASKS': '2',
            'JAX_COORDINATOR_PORT': _port()}
   procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'multiprocess_checks.py'),
-                             str(out)], env={**ENV, **slurm, **FAST_COMPILE,
-                                             'SLURM_PROCID': str(i),
+                             str(out)], env={**ENV, **slurm, 'SLURM_PROCID': str(i),
                                              'SLURM_LOCALID': str(i)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
            for i in range(2)]
@@ -125,6 +121,21 @@ def test_two_processes_prepare_a_fresh_data_dir_once(tmp_path):
   assert 'share 719 1437' in logs[0] and 'share 718 1437' in logs[1]
 
 
+def test_processes_not_joined_prepare_one_data_dir_one_at_a_time(tmp_path):
+  """Two processes of one host (not one run: no barrier) open the digits in one fresh
+  data_dir at once: a lock file lets one build and the other find them built (without it,
+  one failed renaming its copy over the other's)."""
+  code = ('from jaxpar import config; from jaxpar.data import sources; '
+          f"c = config.defaults().dataset; c.data_dir = {str(tmp_path / 'tfds')!r}; "
+          "print('examples', sources.open_source(c).num_train)")
+  procs = [subprocess.Popen([sys.executable, '-c', code], env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+  logs = [p.communicate(timeout=PROCESS_TIMEOUT)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+  assert sum('Generating splits' in log for log in logs) == 1
+  assert all('examples 1437' in log for log in logs)
+
+
 def test_a_process_whose_peers_never_come_gives_up_at_the_initialization_timeout():
   code = ('from jaxpar import multihost; '
           f"multihost.join('127.0.0.1:{_port()}', 2, 0, 'auto', 3, 10)")
@@ -139,7 +150,7 @@ def test_a_process_whose_peers_never_come_gives_up_at_the_initialization_timeout
 def _launch(workdir, data_dir, port, fake_ssh=None):
   """2 processes training SqueezeNet on the digits for 12 steps: by launch/local.sh, or by
   launch/gpu_cluster.sh on two "hosts" reached through `fake_ssh` (runs the command here)."""
-  env = {**ENV, **FAST_COMPILE, 'PYTHON': sys.executable, 'JAXPAR_PORT': port}
+  env = {**ENV, 'PYTHON': sys.executable, 'JAXPAR_PORT': port}
   script = ['local.sh', '2']
   if fake_ssh:
     script = ['gpu_cluster.sh', '127.0.0.1,127.0.0.1', '1']

@@ -5,7 +5,10 @@ A source yields this process's (or an asynchronous worker's) share of a split, i
 `pipeline.py` decodes (for JPEG, only the crop window), shuffles, augments and
 batches.
 """
+import contextlib
 import dataclasses
+import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -62,9 +65,36 @@ def _online() -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _exclusive(data_dir: str | None):
+  """Holds a lock file in a local `data_dir` (TFDS's default when None): processes of one host
+  that share the directory prepare it one at a time. URLs (gs://) and directories where no
+  lock file can be made (read-only: prepared already) are not locked."""
+  root = os.path.expanduser(data_dir or os.environ.get('TFDS_DATA_DIR')
+                            or os.path.join('~', 'tensorflow_datasets'))
+  lock = None
+  if '://' not in root:
+    try:
+      os.makedirs(root, exist_ok=True)
+      lock = open(os.path.join(root, '.jaxpar-prepare.lock'), 'w')
+    except OSError:
+      pass  # TFDS says what is wrong with the directory, if anything
+  if lock is None:
+    yield
+    return
+  with lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    yield  # closing the file releases the lock
+
+
 def _prepared(cfg):
   """The dataset's builder, its data prepared (a no-op once it is; the bundled digits build
   locally), or one line saying why it cannot be."""
+  with _exclusive(cfg.data_dir or None):
+    return _prepare(cfg)
+
+
+def _prepare(cfg):
   builder = tfds.builder(cfg.name, data_dir=cfg.data_dir or None)
   # The bundled digits build locally, and a dataset downloaded by hand (ImageNet) says
   # which files to fetch; another dataset not prepared yet needs a download, which on a
@@ -88,9 +118,11 @@ def _prepared(cfg):
 
 
 def _tfds(cfg, shard) -> Source:
-  # Process 0 first (a no-op without a joined run): two processes building into one
-  # data_dir at once took minutes and broke the run's first collective.
-  builder = multihost.process_0_first(f'prepare/{cfg.name}', lambda: _prepared(cfg))
+  # Process 0 first (a no-op without a joined run), then the others, each host's one at a
+  # time: two processes building into one data_dir at once failed (FileExistsError, or an
+  # empty dataset), and one building for minutes broke the run's first collective.
+  builder = multihost.process_0_first(f'prepare/{cfg.name}',
+                                      functools.partial(_prepared, cfg))
   image_key, label_key = builder.info.supervised_keys
   if not isinstance(builder.info.features[image_key], tfds.features.Image):
     # The pipeline decodes (and for JPEG crops while decoding) encoded images itself.
