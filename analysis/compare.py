@@ -124,8 +124,10 @@ def recommend(points, setting: str) -> str:
     parallel = max((p for p in mine if p['n'] > 1), key=lambda p: p['speedup'], default=None)
     why = (f"the best parallel run ({parallel['scheme']}, {parallel['server']}, N={parallel['n']}) "
            f"reaches only {parallel['speedup']:.2f}×" if parallel else 'nothing parallel ran')
-    return (f"**{best['network']}** ({setting}): stay on one device — {why}, because "
-            f"communication costs more than the devices save ({ratio_text}).")
+    return (f"**{best['network']}** ({setting}): stay on one device — its fastest step "
+            f"({best['scheme']}, {best['server']}) measured S = {best['speedup']:.2f} "
+            f"and {why}, because communication costs more than the devices save "
+            f"({ratio_text}).")
   share = best['communication_share']
   share_text = f'; {share:.0%} of its step is not gradient computation' if share is not None \
       else ''
