@@ -43,6 +43,11 @@ def unavailable() -> str | None:
   missing = [tool for tool in ('ip', 'tc') if not shutil.which(tool)]
   if missing:
     return f'it needs {" and ".join(missing)} (iproute2), which is not installed'
+  probe = f'jpprobe{uuid.uuid4().hex[:6]}'  # root in a container may still be refused
+  made = subprocess.run(['ip', 'netns', 'add', probe], capture_output=True, text=True)
+  subprocess.run(['ip', 'netns', 'del', probe], capture_output=True)
+  if made.returncode:
+    return f'this machine refuses network namespaces ({made.stderr.strip()})'
   return None
 
 
