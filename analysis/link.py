@@ -36,6 +36,12 @@ def bits_per_second(rate: str) -> float:
   return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def burst_bytes(bits_per_second: float) -> int:
+  """The token bucket's depth: sent at once before the rate holds. At least one 64 KiB
+  segment (veth passes GSO packets, twice that for headroom) and 1 ms at the rate."""
+  return max(int(bits_per_second / 8 / 1000), 128 * 1024)
+
+
 def unavailable() -> str | None:
   """Why an emulated link cannot be made here, or None."""
   if os.geteuid() != 0:
@@ -89,8 +95,7 @@ class Link:
     self.remove()
 
   def _create(self):
-    # A burst of at least one 64 KiB segment (veth passes GSO packets) and of 1 ms at the rate.
-    burst = max(int(self.bits_per_second / 8 / 1000), 128 * 1024)
+    burst = burst_bytes(self.bits_per_second)
     hostname = socket.gethostname()
     _run('ip', 'link', 'add', self.bridge, 'type', 'bridge')
     _run('ip', 'link', 'set', self.bridge, 'up')

@@ -13,7 +13,7 @@ For the configured network and input size, after warm-up, repeated:
   volume   every collective of each step's lowered program, its bytes per device next
            to the method's analytic volume and its own `sent_bytes` (`analysis.volume`).
 
-Two settings, always labelled:
+Settings, always labelled:
   emulated   one process with --workers CPU devices emulated on the machine's cores: the
              communication volume is real; the speed says nothing about speedup (the
              devices share the cores).
