@@ -76,7 +76,7 @@ class Runner:
     # From the compiled program: an auto-sharded jit has its collectives only there.
     found = hlo.compiled_collectives(self.compiled.as_text())
     self.collectives = len(found)
-    self.collective_bytes = sum(hlo.bytes_per_device(c, devices) for c in found)
+    self.collective_bytes = hlo.step_bytes(found, devices)
     cost = self.compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     self.flops = float(cost.get('flops', 0.0)) if cost else 0.0

@@ -1,14 +1,28 @@
-"""Calibration of the α-β model (`analysis.collectives`) from measured transfers.
+"""What one collective costs inside a compiled program, calibrated from `analysis.timing`'s
+chains, and the α-β fits reported beside it.
 
-A transfer of b bytes takes t = α + b/β. Given the median time of transfers of several
-sizes on the same pair of devices, α and 1/β are fitted by non-negative least squares
-on the *relative* error, (t_i − α − b_i/β) / t_i: timings are noisy in proportion to
-their length, and an unweighted fit would let the largest message decide α alone.
+A program of k calls of one collective kind on b bytes, each call on the previous one's
+result, takes on average t(k) = t_0 + k·c(b): t_0 launches and synchronises the program, c(b)
+is what one more call adds where a step's program makes it. c(b) is the slope of the
+least-squares line through the mean time of each chain length (`per_call`; means, since a
+step pays its slow calls too) — never one call's time, which contains t_0.
+
+Between calibrated sizes c is interpolated linearly in bytes (a piecewise α-β model, so a
+runtime that switches algorithm at some size is followed, not averaged); below the smallest
+it is the smallest's cost (latency); beyond the largest it follows the last segment. The
+calibration runs on two devices; for a group of n > 2 devices c is scaled by the ratio of
+the ring model at n and at 2 (`analysis.collectives`) with the kind's α-β fit.
+
+The α-β fit of a kind, t = α + b/β by non-negative least squares on the *relative* error
+(timings are noisy in proportion to their length), is what the report prints and what the
+group scaling uses; its residuals show how far the runtime is from one α and one β.
 """
 import dataclasses
 
 import numpy as np
 from scipy.optimize import nnls
+
+from analysis import collectives, hlo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,25 +58,87 @@ def fit_alpha_beta(nbytes, seconds) -> Fit:
              tuple(b.tolist()), tuple(t.tolist()), tuple((t - fitted).tolist()))
 
 
-def from_transfers(transfers) -> Fit:
-  """The point-to-point fit of `analysis.measure`'s transfer samples (their medians)."""
-  return fit_alpha_beta([x['bytes'] for x in transfers],
-                        [float(np.median(x['samples'])) for x in transfers])
+def per_call(chains) -> tuple:
+  """(c, t_0) of t(k) = t_0 + k·c, least squares through the mean of each chain length's
+  samples (`chains`: {k: [seconds, ...]}, at least two lengths). c is floored at a
+  nanosecond: a call never costs nothing."""
+  ks = sorted(chains, key=int)
+  if len(ks) < 2:
+    raise ValueError('per_call needs chains of at least two lengths')
+  k = np.array([int(x) for x in ks], float)
+  t = np.array([np.mean(chains[x]) for x in ks], float)
+  (t0, c), *_ = np.linalg.lstsq(np.stack([np.ones_like(k), k], 1), t, rcond=None)
+  return max(float(c), 1e-9), float(t0)
 
 
-def from_all_reduces(all_reduces) -> Fit:
-  """α and β of the ring model's steps from all-reduces over two devices: a ring of two
-  takes 2 steps of half the buffer, 2α + b/β, so α is half the fitted intercept. (Runtimes
-  implement all-reduce with other fixed costs than a point-to-point send: gloo's are far
-  higher, so each collective kind gets its own fit.)"""
-  fit = from_transfers(all_reduces)
-  return dataclasses.replace(fit, alpha=fit.alpha / 2)
+# The calibrated kind a program's collective is costed as.
+KIND = {'collective_permute': 'collective_permute', 'all_reduce': 'all_reduce',
+        'all_gather': 'all_gather', 'reduce_scatter': 'reduce_scatter',
+        'all_to_all': 'reduce_scatter'}
 
 
-def setting_inputs(setting: dict):
-  """(t_comm, transfer fit, all-reduce fit) of one setting of `analysis.measure`'s JSON,
-  each None where it was not measured (a fit needs two sizes)."""
-  transfers, reduces = setting['transfers'], setting['all_reduces']
-  return (float(np.median(transfers[-1]['samples'])) if transfers else None,
-          from_transfers(transfers) if len(transfers) > 1 else None,
-          from_all_reduces(reduces) if len(reduces) > 1 else None)
+@dataclasses.dataclass(frozen=True)
+class CallCosts:
+  """Per-call costs of each collective kind: {kind: ((bytes, seconds per call), ...)}
+  measured on two devices, sizes increasing."""
+  points: dict
+
+  @property
+  def fits(self) -> dict:
+    return {kind: fit_alpha_beta(*zip(*pts)) for kind, pts in self.points.items()
+            if len({b for b, _ in pts}) > 1}
+
+  def per_call(self, kind: str, nbytes: float) -> float:
+    """One call of `kind` on `nbytes` between two devices (see the module docstring)."""
+    pts = self.points[kind]
+    b = np.array([x for x, _ in pts], float)
+    c = np.array([y for _, y in pts], float)
+    if nbytes <= b[0] or len(b) == 1:
+      return float(c[0])
+    if nbytes >= b[-1]:
+      slope = (c[-1] - c[-2]) / (b[-1] - b[-2])
+      return float(c[-1] + max(slope, 0.0) * (nbytes - b[-1]))
+    return float(np.interp(nbytes, b, c))
+
+  def cost(self, c: hlo.Collective) -> float:
+    """One collective of a compiled program (`analysis.hlo`): its kind's per-call cost at
+    the buffer it moves (an all-gather's result, the others' operand), scaled from two
+    devices to its group."""
+    kind = KIND[c.op]
+    if kind not in self.points:
+      kind = 'all_reduce' if c.op != 'collective_permute' else kind
+    full = c.nbytes * c.group if c.op == 'all_gather' else c.nbytes
+    if c.op != 'collective_permute' and c.group <= 1:
+      return 0.0
+    two = self.per_call(kind, full)
+    if c.op == 'collective_permute' or c.group == 2:
+      return two
+    fit = self.fits.get(kind)
+    if fit is None:
+      return two
+    piece = full / c.group if c.op == 'all_gather' else full
+    ring = collectives.collective_time(c.op, piece, c.group, fit.alpha, fit.beta)
+    pair = collectives.collective_time(c.op, full / 2 if c.op == 'all_gather' else full, 2,
+                                       fit.alpha, fit.beta)
+    return two * ring / pair
+
+  def step(self, found) -> float:
+    """Σ of `cost` over a step's collectives (of a conditional, the costliest branch)."""
+    return hlo.step_total(found, self.cost)
+
+
+def from_calls(calls: dict) -> CallCosts:
+  """The per-call costs of `analysis.timing`'s calibration ({kind: [{'bytes', 'chains'}]}),
+  each size's `per_call` slope."""
+  return CallCosts({kind: tuple((p['bytes'], per_call(p['chains'])[0]) for p in points)
+                    for kind, points in calls.items() if points})
+
+
+def setting_inputs(setting: dict, param_bytes: int):
+  """(t_comm, CallCosts) of one setting of `analysis.measure`'s JSON, (None, None) where
+  nothing was calibrated: t_comm is [T]'s transfer of the network's weights, here the
+  calibrated permute of `param_bytes`."""
+  if not setting.get('calls'):
+    return None, None
+  costs = from_calls(setting['calls'])
+  return costs.per_call('collective_permute', param_bytes), costs

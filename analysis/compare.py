@@ -1,140 +1,278 @@
-"""Predicted against measured: speedup tables, plots and a recommendation from
-`analysis.measure`'s JSON files.
+"""Predicted against measured: speedup tables, held-out errors, plots and a recommendation
+from `analysis.measure`'s JSON files.
 
   python -m analysis.compare resnet34.json [squeezenet.json ...] --out report/
 
 Writes into --out:
-  report.md     per network: the measured inputs (t_grad, t_comm, the α-β fit and its
-                residuals), speedup against N measured next to predicted, the relative error
-                of each prediction and the median per model, the volume table, and the
-                recommended scheme and N for this hardware with the reason;
+  report.md     per network: the measured inputs (t_grad alone and under contention, t_comm,
+                each collective kind's calibrated per-call costs and α-β fit), speedup
+                against N measured (with the repetitions' spread) next to predicted, the
+                error of each prediction, the held-out summary per model and setting
+                (median |log(t_predicted / t_measured)|, the noise floor, the rank
+                correlation, the regret of the model's pick), the volume table, and the
+                recommendation for this hardware with its uncertainty and regret;
   speedup.csv   every row of the speedup tables;
-  NET_SCHEME_SERVER.png  one per network × scheme × server, in the style of [T]'s
-                Figures 6.1–6.11: measured points, predicted lines, per setting.
+  NET_SIZE_SCHEME_SERVER.png  one per network × scheme × server, in the style of [T]'s
+                Figures 6.1–6.11: measured points with the repetitions' range, predicted
+                lines, per setting.
 
-Speedup is [T]'s eq. 4.23, S = D·t_grad / t_train, with t_train of D batches: sync-split
-D steps, sync-join D/N steps of N batches (t_iter measured per step), async the measured
-time of D pushes. Two predictions:
-  thesis  [T]'s equations (4.11, 4.12, 4.20, 4.21) from the measured t_grad and t_comm, as
-          the thesis' `estimate.py` (central and distributed servers; the thesis has none
-          for all-reduce or gossip);
-  α-β     what jaxpar's step does: the measured t_grad of each device's own batch plus
-          every collective of the step's lowered program, each by its α-β model
-          (`analysis.collectives.collective_time`) with α and β fitted to the measured
-          transfers (permutes) and all-reduces (the other collectives). Async: [T]'s
-          equations with t_comm = α + P/β.
+Speedup is [T]'s eq. 4.23, S = D·t_grad / t_train, with t_grad the one-device time alone and
+t_train of D batches: sync-split D steps, sync-join D/N steps of N batches (t_iter measured
+per step), async the measured time of D pushes. Predictions of t_train:
+  thesis     [T]'s equations (4.11, 4.12, 4.20, 4.21) fed as [T] fed them: the one-device
+             t_grad and t_comm (the calibrated permute of the network's weights). Central
+             and distributed servers only.
+  semaphore  [T]'s access-control proposal (eq. 7.1–7.3, `equations.semaphore_training_time`)
+             for the central server where jaxpar's schedule is serial (one transfer at a
+             time), otherwise as `thesis`.
+  parts      jaxpar's step from separately measured parts, none fitted to a step time it
+             predicts: t_grad of the device's own batch under the run's contention (the
+             processes computing at once), plus the step's non-gradient work (the same
+             scheme and server's N = 1 step less its t_grad: update, copies, conditionals),
+             plus every collective of the *compiled* program at its calibrated per-call cost
+             (`analysis.calibrate`). Not for async: Ray's per-push overhead is not among
+             the parts measured, so async is judged by the thesis' equations alone.
+  rate       a link setting predicted from the loopback (`processes`) setting alone and the
+             link's rate: the parts model with loopback's t_grad, non-gradient work and
+             per-call costs, each collective adding the bytes its busiest device sends ÷
+             the rate. Nothing measured across the link enters it.
+The N = 1 steps calibrate `parts` and are not held out; every other point is judged by
+every model, and no fitted number has seen it.
 """
 import argparse
 import csv
 import json
+import math
 import os
 import sys
 
 import numpy as np
 
-from analysis import calibrate, collectives, equations, hlo, volume
+from analysis import calibrate, equations, hlo, link, volume
+
+MODELS = ('thesis', 'semaphore', 'parts', 'rate')
+MODEL_NAMES = {'thesis': 'thesis equations', 'semaphore': 'thesis + semaphore',
+               'parts': 'measured parts', 'rate': 'loopback parts + link rate'}
 
 
 def _median(samples) -> float:
   return float(np.median(samples))
 
 
-def alpha_beta_iteration(collectives_of_step, t_grad: float, transfer, all_reduce) -> float:
-  """One synchronous step by the α-β model: the device's gradient time plus every collective
-  of its lowered program (`analysis.hlo`; of a conditional, the costliest branch), permutes
-  timed by the point-to-point fit, the other collectives by the all-reduce fit."""
-  def cost(c):
-    fit = transfer if c.op == 'collective_permute' else all_reduce
-    return collectives.collective_time(c.op, c.nbytes, c.group, fit.alpha, fit.beta)
-  return t_grad + hlo.step_total([volume.from_row(c) for c in collectives_of_step], cost)
+def log_error(predicted, measured):
+  """log(t_predicted / t_measured): symmetric in over- and under-prediction."""
+  return None if predicted is None else math.log(predicted / measured)
 
 
-def _error(predicted, measured):
-  return None if predicted is None else (predicted - measured) / measured
+def _spread(repetitions, scale: float = 1.0):
+  """|log| of the largest over the smallest repetition's median: how far two independent
+  measurements of the point disagree (None with one repetition)."""
+  if not repetitions or len(repetitions) < 2:
+    return None
+  medians = [_median(r) * scale for r in repetitions]
+  return math.log(max(medians) / min(medians)), medians
+
+
+def _grad(s, batch, n, setting):
+  """t_grad of `batch` on one device: under the contention of the N-process run where it
+  was measured (processes and link settings, N > 1), else alone."""
+  contended = s.get('t_grad_contended', {}).get(str(n), {})
+  if setting != 'emulated' and n > 1 and str(batch) in contended:
+    return _median(contended[str(batch)])
+  alone = s['t_grad'].get(str(batch))
+  return None if alone is None else _median(alone)
+
+
+def wire_bytes(c: hlo.Collective, devices: int) -> float:
+  """Bytes the busiest device sends for collective `c`: a permute's sources each send their
+  whole operand; the others as `hlo.bytes_per_device` counts them."""
+  return c.nbytes if c.op == 'collective_permute' else hlo.bytes_per_device(c, devices)
+
+
+def _non_gradient(s, setting, scheme, server):
+  """The step's work besides the gradients: the same scheme and server's N = 1 step less
+  its t_grad (None where not measured)."""
+  base = next((c for c in s['steps'] if c['n'] == 1 and (c['scheme'], c['server'])
+               == (scheme, server)), None)
+  alone = base and _grad(s, base['per_device_batch'], 1, setting)
+  return None if not alone else max(0.0, _median(base['samples']) - alone)
+
+
+def _parts(s, setting, c, costs, extra=lambda x: 0.0):
+  """One synchronous step by the parts model from setting `s`'s measurements (None if a
+  part is missing); `extra(collective)` adds to each collective's cost."""
+  own = _grad(s, c['per_device_batch'], c['n'], setting)
+  other = _non_gradient(s, setting, c['scheme'], c['server'])
+  if own is None:
+    return None
+  if c['n'] == 1:
+    return own + (other or 0.0)
+  if costs is None or 'compiled' not in c:
+    return None
+  found = [volume.from_row(x) for x in c['compiled']]
+  return own + (other or 0.0) + hlo.step_total(found, lambda x: costs.cost(x) + extra(x))
 
 
 def rows(result) -> list:
-  """Every measured point of one measurement file, with its predictions."""
+  """Every measured point of one measurement file, with each model's prediction."""
   out = []
   d = result['batches']
   nbytes = result['network']['param_bytes']
+  loopback = result['settings'].get('processes')
+  loopback_costs = loopback and calibrate.setting_inputs(loopback, nbytes)[1]
   for setting, s in result['settings'].items():
-    t_grad = {int(b): _median(v) for b, v in s['t_grad'].items()}
-    t_comm, fit, all_reduce = calibrate.setting_inputs(s)
-    all_reduce = all_reduce or fit
+    t_comm, costs = calibrate.setting_inputs(s, nbytes)
     points = [(c, 'sync') for c in s['steps']] + [(c, 'async') for c in s['async']]
     for c, kind in points:
       scheme = c['scheme'] if kind == 'sync' else 'async'
       server, n = c['server'], c['n']
       batch = result['batch'][scheme]
-      if batch not in t_grad:
+      if str(batch) not in s['t_grad']:
         continue  # no one-device time in this setting (e.g. --processes without N=1)
-      own = t_grad.get(c.get('per_device_batch', batch))
+      t_grad = _median(s['t_grad'][str(batch)])
       iterations = d / n if scheme == 'sync-join' else d
-      if kind == 'sync':
-        t_iter = _median(c['samples'])
-        t_train = iterations * t_iter
-      else:
-        t_iter, t_train = None, _median(c['samples'])
-      measured = equations.thesis_speedup(t_grad[batch], d, t_train)
-      thesis = alpha_beta = None
+      scale = iterations if kind == 'sync' else 1.0
+      t_train = scale * _median(c['samples'])
+      spread = _spread(c.get('repetitions'), scale)
+      predicted = dict.fromkeys(MODELS)
+      serial = c.get('overrides', {}).get('central_schedule', 'serial') == 'serial'
       if t_comm is not None and server in equations.SERVERS:
-        thesis = equations.estimated_speedup(scheme, server, t_grad[batch], t_comm, n, d)
-      if fit is not None and kind == 'sync':
-        predicted = iterations * alpha_beta_iteration(c['volume']['collectives'], own, fit,
-                                                      all_reduce)
-        alpha_beta = equations.thesis_speedup(t_grad[batch], d, predicted)
-      elif fit is not None:
-        alpha_beta = equations.estimated_speedup('async', server, t_grad[batch],
-                                                 fit.predict(nbytes), n, d)
-      out.append({
+        predicted['thesis'] = equations.training_time(scheme, server, t_grad, t_comm, n, d)
+        predicted['semaphore'] = (
+            equations.semaphore_training_time(scheme, t_grad, t_comm, n, d)
+            if server == 'central' and serial else predicted['thesis'])
+      own = _grad(s, c.get('per_device_batch', batch), n, setting)
+      if kind == 'sync':
+        step = _parts(s, setting, c, costs)
+        predicted['parts'] = None if step is None else iterations * step
+        if setting.startswith('link-') and loopback and loopback_costs:
+          bps = link.bits_per_second(setting.removeprefix('link-'))
+          step = _parts(loopback, 'processes', c, loopback_costs,
+                        lambda x: wire_bytes(x, n) * 8 / bps)
+          predicted['rate'] = None if step is None else iterations * step
+      row = {
           'network': result['network']['model'], 'image_size': result['network']['image_size'],
           'setting': setting, 'scheme': scheme, 'server': server, 'n': n,
-          't_grad': t_grad[batch], 't_comm': t_comm, 't_iter': t_iter,
-          't_iter_min': min(c['samples']) if kind == 'sync' else None,
-          't_iter_max': max(c['samples']) if kind == 'sync' else None,
-          't_train': t_train, 'speedup': measured,
-          'speedup_thesis': thesis, 'error_thesis': _error(thesis, measured),
-          'speedup_alpha_beta': alpha_beta, 'error_alpha_beta': _error(alpha_beta, measured),
-          'communication_share': None if own is None or t_iter is None
-          else max(0.0, 1 - own / t_iter)})
+          'held_out': not (kind == 'sync' and n == 1),
+          't_grad': t_grad, 't_grad_own': own,
+          't_other': _non_gradient(s, setting, scheme, server) if kind == 'sync' else None,
+          't_comm': t_comm,
+          't_iter': _median(c['samples']) if kind == 'sync' else None,
+          't_train': t_train, 'speedup': equations.thesis_speedup(t_grad, d, t_train),
+          'noise': spread[0] if spread else None,
+          'speedup_repetitions': [equations.thesis_speedup(t_grad, d, m) for m in spread[1]]
+          if spread else None,
+          'communication_share': None if own is None or kind != 'sync'
+          else max(0.0, 1 - own / _median(c['samples']))}
+      for model in MODELS:
+        row[f't_train_{model}'] = predicted[model]
+        row[f'speedup_{model}'] = (None if predicted[model] is None
+                                   else equations.thesis_speedup(t_grad, d, predicted[model]))
+        row[f'error_{model}'] = log_error(predicted[model], t_train)
+      out.append(row)
+  return out
+
+
+def spearman(x, y) -> float:
+  """Spearman's rank correlation of two equally long sequences (average ranks for ties);
+  nan with fewer than two points or no spread."""
+  from scipy.stats import spearmanr
+  if len(x) < 2:
+    return float('nan')
+  value = spearmanr(x, y).statistic
+  return float(value)
+
+
+def pick(points, model: str):
+  """The point `model` predicts fastest (least t_train), among those it predicts."""
+  mine = [p for p in points if p[f't_train_{model}'] is not None]
+  return min(mine, key=lambda p: p[f't_train_{model}']) if mine else None
+
+
+def regret(points, model: str):
+  """Measured t_train of the model's pick ÷ the least measured t_train of all `points`
+  (1 = the model picks the measured best)."""
+  chosen = pick(points, model)
+  if chosen is None:
+    return None
+  return chosen['t_train'] / min(p['t_train'] for p in points)
+
+
+def held_out_summary(points) -> list:
+  """Per (network, setting, model): the held-out points' median |log error|, the noise floor
+  (median |log| spread of their repetitions), Spearman's ρ of predicted and measured
+  t_train, the model's pick and its regret over every point of the setting."""
+  out = []
+  keys = sorted({(p['network'], p['image_size'], p['setting']) for p in points},
+                key=lambda k: (k[0], k[1], list(dict.fromkeys(p['setting'] for p in points))
+                               .index(k[2])))
+  for net, size, setting in keys:
+    mine = [p for p in points if (p['network'], p['image_size'], p['setting'])
+            == (net, size, setting)]
+    noise = [p['noise'] for p in mine if p['held_out'] and p['noise'] is not None]
+    for model in MODELS:
+      judged = [p for p in mine if p['held_out'] and p[f'error_{model}'] is not None]
+      if not judged:
+        continue
+      chosen = pick(mine, model)
+      out.append({
+          'network': net, 'image_size': size, 'setting': setting, 'model': model,
+          'points': len(judged),
+          'median_log_error': float(np.median([abs(p[f'error_{model}']) for p in judged])),
+          'noise_floor': float(np.median(noise)) if noise else None,
+          'rank_correlation': spearman([p[f't_train_{model}'] for p in judged],
+                                       [p['t_train'] for p in judged]),
+          'pick': chosen and f"{chosen['scheme']} {chosen['server']} N={chosen['n']}",
+          'regret': regret(mine, model)})
   return out
 
 
 def median_errors(points) -> dict:
-  """{(setting, model): median |relative error|} over the points the model predicts."""
-  out = {}
-  for setting in sorted({p['setting'] for p in points}):
-    for model in ('thesis', 'alpha_beta'):
-      errors = [abs(p[f'error_{model}']) for p in points
-                if p['setting'] == setting and p[f'error_{model}'] is not None]
-      if errors:
-        out[(setting, model)] = float(np.median(errors))
-  return out
+  """{(setting, model): median |log error|} over the held-out points a model predicts."""
+  return {(r['setting'], r['model']): r['median_log_error'] for r in held_out_summary(points)}
 
 
-def recommend(points, setting: str) -> str:
-  """The scheme and N with the highest measured speedup in a setting, and why, in one
-  sentence."""
+def recommend(points, setting: str, model: str = 'parts') -> str:
+  """The scheme, server and N that `model` predicts reach D batches soonest in a setting,
+  in one sentence: why, whether a rival lies within the uncertainty (the larger of the
+  model's held-out error and the noise floor), and the regret where measured."""
   mine = [p for p in points if p['setting'] == setting]
-  best = max(mine, key=lambda p: p['speedup'])
+  ranked = sorted((p for p in mine if p[f't_train_{model}'] is not None),
+                  key=lambda p: p[f't_train_{model}'])
+  if not ranked:
+    model, ranked = 'measured', sorted(mine, key=lambda p: p['t_train'])
+  best = ranked[0]
+  t_best = best['t_train'] if model == 'measured' else best[f't_train_{model}']
+  summary = {r['model']: r for r in held_out_summary(mine)}.get(model)
+  uncertainty = max([x for x in (summary and summary['median_log_error'],
+                                 summary and summary['noise_floor']) if x] or [0.0])
   ratio = best['t_comm'] / best['t_grad'] if best['t_comm'] else None
   ratio_text = f't_comm/t_grad = {ratio:.2f}' if ratio is not None else 't_comm not measured'
-  if best['n'] == 1:
-    parallel = max((p for p in mine if p['n'] > 1), key=lambda p: p['speedup'], default=None)
-    why = (f"the best parallel run ({parallel['scheme']}, {parallel['server']}, N={parallel['n']}) "
-           f"reaches only {parallel['speedup']:.2f}×" if parallel else 'nothing parallel ran')
-    return (f"**{best['network']}** ({setting}): stay on one device — its fastest step "
-            f"({best['scheme']}, {best['server']}) measured S = {best['speedup']:.2f} "
-            f"and {why}, because communication costs more than the devices save "
-            f"({ratio_text}).")
-  share = best['communication_share']
-  share_text = f'; {share:.0%} of its step is not gradient computation' if share is not None \
-      else ''
   how = f"the {best['server']} server" if best['server'] in equations.SERVERS else best['server']
-  return (f"**{best['network']}** ({setting}): {best['scheme']} with {how} "
-          f"on N={best['n']}, the highest measured speedup, {best['speedup']:.2f}× "
-          f"({ratio_text}{share_text}).")
+  what = ('stay on one device' if best['n'] == 1
+          else f"{best['scheme']} with {how} on N={best['n']}")
+  key = 't_train' if model == 'measured' else f't_train_{model}'
+  text = (f"**{best['network']}** ({setting}): {what} — predicted fastest by the "
+          f"{MODEL_NAMES.get(model, 'measurement')}, {t_best:.3g} s for the run, "
+          f"S = {best['speedup'] * best['t_train'] / t_best:.2f} "
+          f"({ratio_text})")
+  if len(ranked) > 1 and model != 'measured':
+    rival = ranked[1]
+    gap = math.log(rival[key] / t_best)
+    rival_text = f"{rival['scheme']} {rival['server']} N={rival['n']}"
+    if gap <= uncertainty:
+      text += (f'; {rival_text} is predicted only {_percent(gap)} slower, within the '
+               f'uncertainty ({_percent(uncertainty)}): either')
+    else:
+      text += f'; the next, {rival_text}, {_percent(gap)} slower'
+  measured_best = min(mine, key=lambda p: p['t_train'])
+  if model != 'measured':
+    text += (f". Measured: {best['t_train']:.3g} s against the best, {measured_best['scheme']} "
+             f"{measured_best['server']} N={measured_best['n']}, "
+             f"{measured_best['t_train']:.3g} s: regret {best['t_train'] / measured_best['t_train']:.2f}.")
+  else:
+    text += '.'
+  return text
 
 
 def _fmt(x, spec='.3f'):
@@ -142,7 +280,25 @@ def _fmt(x, spec='.3f'):
 
 
 def _pct(x):
-  return '—' if x is None else f'{x:+.0%}'
+  """A log error as the percent it multiplies by: +25 % is 1.25× the measured time."""
+  return '—' if x is None else f'{math.exp(x) - 1:+.0%}'
+
+
+def _percent(x):
+  """An unsigned |log| (an error, a spread) as a percentage: 0.22 → 25 %."""
+  return '—' if x is None else f'{math.exp(x) - 1:.0%}'
+
+
+def summary_table(summary) -> str:
+  """`held_out_summary`'s rows as a markdown table."""
+  lines = ['| setting | model | held-out points | median error | noise floor | rank ρ '
+           '| pick | regret |', '|---|---|---:|---:|---:|---:|---|---:|']
+  for r in summary:
+    rho = '—' if math.isnan(r['rank_correlation']) else f"{r['rank_correlation']:+.2f}"
+    lines.append(f"| {r['setting']} | {MODEL_NAMES[r['model']]} | {r['points']} "
+                 f"| {_percent(r['median_log_error'])} | {_percent(r['noise_floor'])} "
+                 f"| {rho} | {r['pick']} | {_fmt(r['regret'], '.2f')} |")
+  return '\n'.join(lines)
 
 
 def markdown(results, points) -> str:
@@ -155,36 +311,45 @@ def markdown(results, points) -> str:
               f"Measured {result['created']} on {m['cpu'] or m['system']} ({m['cores']} cores), "
               f"jax {v['jax']}, flax {v['flax']}: `{result['command']}`. D = {result['batches']} "
               f"batches; batch {result['batch']['sync-split']} (sync-split, split N ways), "
-              f"{result['batch']['sync-join']} per device (sync-join, async).", '',
-              '| setting | t_grad (s) | t_comm (s) | transfer α (s) | β (GB/s) | residuals '
-              '| all-reduce α (s) | β (GB/s) | residuals |',
-              '|---|---:|---:|---:|---:|---|---:|---:|---|']
+              f"{result['batch']['sync-join']} per device (sync-join, async); "
+              f"{result.get('repetitions', 1)} repetitions of {result.get('rounds', '?')} rounds "
+              f"× {result.get('steps_per_round', '?')} steps per point.", '',
+              '| setting | t_grad alone (s) | t_grad contended (s) | t_comm (s) '
+              '| calibrated kind: α (s), β (GB/s), fit residuals |', '|---|---:|---:|---:|---|']
     for setting, s in result['settings'].items():
       batch = str(result['batch']['sync-split'])
       t_grad = _median(s['t_grad'][batch]) if batch in s['t_grad'] else None
-      t_comm, *fits = calibrate.setting_inputs(s)
-      cells = []
-      for fit in fits:
-        cells += ([f'{fit.alpha:.2e}', f'{fit.beta / 1e9:.2f}',
-                   ', '.join(f'{r:+.0%}' for r in fit.relative_residuals)] if fit
-                  else ['—'] * 3)
-      lines.append(f"| {setting} | {_fmt(t_grad, '.4f')} | {_fmt(t_comm, '.4f')} | "
-                   + ' | '.join(cells) + ' |')
+      contended = '; '.join(f'{_median(v):.4f} (batch {b}, P={p})'
+                            for p, bs in s.get('t_grad_contended', {}).items()
+                            for b, v in bs.items()) or '—'
+      t_comm, costs = calibrate.setting_inputs(s, net['param_bytes'])
+      fits = '; '.join(f"{kind.replace('_', '-')}: {f.alpha:.2e}, {f.beta / 1e9:.2f}, "
+                       + ' '.join(f'{r:+.0%}' for r in f.relative_residuals)
+                       for kind, f in costs.fits.items()) if costs else '—'
+      lines.append(f"| {setting} | {_fmt(t_grad, '.4f')} | {contended} | {_fmt(t_comm, '.4f')} "
+                   f"| {fits} |")
     mine = [p for p in points if p['network'] == net['model']
             and p['image_size'] == net['image_size']]
-    lines += ['', '| setting | scheme | server | N | t_iter (s) | S measured | S thesis | error '
-              '| S α-β | error |', '|---|---|---|---:|---:|---:|---:|---:|---:|---:|']
+    lines += ['', '| setting | scheme | server | N | t_iter (s) | S measured (repetitions) | '
+              + ' | '.join(f'S {m} | error' for m in MODELS) + ' |',
+              '|---|---|---|---:|---:|---:|' + '---:|---:|' * len(MODELS)]
     for p in mine:
-      t_iter = (f"{p['t_iter']:.4f} ({p['t_iter_min']:.4f}–{p['t_iter_max']:.4f})"
-                if p['t_iter'] is not None else f"D pushes: {p['t_train']:.2f}")
-      lines.append(f"| {p['setting']} | {p['scheme']} | {p['server']} | {p['n']} | {t_iter} "
-                   f"| {p['speedup']:.2f} | {_fmt(p['speedup_thesis'], '.2f')} "
-                   f"| {_pct(p['error_thesis'])} | {_fmt(p['speedup_alpha_beta'], '.2f')} "
-                   f"| {_pct(p['error_alpha_beta'])} |")
-    errors = median_errors(mine)
-    lines += ['', 'Median |relative error| of the predicted speedup: ' + '; '.join(
-        f"{setting} {'thesis equations' if model == 'thesis' else 'α-β model'} {e:.0%}"
-        for (setting, model), e in errors.items()) + '.', '']
+      t_iter = (f"{p['t_iter']:.4f}" if p['t_iter'] is not None
+                else f"D pushes: {p['t_train']:.2f}")
+      reps = ('' if not p['speedup_repetitions']
+              else ' (' + ', '.join(f'{x:.2f}' for x in p['speedup_repetitions']) + ')')
+      cells = ' | '.join(f"{_fmt(p[f'speedup_{m}'], '.2f')} | {_pct(p[f'error_{m}'])}"
+                         for m in MODELS)
+      lines.append(f"| {p['setting']} | {p['scheme']} | {p['server']} | {p['n']}"
+                   f"{'' if p['held_out'] else '†'} | {t_iter} | {p['speedup']:.2f}{reps} "
+                   f"| {cells} |")
+    lines += ['', '† calibrates the non-gradient work of the parts model: not held out. An '
+              'error is t_predicted / t_measured − 1.', '',
+              'Held out (every point but †): median |log(t_predicted / t_measured)| as a '
+              'percentage, next to the noise floor (the median spread between repetitions); '
+              "Spearman's ρ of predicted against measured time; each model's pick (least "
+              'predicted time) and its regret (its measured time ÷ the best measured).', '',
+              summary_table(held_out_summary(mine)), '']
     unique = volume.distinct_rows(result['settings'].values())
     if unique:
       lines += ['Communication volume per step and device (`analysis.volume`):', '',
@@ -213,20 +378,31 @@ def plot(points, folder: str) -> list:
   paths = []
   keys = sorted({(p['network'], p['image_size'], p['scheme'], p['server']) for p in points})
   styles = {'emulated': ('tab:grey', 'o'), 'processes': ('tab:blue', 's')}
+  others = iter(['tab:green', 'tab:red', 'tab:purple', 'tab:brown'])
   for net, size, scheme, server in keys:
     mine = [p for p in points if (p['network'], p['image_size'], p['scheme'], p['server'])
             == (net, size, scheme, server)]
     fig, ax = plt.subplots(figsize=(5, 3.6))
-    for setting in sorted({p['setting'] for p in mine}):
+    for setting in list(dict.fromkeys(p['setting'] for p in mine)):
       ps = sorted((p for p in mine if p['setting'] == setting), key=lambda p: p['n'])
-      color, marker = styles.get(setting, ('tab:green', '^'))
+      if setting not in styles:
+        styles[setting] = (next(others, 'tab:olive'), '^')
+      color, marker = styles[setting]
       ns = [p['n'] for p in ps]
-      ax.plot(ns, [p['speedup'] for p in ps], marker, color=color, label=f'{setting}: measured')
-      for model, line in (('thesis', '--'), ('alpha_beta', '-')):
+      measured = [p['speedup'] for p in ps]
+      # The repetitions' range: the noise band each prediction is judged against.
+      low = [m - min(p['speedup_repetitions'] or [m]) for m, p in zip(measured, ps)]
+      high = [max(p['speedup_repetitions'] or [m]) - m for m, p in zip(measured, ps)]
+      ax.errorbar(ns, measured, yerr=[low, high], fmt=marker, color=color, capsize=3,
+                  label=f'{setting}: measured')
+      for model, line in (('thesis', '--'), ('semaphore', '-.'), ('parts', '-'),
+                          ('rate', (0, (3, 1, 1, 1, 1, 1)))):
         values = [p[f'speedup_{model}'] for p in ps]
+        if model == 'semaphore' and values == [p['speedup_thesis'] for p in ps]:
+          continue  # the same line as the thesis'
         if all(v is not None for v in values):
-          ax.plot(ns, values, line, color=color, lw=1,
-                  label=f"{setting}: {'thesis eq.' if model == 'thesis' else 'α-β'}")
+          ax.plot(ns, values, linestyle=line, color=color, lw=1,
+                  label=f'{setting}: {MODEL_NAMES[model]}')
     top = max(p['n'] for p in mine)
     ax.plot([1, top], [1, top], ':', color='black', lw=0.8, label='linear')
     ax.set(xlabel='workers N', ylabel='speedup S (eq. 4.23)', xticks=sorted({p['n'] for p in mine}),

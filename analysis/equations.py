@@ -133,6 +133,26 @@ def semaphore_bound(t_comm: float, n: int) -> float:
   return n * t_comm
 
 
+def semaphore_training_time(scheme: str, t_grad: float, t_comm: float, n: int,
+                            d: float) -> float:
+  """Training time of D batches through a central server whose semaphore lets one transfer
+  through at a time (jaxpar's `central_schedule='serial'`).
+
+  Synchronous: the last worker's pull waits for the N−1 ahead of it, N·t_comm (eq. 7.2);
+  its push finds the queue empty, t_comm (eq. 7.1): (N+1)·t_comm + t_grad an iteration,
+  [T]'s best case (eq. 4.4), never the worst (eq. 4.7), which eq. 7.3 bounds. D/N
+  iterations (sync-join) or D of t_grad/N (sync-split). Asynchronous: transfers never
+  overlap, so the best case of eq. 4.15 holds."""
+  if scheme == 'async':
+    return async_central_best(t_grad, t_comm, n, d)
+  if scheme not in SCHEMES:
+    raise ValueError(f'scheme={scheme!r}: choose one of {SCHEMES}')
+  grad = t_grad / n if scheme == 'sync-split' else t_grad
+  iterations = d / n if scheme == 'sync-join' else d
+  t_iter = semaphore_transfer_time(t_comm, n - 1) + grad + semaphore_transfer_time(t_comm, 0)
+  return sync_train_time(iterations, t_iter)
+
+
 # --------------------------------------------------------------------------- [S] §5
 def sparknet_naive_speedup(c: float, s: float, k: int) -> float:
   """[S]: synchronous SGD on K workers, C = C(b) one minibatch's gradient time,

@@ -119,28 +119,74 @@ def _group_size(line: str) -> int:
   return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(4)))
 
 
+_HLO_HEADER = re.compile(r'^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$')
+_HLO_BRANCHES = re.compile(r'branch_computations=\{([^}]*)\}|true_computation=(%[\w.\-]+), '
+                           r'false_computation=(%[\w.\-]+)')
+_HLO_CALL = re.compile(r'\s(?:call|while)\(.*?(?:to_apply|body)=%([\w.\-]+)')
+
+
+def _computations(hlo_text: str):
+  """{name: its instruction lines} of an HLO module's text, and the entry's name."""
+  found, entry, current = {}, None, None
+  for line in hlo_text.splitlines():
+    header = _HLO_HEADER.match(line)
+    if header and not line.startswith(' '):
+      current = header.group(2)
+      found[current] = []
+      entry = current if header.group(1) else entry
+    elif line.startswith('}'):
+      current = None
+    elif current is not None:
+      found[current].append(line)
+  return found, entry
+
+
 def compiled_collectives(hlo_text: str) -> list:
   """The collectives of a *compiled* program's HLO text (`compiled.as_text()`), where an
-  auto-sharded `jit` first has them: each part of a tuple all-reduce separately, in the
-  dtype the compiled program uses (on CPU, bfloat16 sums appear as float32). Shapes are
-  those `bytes_per_device` expects: an all-gather's piece, a reduce-scatter's input."""
-  found = []
-  for line in hlo_text.splitlines():
-    m = _HLO_OP.search(line)
-    if not m:
-      continue
-    op = m.group(2).replace('-', '_')
-    group = _group_size(line)
-    pairs = _HLO_PAIRS.search(line)
-    for dtype, dims in _HLO_ARRAY.findall(m.group(1)):
-      shape = tuple(int(d) for d in dims.split(',') if d)
-      size = math.prod(shape)
-      if op == 'all_gather':
-        shape = (size // max(group, 1),)
-      elif op == 'reduce_scatter':
-        shape = (size * group,)
-      found.append(Collective(op, shape, dtype, group=group,
-                              pairs=pairs.group(1).count('{') if pairs else 0))
+  auto-sharded `jit` first has them, in the order the entry computation runs them: each
+  part of a tuple all-reduce separately (the CPU runtimes, gloo's included, reduce a tuple
+  one buffer at a time), in the dtype the compiled program uses (on CPU, bfloat16 sums
+  appear as float32). Shapes are those `bytes_per_device` expects: an all-gather's piece, a
+  reduce-scatter's input. A `conditional`'s branches are computations of their own: each
+  collective there records its branch, as `collectives` does, so `step_total` counts the
+  costliest; `call`s and `while` bodies are followed (a loop's body once)."""
+  computations, entry = _computations(hlo_text)
+  if entry is None:  # a bare list of instructions (tests): read it as the entry
+    computations, entry = {'entry': hlo_text.splitlines()}, 'entry'
+  found, cases = [], [0]
+
+  def visit(name, branch, seen):
+    for line in computations.get(name, ()):
+      m = _HLO_OP.search(line)
+      if m:
+        op = m.group(2).replace('-', '_')
+        group = _group_size(line)
+        pairs = _HLO_PAIRS.search(line)
+        for dtype, dims in _HLO_ARRAY.findall(m.group(1)):
+          shape = tuple(int(d) for d in dims.split(',') if d)
+          size = math.prod(shape)
+          if op == 'all_gather':
+            shape = (size // max(group, 1),)
+          elif op == 'reduce_scatter':
+            shape = (size * group,)
+          found.append(Collective(op, shape, dtype, group=group,
+                                  pairs=pairs.group(1).count('{') if pairs else 0,
+                                  branch=branch))
+        continue
+      branches = _HLO_BRANCHES.search(line)
+      if branches and ' conditional(' in line:
+        names = (re.findall(r'%([\w.\-]+)', branches.group(1)) if branches.group(1)
+                 else [branches.group(2)[1:], branches.group(3)[1:]])
+        case, cases[0] = cases[0], cases[0] + 1
+        for index, target in enumerate(names):
+          if target not in seen:
+            visit(target, branch + ((case, index),), seen | {target})
+        continue
+      call = _HLO_CALL.search(line)
+      if call and call.group(1) not in seen:
+        visit(call.group(1), branch, seen | {call.group(1)})
+
+  visit(entry, (), frozenset({entry}))
   return found
 
 

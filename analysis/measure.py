@@ -5,9 +5,11 @@
 
 For the configured network and input size, after warm-up, repeated:
   t_grad   one device, one batch's gradients ([T]'s definition), for every batch a
-           device computes below;
-  t_comm   the network's weights moved once from one device to another, and transfers of
-           smaller sizes for the α-β calibration (`analysis.calibrate`);
+           device computes below; in the processes' runs also with every process
+           computing at once (t_grad under the run's contention);
+  calls    the per-call cost of each collective kind inside a compiled program (chains of
+           1…64 calls), sizes 4 KB to 10× the network (`analysis.calibrate`); t_comm is the
+           permute of the network's weights;
   t_iter   a train step of every synchronous scheme × server at N = 1, 2, 4, ...;
   t_train  D pushes of the asynchronous scheme (Downpour) on N workers;
   volume   every collective of each step's lowered program, its bytes per device next
@@ -28,6 +30,11 @@ Settings, always labelled:
              100mbit, 1gbit) into one bridge (`analysis.link`): a cluster's network,
              emulated. Needs root; skipped with one line otherwise. Async is not run there
              (Ray's actors would need a node per namespace).
+
+t_grad and t_iter are timed in rounds that interleave every cell of a run (`analysis.timing`),
+--rounds × --steps_per_round samples each; the whole measurement is made --repetitions times,
+each setting's processes launched anew, and every point keeps each repetition's samples: the
+noise a prediction is judged against.
 
 Progress lines go to stderr; the JSON records the machine, versions, the config and every
 sample. Each setting runs in child processes (`analysis.timing`).
@@ -83,7 +90,15 @@ def define_flags():
                     'Servers of the async scheme to time (empty: none).')
   flags.DEFINE_integer('batches', 128, 'D: batches of a training run ([T]: 128); the async '
                        'runs apply D pushes.')
-  flags.DEFINE_integer('repeats', 10, 'Timed repetitions of each measurement.')
+  flags.DEFINE_integer('rounds', 10, 'Rounds of the interleaved t_grad and t_iter timing.')
+  flags.DEFINE_integer('steps_per_round', 3, 'Timed calls of each cell in a round.')
+  flags.DEFINE_integer('repetitions', 2, 'Independent repetitions of the whole measurement '
+                       '(each setting launched anew).')
+  flags.DEFINE_integer('repeats', 5, 'Timed runs of each calibration program.')
+  flags.DEFINE_integer('calibration_sizes', 6, 'Sizes of each calibrated collective, 4 KB to '
+                       '--calibrate_up_to (and the weights\' own size).')
+  flags.DEFINE_float('calibrate_up_to', 10.0, 'The largest calibrated collective, in multiples '
+                     'of the network\'s weights.')
   flags.DEFINE_integer('warmup', 2, 'Untimed calls first (the first compiles).')
   flags.DEFINE_integer('async_repeats', 2, 'Timed runs of D async pushes.')
   flags.DEFINE_boolean('volume', True, 'Also lower (and run once) the variants that are not in '
@@ -103,6 +118,11 @@ def check_args(args):
     raise app.UsageError(f'--out={args.out}: folder {folder} does not exist.')
   for name, value, lowest in (('workers', args.workers, 0), ('processes', args.processes, 0),
                               ('batches', args.batches, 1), ('repeats', args.repeats, 1),
+                              ('rounds', args.rounds, 1),
+                              ('steps_per_round', args.steps_per_round, 1),
+                              ('repetitions', args.repetitions, 1),
+                              ('calibrate_up_to', args.calibrate_up_to, 1),
+                              ('calibration_sizes', args.calibration_sizes, 2),
                               ('warmup', args.warmup, 1), ('async_repeats',
                                                              args.async_repeats, 1)):
     if value < lowest:
@@ -232,7 +252,6 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
   ps = powers_of_two(processes)
   if ps:
     cells = {p: steps([p]) for p in ps}
-    # t_grad in the one-process run: one pinned core, as each process of the others has.
     every = [c for p in ps for c in cells[p]]
     on_ray = []  # Downpour's real processes are Ray's actors, driven by the 1-process run
     if async_servers and importlib.util.find_spec('ray') is None:
@@ -242,8 +261,11 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
       on_ray = [{'server': v, 'n': n, 'backend': 'ray', 'overrides': _validated(
           cfg, {**_grid_overrides(cfg, 'async', v, n), 'async_sgd.backend': 'ray'},
           f'async on Ray {v} N={n}')} for n in ps for v in async_servers]
+    # t_grad alone in the one-process run (one pinned core, as each process of the others
+    # has); in the others, each device's batches under the run's contention.
     runs['processes'] = [(p, {'local_devices': 1, 'grad_batches': grad_batches(every) if p == 1
-                              else [], 'steps': cells[p], 'async': on_ray if p == 1 else [],
+                              else sorted({c['per_device_batch'] for c in cells[p]}),
+                              'steps': cells[p], 'async': on_ray if p == 1 else [],
                               'volume': []})
                          for p in ps]
     why_not = link.unavailable() if links else None
@@ -288,7 +310,7 @@ def _run_children(setting, processes, fields, common, folder, emulated) -> dict:
   for i in range(processes):
     spec = {**common, **fields, 'setting': setting, 'process_id': i,
             'num_processes': processes, 'coordinator': f'{host}:{port}' if port else '',
-            'transfer_sizes': fields.get('transfer_sizes', []), 'out': out,
+            'call_sizes': fields.get('call_sizes', []), 'out': out,
             'pinned_cores': [j % cores for j in range(processes)] if setting != 'emulated'
             else None}
     path = os.path.join(folder, f'{setting}_{processes}_{i}.spec.json')
@@ -324,14 +346,45 @@ def _run_children(setting, processes, fields, common, folder, emulated) -> dict:
 
 
 def _merge(results: list) -> dict:
+  """One repetition of a setting from its runs (one per process count): t_grad of the
+  one-process run (alone), `t_grad_contended` {P: {batch: samples}} of the others."""
   merged = {'processes': max(r['processes'] for r in results),
-            'pinned_cores': results[-1]['pinned_cores'], 't_grad': {}, 'transfers': [],
-            'all_reduces': [], 'steps': [], 'async': [], 'volume': []}
+            'pinned_cores': results[-1]['pinned_cores'], 't_grad': {}, 't_grad_contended': {},
+            'calls': {}, 'steps': [], 'async': [], 'volume': []}
   for r in results:
-    merged['t_grad'].update(r['t_grad'])
-    for key in ('transfers', 'all_reduces', 'steps', 'async', 'volume'):
+    if r['processes'] > 1 and r['setting'] != 'emulated':
+      merged['t_grad_contended'][str(r['processes'])] = r['t_grad']
+    else:
+      merged['t_grad'].update(r['t_grad'])
+    merged['calls'].update(r['calls'])
+    for key in ('steps', 'async', 'volume'):
       merged[key] += r[key]
   return merged
+
+
+def combine(repetitions: list) -> dict:
+  """A setting's repetitions in one: every sample list is theirs concatenated, and each
+  step, async run and t_grad keeps the repetitions' own lists under `repetitions`
+  (calibration chains: concatenated)."""
+  def joined(lists):
+    return {'samples': [x for s in lists for x in s], 'repetitions': [list(s) for s in lists]}
+
+  first = repetitions[0]
+  out = {**first, 'repetitions': len(repetitions)}
+  out['t_grad'] = {b: joined([r['t_grad'][b] for r in repetitions])['samples']
+                   for b in first['t_grad']}
+  out['t_grad_repetitions'] = {b: [r['t_grad'][b] for r in repetitions] for b in first['t_grad']}
+  out['t_grad_contended'] = {p: {b: joined([r['t_grad_contended'][p][b] for r in repetitions])
+                                 ['samples'] for b in batches}
+                             for p, batches in first['t_grad_contended'].items()}
+  out['calls'] = {op: [{'bytes': point['bytes'], 'chains': {
+      k: [x for r in repetitions for x in r['calls'][op][i]['chains'].get(k, [])]
+      for k in point['chains']}} for i, point in enumerate(points)]
+                  for op, points in first['calls'].items()}
+  for key in ('steps', 'async'):
+    out[key] = [{**cell, **joined([r[key][i]['samples'] for r in repetitions])}
+                for i, cell in enumerate(first[key])]
+  return out
 
 
 def machine() -> dict:
@@ -351,6 +404,14 @@ def versions() -> dict:
   return {name: metadata.version(name) for name in ('jax', 'jaxlib', 'flax', 'optax', 'numpy')}
 
 
+def call_sizes(param_bytes: int, up_to: float = 10.0, count: int = 6) -> list:
+  """The calibration's sizes: `count` from 4 KB to `up_to` × the network's weights, spaced
+  evenly in log, with the weights' own size among them."""
+  top = max(4096, up_to * param_bytes)
+  return sorted({int(4096 * (top / 4096) ** (k / (count - 1))) // 8 * 8 for k in range(count)}
+                | {param_bytes // 8 * 8})
+
+
 def measure(cfg, argv) -> dict:
   validation.validate(cfg)
   runs, skipped = plan(cfg, FLAGS.workers, FLAGS.processes, FLAGS.schemes, FLAGS.servers,
@@ -362,27 +423,29 @@ def measure(cfg, argv) -> dict:
                                                      AbstractMesh((1,), ('data',))),
                                     meta['channels'])['params']
   param_bytes = nbytes(params)
-  sizes = sorted({int(s) // 4 * 4 for s in
-                  [4096 * (param_bytes / 4096) ** (k / 7) for k in range(8)]} | {param_bytes})
+  sizes = call_sizes(param_bytes, FLAGS.calibrate_up_to, FLAGS.calibration_sizes)
   common = {'config': cfg.to_dict(), 'meta': meta, 'repeats': FLAGS.repeats,
-            'warmup': FLAGS.warmup, 'batches': FLAGS.batches,
+            'warmup': FLAGS.warmup, 'batches': FLAGS.batches, 'rounds': FLAGS.rounds,
+            'steps_per_round': FLAGS.steps_per_round, 'param_bytes': param_bytes,
             'async_repeats': FLAGS.async_repeats}
   for note in skipped:
     print(f'[measure] skipped {note}', file=sys.stderr)
   settings = {}
   with tempfile.TemporaryDirectory() as folder:
-    for setting, setting_runs in runs.items():
-      results = []
-      for processes, fields in setting_runs:
-        devices = fields['local_devices'] * processes
-        transfers = (setting == 'emulated' and devices > 1) or (setting != 'emulated'
-                                                                and processes == 2)
-        print(f'[measure] {setting}: {processes} process(es), {devices} device(s)',
-              file=sys.stderr, flush=True)
-        results.append(run_setting(setting, processes,
-                                   {**fields, 'transfer_sizes': sizes if transfers else []},
-                                   common, folder))
-      settings[setting] = _merge(results)
+    for repetition in range(FLAGS.repetitions):
+      for setting, setting_runs in runs.items():
+        results = []
+        for processes, fields in setting_runs:
+          devices = fields['local_devices'] * processes
+          calibrated = (setting == 'emulated' and devices > 1) or (setting != 'emulated'
+                                                                   and processes == 2)
+          print(f'[measure] repetition {repetition + 1}/{FLAGS.repetitions}, {setting}: '
+                f'{processes} process(es), {devices} device(s)', file=sys.stderr, flush=True)
+          results.append(run_setting(setting, processes,
+                                     {**fields, 'call_sizes': sizes if calibrated else []},
+                                     common, folder))
+        settings.setdefault(setting, []).append(_merge(results))
+  settings = {name: combine(reps) for name, reps in settings.items()}
   return {'tool': 'analysis.measure', 'created': datetime.datetime.now().isoformat(
       timespec='seconds'), 'command': ' '.join(['python -m analysis.measure'] + argv[1:]),
           'machine': machine(), 'versions': versions(), 'config': cfg.to_dict(),
@@ -392,7 +455,8 @@ def measure(cfg, argv) -> dict:
           'batch': {'sync-split': cfg.global_batch, 'sync-join': cfg.per_device_batch,
                     'async': cfg.per_device_batch},
           'batches': FLAGS.batches, 'central_schedule': cfg.central_schedule,
-          'repeats': FLAGS.repeats, 'warmup': FLAGS.warmup,
+          'repeats': FLAGS.repeats, 'warmup': FLAGS.warmup, 'rounds': FLAGS.rounds,
+          'steps_per_round': FLAGS.steps_per_round, 'repetitions': FLAGS.repetitions,
           'skipped': skipped, 'settings': settings}
 
 
@@ -404,13 +468,17 @@ def summary(result) -> str:
     lines.append(f'\n## {name}')
     for batch, samples in s['t_grad'].items():
       lines.append(f't_grad (batch {batch}): {np.median(samples):.4g} s')
-    t_comm, transfer, reduce = calibrate.setting_inputs(s)
+    for p, batches in s.get('t_grad_contended', {}).items():
+      for batch, samples in batches.items():
+        lines.append(f't_grad (batch {batch}, {p} processes computing at once): '
+                     f'{np.median(samples):.4g} s')
+    t_comm, costs = calibrate.setting_inputs(s, result['network']['param_bytes'])
     if t_comm is not None:
-      lines.append(f"t_comm ({s['transfers'][-1]['bytes']:,} B): {t_comm:.4g} s")
-    for name, f in (('transfers', transfer), ('all-reduces', reduce)):
-      if f is not None:
-        lines.append(f'α-β fit of the {name}: α = {f.alpha:.3g} s, β = {f.beta / 1e9:.3g} GB/s '
-                     f'(largest residual {f.max_relative_residual:.1%})')
+      lines.append(f"t_comm ({result['network']['param_bytes']:,} B, calibrated permute): "
+                   f"{t_comm:.4g} s")
+      for kind, f in costs.fits.items():
+        lines.append(f'α-β fit of the {kind} calls: α = {f.alpha:.3g} s, β = '
+                     f'{f.beta / 1e9:.3g} GB/s (largest residual {f.max_relative_residual:.1%})')
     for c in s['steps']:
       lines.append(f"t_iter {c['scheme']} {c['server']} N={c['n']}: "
                    f"{np.median(c['samples']):.4g} s")

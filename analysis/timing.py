@@ -7,15 +7,24 @@ SPEC names the setting (`emulated`: one process, its devices emulated on shared 
 the configs to time and where process 0 writes its results (JSON). Every process of a
 setting runs the same programs in the same order; process 0 keeps the times.
 
-Times are wall-clock seconds of `repeats` calls after `warmup` calls (compilation is
-in the first), each ended by `block_until_ready`:
+Times are wall-clock seconds of calls each ended by `block_until_ready`, after `warmup`
+calls (compilation is in the first):
   t_grad    one device, one batch's gradients: the worker's computation of [T] eq. 4.4ff.
-  transfer  a buffer of b bytes from device 0 to device 1 (`ppermute`), and all-reduced
-            over both (`psum`), for the sizes of the α-β calibration up to the network's
-            weights, P: t_comm is the transfer of P ([T]'s `transport.py`).
+            In a run of P > 1 processes every process computes at once: t_grad under the
+            contention of the run's steps.
   t_iter    one train step of a synchronous scheme × server on N devices.
+  calls     each collective kind of the steps (permute, all-reduce, all-gather,
+            reduce-scatter) between devices 0 and 1, as programs of k = 1, 2, 8, 32 calls
+            in a chain for sizes from 4 KB to 10× the network's weights: the per-call cost
+            inside a compiled program is the slope of t(k) (`analysis.calibrate`).
   t_train   D pushes applied by the asynchronous loop (Downpour) on N workers: threads
             (emulated setting) or Ray's actors (processes setting).
+
+t_grad and t_iter are measured in rounds: every cell (a step program or a t_grad) is
+compiled first, then each round runs every cell once untimed and `steps_per_round` times
+timed, the cells in an order drawn anew each round (the same on every process), so slow
+drift of the machine falls on all cells alike. Cells are grouped so that the states held
+at once stay under `MEMORY_BUDGET` bytes; each group runs its own rounds.
 """
 import functools
 import itertools
@@ -60,14 +69,15 @@ def _synthetic(rows: int, cfg, meta, seed=0):
           'label': rng.integers(0, meta['num_classes'], rows).astype(np.int32)}
 
 
-def time_gradients(cfg, meta, batch: int, repeats: int, warmup: int) -> list:
-  """t_grad: the gradients of one batch on this process's first device."""
+def gradient_cell(cfg, meta, batch: int):
+  """t_grad's cell: a call computing the gradients of one batch on this process's first
+  device, blocking until they are ready."""
   import jax
   from jaxpar import build
+  from jaxpar.mesh import make_mesh
   from jaxpar.parallel.async_sgd import gradient_fn
   from jaxpar.step import init_variables
 
-  from jaxpar.mesh import make_mesh
   device = jax.local_devices()[0]
   model = build.model(cfg, meta['num_classes'], meta['channels'],
                       make_mesh(cfg.mesh.shape, cfg.mesh.axes, [device], cfg.bn_group_size))
@@ -77,40 +87,92 @@ def time_gradients(cfg, meta, batch: int, repeats: int, warmup: int) -> list:
   grads = gradient_fn(model)
   data = jax.device_put(_synthetic(batch, cfg, meta), device)
   rng = jax.random.key(1)
-  return _timed(lambda: jax.block_until_ready(
-      grads(variables['params'], variables.get('batch_stats', {}), data, rng)), repeats, warmup)
+  return lambda: jax.block_until_ready(
+      grads(variables['params'], variables.get('batch_stats', {}), data, rng))
 
 
-def time_collectives(sizes, repeats: int, warmup: int) -> dict:
-  """Samples of each size (bytes) of a float32 buffer moved from device 0 to device 1
-  (`ppermute`), and all-reduced over both (`psum`): the α-β calibration of each kind."""
-  import jax
+def time_gradients(cfg, meta, batch: int, repeats: int, warmup: int) -> list:
+  """t_grad alone: `repeats` calls of `gradient_cell`."""
+  return _timed(gradient_cell(cfg, meta, batch), repeats, warmup)
+
+
+CALIBRATED = ('collective_permute', 'all_reduce', 'all_gather', 'reduce_scatter')
+CHAINS = (1, 2, 8, 32)
+CHAIN_BUDGET = 0.3  # seconds: the next chain is timed only while its k·t(1) stays under this
+
+
+def _chain(op: str, k: int):
+  """k calls of collective `op` on axis 'pair', each on the previous one's result, so that
+  none can merge with or overlap another. Between calls only what keeps the buffer's size:
+  all-reduce ×½; all-gather's two pieces summed; reduce-scatter's half repeated."""
   import jax.numpy as jnp
   from jax import lax
+
+  def body(x):
+    for _ in range(k):
+      if op == 'collective_permute':
+        x = lax.ppermute(x, 'pair', [(0, 1), (1, 0)])
+      elif op == 'all_reduce':
+        x = lax.psum(x, 'pair') * 0.5
+      elif op == 'all_gather':
+        x = lax.all_gather(x, 'pair', tiled=True).reshape(2, -1).sum(0)
+      else:
+        half = lax.psum_scatter(x, 'pair', scatter_dimension=1, tiled=True)
+        x = jnp.concatenate([half, half], axis=1)
+    return x
+  return body
+
+
+def _agreed(value: float) -> float:
+  """Process 0's value on every process: decisions that shape the programs must agree."""
+  import jax
+  import numpy as np
+  if jax.process_count() == 1:
+    return value
+  from jax.experimental import multihost_utils
+  return float(multihost_utils.broadcast_one_to_all(np.float64(value)))
+
+
+def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
+  """{op: [{'bytes': b, 'chains': {k: samples}}]}: the programs of k chained calls of each
+  collective kind on devices 0 and 1, for each size b (the buffer an all-reduce or permute
+  moves, an all-gather's result, a reduce-scatter's input). Chains grow 1, 2, 8, 32 while
+  the next k times the single call's mean time stays under CHAIN_BUDGET (at least 1, 2)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
   from jaxpar.mesh import make_mesh
   mesh = make_mesh((2,), ('pair',), jax.devices()[:2])
-  ops = {'transfers': lambda x: lax.ppermute(x, 'pair', [(0, 1)]),
-         'all_reduces': lambda x: lax.psum(x, 'pair')}
   results = {}
-  for kind, op in ops.items():
-    fn = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=P('pair'), out_specs=P('pair')))
-    results[kind] = []
+  for op in ops:
+    results[op] = []
     for size in sizes:
-      buffer = jax.jit(lambda s=size: jnp.ones((2, s // 4), jnp.float32),
+      elements = max(2, size // 4 // 2 * 2)  # float32, even: a reduce-scatter halves it
+      per_device = elements // 2 if op == 'all_gather' else elements
+      buffer = jax.jit(lambda n=per_device: jnp.ones((2, n), jnp.float32),
                        out_shardings=NamedSharding(mesh, P('pair')))()
-      results[kind].append({'bytes': size, 'samples': _timed(
-          lambda b=buffer: jax.block_until_ready(fn(b)), repeats, warmup)})
+      chains = {}
+      for k in CHAINS:
+        fn = jax.jit(jax.shard_map(_chain(op, k), mesh=mesh, in_specs=P('pair'),
+                                   out_specs=P('pair'), check_vma=False))
+        chains[k] = _timed(lambda b=buffer, f=fn: jax.block_until_ready(f(b)), repeats, warmup)
+        single = _agreed(float(np.mean(chains[1])))
+        following = CHAINS[CHAINS.index(k) + 1:]
+        if k > 1 and (not following or following[0] * single > CHAIN_BUDGET):
+          break
+      results[op].append({'bytes': elements * 4, 'chains': {str(k): v for k, v in chains.items()}})
   return results
 
 
-def time_step(cfg, meta, repeats: int, warmup: int) -> dict:
-  """t_iter of the config's synchronous step on its mesh (the first N devices), with its
-  volume row (lowered program, analytic, reported)."""
+def step_cell(cfg, meta) -> dict:
+  """The config's synchronous step on its mesh (the first N devices), compiled: `run` makes
+  one step (and keeps its state), `volume()` its volume row (lowered program, analytic,
+  reported), `compiled` the collectives of the compiled program (`analysis.hlo`)."""
   import jax
-  from analysis import volume
+  from analysis import hlo, volume
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
@@ -130,11 +192,64 @@ def time_step(cfg, meta, repeats: int, warmup: int) -> dict:
   def run():
     box['state'], box['metrics'] = compiled(box['state'], batch, rng)
     jax.block_until_ready(box['metrics'])
-  samples = _timed(run, repeats, warmup)
-  abstract = build.abstract_variables(cfg, model, meta['channels'])
-  row = volume.row(cfg, stablehlo, abstract['params'], abstract.get('batch_stats', {}),
-                   reported=float(box['metrics']['sent_bytes']))
-  return {'samples': samples, 'volume': row}
+
+  def volume_row():
+    abstract = build.abstract_variables(cfg, model, meta['channels'])
+    return volume.row(cfg, stablehlo, abstract['params'], abstract.get('batch_stats', {}),
+                      reported=float(box['metrics']['sent_bytes']))
+  found = hlo.compiled_collectives(compiled.as_text())
+  return {'run': run, 'volume': volume_row,
+          'compiled': volume.program_collectives(found, jax.device_count())}
+
+
+def time_step(cfg, meta, repeats: int, warmup: int) -> dict:
+  """t_iter of the config's step alone (`repeats` calls), with its volume row."""
+  cell = step_cell(cfg, meta)
+  samples = _timed(cell['run'], repeats, warmup)
+  return {'samples': samples, 'volume': cell['volume'](), 'compiled': cell['compiled']}
+
+
+MEMORY_BUDGET = 4 << 30
+
+
+def groups(costs, budget: int = MEMORY_BUDGET) -> list:
+  """Consecutive runs of indices whose summed costs stay under `budget` (each at least one
+  index): the cells held, and interleaved, at once."""
+  out, total = [], 0
+  for i, cost in enumerate(costs):
+    if out and total + cost <= budget:
+      out[-1].append(i)
+      total += cost
+    else:
+      out.append([i])
+      total = cost
+  return out
+
+
+def round_order(cells: int, round_index: int) -> list:
+  """The order of a round's cells: a permutation drawn from the round's number, so every
+  process of a setting runs the same programs in the same order."""
+  import random
+  return random.Random(round_index).sample(range(cells), cells)
+
+
+def time_in_rounds(make_cells, rounds: int, steps_per_round: int, warmup: int,
+                   barrier=None) -> list:
+  """Samples of each cell: `make_cells()` gives the cells' calls (made, and compiled by the
+  warm-up, before any is timed); then `rounds` rounds, each running every cell once untimed
+  and `steps_per_round` times timed, in `round_order`. `barrier(r)` (if given) starts each
+  round on every process at once."""
+  calls = make_cells()
+  for call in calls:
+    for _ in range(warmup):
+      call()
+  samples = [[] for _ in calls]
+  for r in range(rounds):
+    if barrier:
+      barrier(r)
+    for i in round_order(len(calls), r):
+      samples[i] += _timed(calls[i], steps_per_round, 1)
+  return samples
 
 
 def time_async(cfg, meta, batches: int, repeats: int) -> list:
@@ -220,23 +335,50 @@ def run(spec) -> dict:
 
   out = {'setting': spec['setting'], 'processes': jax.process_count(),
          'devices': jax.device_count(), 'pinned_cores': spec.get('pinned_cores'),
-         't_grad': {}, 'transfers': [], 'all_reduces': [], 'steps': [], 'async': [],
-         'volume': []}
-  for batch in spec['grad_batches']:
-    samples = time_gradients(cell(ONE_DEVICE), meta, batch, repeats, warmup)
-    out['t_grad'][str(batch)] = samples
-    _log(spec, f't_grad, batch {batch}: {_summary(samples)}')
-  if spec['transfer_sizes']:
-    out.update(time_collectives(spec['transfer_sizes'], repeats, warmup))
-    for kind in ('transfers', 'all_reduces'):
-      for t in out[kind]:
-        _log(spec, f"{kind[:-1].replace('_', '-')} of {t['bytes']:,} B on devices 0, 1: "
-                   f"{_summary(t['samples'])}")
-  for i, c in enumerate(spec['steps']):
-    result = time_step(cell(c['overrides']), meta, repeats, warmup)
-    out['steps'].append({**c, **result})
-    _log(spec, f"[{i + 1}/{len(spec['steps'])}] t_iter {c['scheme']} {c['server']} N={c['n']}: "
-               f"{_summary(result['samples'])}")
+         't_grad': {}, 'calls': {}, 'steps': [], 'async': [], 'volume': []}
+  # The cells of the rounds: t_grad of each batch, then every step; grouped by memory.
+  weights = spec['param_bytes']
+  cells = ([('grad', b, 3 * weights) for b in spec['grad_batches']]
+           + [('step', c, 4 * weights * (c['n'] if spec['setting'] == 'emulated' else 1))
+              for c in spec['steps']])
+  barrier = None
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    def barrier(r):
+      multihost_utils.sync_global_devices(f'round {r}')
+  done = 0
+  for group in groups([cost for _, _, cost in cells]):
+    mine = [cells[i] for i in group]
+    compiled = {}
+
+    def make(mine=mine, compiled=compiled):
+      calls = []
+      for j, (kind, what, _) in enumerate(mine):
+        if kind == 'grad':
+          calls.append(gradient_cell(cell(ONE_DEVICE), meta, what))
+        else:
+          compiled[j] = step_cell(cell(what['overrides']), meta)
+          calls.append(compiled[j]['run'])
+      return calls
+    samples = time_in_rounds(make, spec['rounds'], spec['steps_per_round'], warmup, barrier)
+    for j, (kind, what, _) in enumerate(mine):
+      if kind == 'grad':
+        out['t_grad'][str(what)] = samples[j]
+        _log(spec, f't_grad, batch {what}: {_summary(samples[j])}')
+      else:
+        done += 1
+        out['steps'].append({**what, 'samples': samples[j], 'volume': compiled[j]['volume'](),
+                             'compiled': compiled[j]['compiled']})
+        _log(spec, f"[{done}/{len(spec['steps'])}] t_iter {what['scheme']} {what['server']} "
+                   f"N={what['n']}: {_summary(samples[j])}")
+    del compiled, mine
+  if spec['call_sizes']:
+    out['calls'] = time_calls(spec['call_sizes'], repeats, warmup)
+    for op, points in out['calls'].items():
+      for t in points:
+        _log(spec, f"{op.replace('_', '-')} of {t['bytes']:,} B on devices 0, 1, chains "
+                   f"{','.join(t['chains'])}: single {_summary(t['chains']['1'])}")
   for i, c in enumerate(spec['async']):
     samples = time_async(cell(c['overrides']), meta, spec['batches'], spec['async_repeats'])
     out['async'].append({**c, 'samples': samples})

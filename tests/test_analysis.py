@@ -76,6 +76,18 @@ def test_semaphore():
   assert eq.semaphore_transfer_time(0.2, 3) <= eq.semaphore_bound(0.2, 4)  # eq. 7.3
 
 
+def test_semaphore_training_time_is_the_best_case():
+  # t_grad 0.8, t_comm 0.1, N = 4, D = 128: the last pull waits 4·t_comm, its push t_comm.
+  assert eq.semaphore_training_time('sync-join', 0.8, 0.1, 4, 128) == approx(32 * (0.5 + 0.8))
+  assert eq.semaphore_training_time('sync-split', 0.8, 0.1, 4, 128) == approx(128 * (0.5 + 0.2))
+  assert eq.semaphore_training_time('sync-join', 0.8, 0.1, 4, 128) < eq.training_time(
+      'sync-join', 'central', 0.8, 0.1, 4, 128)  # below the mean with the worst case
+  assert eq.semaphore_training_time('async', 0.8, 0.1, 4, 128) == approx(
+      eq.async_central_best(0.8, 0.1, 4, 128))
+  with pytest.raises(ValueError, match='scheme'):
+    eq.semaphore_training_time('ring', 0.8, 0.1, 4, 128)
+
+
 def test_sparknet():
   assert eq.sparknet_naive_speedup(2.0, 20.0, 5) == approx(2 / (0.4 + 20))
   assert eq.sparknet_naive_speedup(2.0, 20.0, 10**9) <= 2.0 / 20.0 + 1e-9  # ≤ C/S

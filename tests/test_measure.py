@@ -17,7 +17,7 @@ from absl import app
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from analysis import calibrate, collectives, compare, hlo, link, measure
+from analysis import calibrate, collectives, compare, hlo, link, measure, timing
 from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
 
@@ -47,13 +47,78 @@ def test_alpha_beta_fit_rejects_a_single_size():
     calibrate.fit_alpha_beta([1000, 1000], [1e-3, 1e-3])
 
 
-def test_all_reduce_fit_gives_the_ring_steps_alpha():
-  """A ring of two devices takes 2α + b/β: the fit reports α per step."""
-  samples = [{'bytes': b, 'samples': [2 * 5e-5 + b / 1e9]} for b in SIZES]
-  fit = calibrate.from_all_reduces(samples)
-  assert fit.alpha == pytest.approx(5e-5, rel=1e-6)
-  assert collectives.ring_all_reduce(1e6, 2, fit.alpha, fit.beta) == pytest.approx(
-      2 * 5e-5 + 1e6 / 1e9)
+def test_per_call_cost_is_the_slope_of_the_chains_not_one_calls_time():
+  """A program of k chained calls takes t_0 + k·c: the calibration recovers c from noisy
+  synthetic means, where one call's time (t_0 + c) would be off by t_0."""
+  rng = np.random.default_rng(0)
+  t0, c = 5e-3, 2e-4
+  chains = {str(k): list((t0 + k * c) * (1 + 0.01 * rng.normal(size=5))) for k in (1, 2, 8, 32)}
+  cost, fixed = calibrate.per_call(chains)
+  assert cost == pytest.approx(c, rel=0.05) and fixed == pytest.approx(t0, rel=0.05)
+  assert np.mean(chains['1']) > 20 * c  # what timing one call alone would report
+  with pytest.raises(ValueError, match='two lengths'):
+    calibrate.per_call({'1': [1.0]})
+
+
+def test_call_costs_interpolate_and_scale_to_the_group():
+  """Between sizes the per-call cost is interpolated, below the smallest it is the smallest's,
+  beyond the largest it follows the last segment; a group of 4 scales by the ring model."""
+  sizes = [4096, 65536, 1 << 20]
+  costs = calibrate.from_calls({
+      'all_reduce': [{'bytes': b, 'chains': {'1': [1e-3 + 2 * (1e-4 + b / 1e9)],
+                                             '2': [1e-3 + 4 * (1e-4 + b / 1e9)]}}
+                     for b in sizes],
+      'collective_permute': [{'bytes': b, 'chains': {'1': [1e-3 + 5e-5 + b / 2e9],
+                                                     '8': [1e-3 + 8 * (5e-5 + b / 2e9)]}}
+                             for b in sizes]})
+  ring = lambda b: 2 * (1e-4 + b / 1e9)  # noqa: E731 (the all-reduce's per-call cost here)
+  assert costs.per_call('all_reduce', 65536) == pytest.approx(ring(65536))
+  assert costs.per_call('all_reduce', 500_000) == pytest.approx(ring(500_000))  # linear
+  assert costs.per_call('all_reduce', 100) == pytest.approx(ring(4096))
+  assert costs.per_call('all_reduce', 2 << 20) == pytest.approx(ring(2 << 20))
+  reduce = hlo.Collective('all_reduce', (1 << 18,), 'f32', group=2)
+  assert costs.cost(reduce) == pytest.approx(ring(1 << 20))
+  fit = costs.fits['all_reduce']
+  four = dataclasses_replace(reduce, group=4)
+  assert costs.cost(four) == pytest.approx(
+      ring(1 << 20) * collectives.ring_all_reduce(1 << 20, 4, fit.alpha, fit.beta)
+      / collectives.ring_all_reduce(1 << 20, 2, fit.alpha, fit.beta))
+  # An all-gather not calibrated is costed as an all-reduce of the gathered buffer; a
+  # permute as one message of its operand; a group of one costs nothing.
+  gather = hlo.Collective('all_gather', (1 << 17,), 'f32', group=2)
+  assert costs.cost(gather) == pytest.approx(ring(1 << 20))
+  permute = hlo.Collective('collective_permute', (1 << 18,), 'f32', pairs=2)
+  assert costs.cost(permute) == pytest.approx(5e-5 + (1 << 20) / 2e9)
+  assert costs.cost(dataclasses_replace(reduce, group=1)) == 0.0
+  # A step: every collective outside conditionals, and each conditional's costliest branch.
+  branches = [dataclasses_replace(permute, branch=((0, 0),)),
+              dataclasses_replace(reduce, branch=((0, 1),))]
+  assert costs.step([reduce] + branches) == pytest.approx(2 * ring(1 << 20))
+
+
+def dataclasses_replace(x, **changes):
+  import dataclasses
+  return dataclasses.replace(x, **changes)
+
+
+def test_compiled_collectives_follow_the_conditionals_branches():
+  """The compiled program keeps a switch's branches as computations of their own: each
+  collective there records its branch, so a step counts the costliest."""
+  mesh = make_mesh((4,), ('d',), jax.devices()[:4])
+  ring = [(j, (j + 1) % 4) for j in range(4)]
+
+  def f(x, i):
+    x = lax.switch(i[0], [lambda x: lax.ppermute(x, 'd', ring),
+                          lambda x: lax.psum(x, 'd')], x)
+    return lax.psum(x, 'd')
+  step = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P('d'), P()), out_specs=P(),
+                               check_vma=False))
+  text = step.lower(jnp.zeros((8, 3)), jnp.zeros(1, jnp.int32)).compile().as_text()
+  found = hlo.compiled_collectives(text)
+  assert sorted((c.op, bool(c.branch)) for c in found) == [
+      ('all_reduce', False), ('all_reduce', True), ('collective_permute', True)]
+  assert len({c.branch for c in found if c.branch}) == 2
+  assert hlo.step_bytes(found, 4) == pytest.approx(36 + 36)
 
 
 def test_step_bytes_counts_the_costliest_branch_of_each_conditional():
@@ -72,47 +137,116 @@ def test_step_bytes_counts_the_costliest_branch_of_each_conditional():
   assert hlo.step_bytes(found, 4) == pytest.approx(36 + 36)
 
 
-def _fake_measurement():
-  """One emulated setting with exact α-β transfers: t_grad(b) = b ms, P = 1 MB."""
-  alpha, beta, nbytes = 1e-4, 1e9, 1_000_000
-  transfers = [{'bytes': b, 'samples': [alpha + b / beta] * 3} for b in (1e3, 1e5, nbytes)]
-  all_reduce = {'op': 'all_reduce', 'shape': [nbytes // 4], 'dtype': 'f32', 'group': 2,
-                'pairs': 0, 'branch': [], 'bytes_per_device': nbytes}
+MB = 1_000_000
 
-  def step(scheme, n, b, t_iter, ops):
-    return {'scheme': scheme, 'server': 'allreduce', 'n': n, 'per_device_batch': b,
-            'samples': [t_iter] * 3, 'volume': {'collectives': ops}}
+
+def _chains(cost, t0=5e-3):
+  """A calibration point whose chains take t0 + k·cost exactly."""
+  return {str(k): [t0 + k * cost] * 3 for k in (1, 2, 8)}
+
+
+def _fake_measurement():
+  """One 2-process setting, P = 1 MB, D = 8, batch 32; per call: permute 1e-4 + b/1e9,
+  all-reduce 2e-4 + b/0.5e9 (inside chains with a 5 ms launch); t_grad(32) 32 ms alone,
+  40 ms with both processes computing, t_grad(16) 16/20 ms."""
+  calls = {'collective_permute': [{'bytes': b, 'chains': _chains(1e-4 + b / 1e9)}
+                                  for b in (1e4, MB)],
+           'all_reduce': [{'bytes': b, 'chains': _chains(2e-4 + b / 0.5e9)} for b in (1e4, MB)]}
+
+  def op(name, **kw):
+    return {'op': name, 'shape': [MB // 4], 'dtype': 'f32', 'group': kw.get('group', 0),
+            'pairs': kw.get('pairs', 0), 'branch': [], 'bytes_per_device': MB}
+
+  def step(scheme, server, n, b, repetitions, compiled):
+    return {'scheme': scheme, 'server': server, 'n': n, 'per_device_batch': b,
+            'overrides': {'central_schedule': 'serial'},
+            'samples': [x for r in repetitions for x in r], 'repetitions': repetitions,
+            'compiled': compiled, 'volume': {'collectives': compiled}}
+  permute = op('collective_permute', pairs=1)
   return {
       'tool': 'analysis.measure', 'created': 'now', 'command': 'test',
       'machine': {'cpu': 'test', 'system': 'test', 'cores': 2},
       'versions': {'jax': '0', 'flax': '0'}, 'batches': 8,
-      'network': {'model': 'net', 'image_size': 32, 'parameters': nbytes // 4,
-                  'param_bytes': nbytes},
+      'network': {'model': 'net', 'image_size': 32, 'parameters': MB // 4, 'param_bytes': MB},
       'batch': {'sync-split': 32, 'sync-join': 32, 'async': 32},
-      'settings': {'emulated': {
-          't_grad': {'32': [0.032] * 3, '16': [0.016] * 3}, 'transfers': transfers,
-          'all_reduces': [], 'async': [], 'volume': [],
-          'steps': [step('sync-split', 1, 32, 0.032, []),
-                    step('sync-split', 2, 16, 0.025, [all_reduce]),
-                    step('sync-join', 2, 32, 0.045, [all_reduce])]}}}
+      'settings': {'processes': {
+          't_grad': {'32': [0.032] * 3, '16': [0.016] * 3},
+          't_grad_contended': {'2': {'32': [0.040] * 3, '16': [0.020] * 3}},
+          'calls': calls, 'async': [], 'volume': [],
+          'steps': [step('sync-split', 'allreduce', 1, 32, [[0.034] * 3] * 2, []),
+                    step('sync-split', 'allreduce', 2, 16, [[0.022] * 3, [0.024] * 3],
+                         [op('all_reduce', group=2)]),
+                    step('sync-join', 'central', 1, 32, [[0.036] * 3] * 2, []),
+                    step('sync-join', 'central', 2, 32, [[0.047] * 3, [0.049] * 3],
+                         [permute, permute])]}}}
 
 
-def test_compare_speedups_and_predictions_by_hand():
+def test_compare_predictions_held_out_errors_and_regret_by_hand():
   points = {(p['scheme'], p['n']): p for p in compare.rows(_fake_measurement())}
+  split1, split2 = points[('sync-split', 1)], points[('sync-split', 2)]
+  join1, join2 = points[('sync-join', 1)], points[('sync-join', 2)]
   # Measured, eq. 4.23: S = D·t_grad / t_train; sync-split D steps, sync-join D/N.
-  assert points[('sync-split', 1)]['speedup'] == pytest.approx(1.0)
-  assert points[('sync-split', 2)]['speedup'] == pytest.approx(0.032 / 0.025)
-  assert points[('sync-join', 2)]['speedup'] == pytest.approx(8 * 0.032 / (4 * 0.045))
-  # α-β, no all-reduce samples: the transfer fit times the ring, 2·(α + P/2/β) = 1.2 ms.
-  assert points[('sync-split', 2)]['speedup_alpha_beta'] == pytest.approx(0.032 / (0.016 + 1.2e-3))
-  assert points[('sync-join', 2)]['speedup_alpha_beta'] == pytest.approx(
-      8 * 0.032 / (4 * (0.032 + 1.2e-3)))
-  assert points[('sync-split', 2)]['error_alpha_beta'] == pytest.approx(
-      (0.032 / 0.0172) / (0.032 / 0.025) - 1)
-  # The thesis has no all-reduce equation.
-  assert points[('sync-split', 2)]['speedup_thesis'] is None
-  best = compare.recommend(list(points.values()), 'emulated')
-  assert 'sync-join' in best and 'N=2' in best and '1.42×' in best
+  assert split2['t_train'] == pytest.approx(8 * 0.023)
+  assert join2['speedup'] == pytest.approx(8 * 0.032 / (4 * 0.048))
+  assert join2['noise'] == pytest.approx(np.log(0.049 / 0.047))
+  # Parts: contended t_grad + the N = 1 step's non-gradient work + calibrated calls.
+  assert split1['t_other'] == pytest.approx(0.002) and join1['t_other'] == pytest.approx(0.004)
+  assert split2['t_train_parts'] == pytest.approx(8 * (0.020 + 0.002 + 2e-4 + MB / 0.5e9))
+  assert join2['t_train_parts'] == pytest.approx(4 * (0.040 + 0.004 + 2 * (1e-4 + MB / 1e9)))
+  assert split2['error_parts'] == pytest.approx(np.log(split2['t_train_parts'] / (8 * 0.023)))
+  assert not split1['held_out'] and split2['held_out']
+  # The thesis (t_comm = the permute of P = 1.1 ms), and its semaphore for a serial server.
+  t_comm = 1e-4 + MB / 1e9
+  assert join2['t_train_thesis'] == pytest.approx(
+      4 * (((3 * t_comm) + (4 * t_comm)) / 2 + 0.032))  # eq. 4.11, mean of 4.4 and 4.7
+  assert join2['t_train_semaphore'] == pytest.approx(4 * (3 * t_comm + 0.032))  # eq. 7.1–7.2
+  assert split2['t_train_thesis'] is None  # no all-reduce equation in the thesis
+  # Held out: the two N = 2 points. Parts picks sync-join (184.8 ms predicted, 192 measured)
+  # while sync-split measured 184 ms: regret 192/184, ρ = −1.
+  summary = {r['model']: r for r in compare.held_out_summary(list(points.values()))}
+  parts = summary['parts']
+  assert parts['points'] == 2
+  assert parts['median_log_error'] == pytest.approx(
+      np.median([abs(split2['error_parts']), abs(join2['error_parts'])]))
+  assert parts['noise_floor'] == pytest.approx(np.median([np.log(24 / 22), np.log(49 / 47)]))
+  assert parts['rank_correlation'] == pytest.approx(-1.0)
+  assert parts['pick'] == 'sync-join central N=2'
+  assert parts['regret'] == pytest.approx(0.192 / 0.184)
+  assert summary['thesis']['points'] == 1 and summary['thesis']['regret'] == pytest.approx(
+      0.192 / 0.184)
+  text = compare.recommend(list(points.values()), 'processes')
+  assert 'sync-join with the central server on N=2' in text
+  assert 'sync-split allreduce N=2 is predicted only 5% slower, within the uncertainty (7%)' in text
+  assert 'regret 1.04' in text
+
+
+def test_compare_predicts_a_link_from_loopback_and_the_rate():
+  """The rate model: a link setting's step from the loopback setting's parts alone, each
+  collective adding the bytes its busiest device sends ÷ the rate; nothing measured across
+  the link enters it."""
+  result = _fake_measurement()
+  linked = json.loads(json.dumps(result['settings']['processes']))
+  linked['calls'] = {kind: [{**p, 'chains': {k: [9.0] * 3 for k in p['chains']}}
+                            for p in points] for kind, points in linked['calls'].items()}
+  result['settings']['link-100mbit'] = linked
+  points = {(p['setting'], p['scheme'], p['n']): p for p in compare.rows(result)}
+  wire = MB * 8 / 1e8
+  assert points[('link-100mbit', 'sync-join', 2)]['t_train_rate'] == pytest.approx(
+      4 * (0.040 + 0.004 + 2 * (1e-4 + MB / 1e9 + wire)))
+  assert points[('link-100mbit', 'sync-split', 2)]['t_train_rate'] == pytest.approx(
+      8 * (0.020 + 0.002 + 2e-4 + MB / 0.5e9 + wire))  # a ring of 2 sends the buffer once
+  assert points[('processes', 'sync-join', 2)]['t_train_rate'] is None
+
+
+def test_compare_regret_and_log_error_on_a_small_table():
+  """regret and rank correlation straight from a hand-made table of predicted and measured
+  times."""
+  table = [{'t_train': t, 't_train_parts': p, 'scheme': s, 'server': 'x', 'n': 2}
+           for s, t, p in (('a', 1.0, 1.2), ('b', 2.0, 1.1), ('c', 3.0, 3.5))]
+  assert compare.regret(table, 'parts') == pytest.approx(2.0)  # picks b (1.1), measured 2.0
+  assert compare.spearman([1.2, 1.1, 3.5], [1.0, 2.0, 3.0]) == pytest.approx(0.5)
+  assert compare.log_error(1.25, 1.0) == pytest.approx(np.log(1.25))
+  assert compare._percent(np.log(1.25)) == '25%'
 
 
 def measure_and_compare(tmp_path, data_dir, *args):
@@ -126,6 +260,7 @@ def measure_and_compare(tmp_path, data_dir, *args):
        # that the digits recipe's BatchNorm variant also all-reduces.
        '--config.batch_norm=False',
        '--config.per_device_batch=8', f'--out={out}', '--repeats=2', '--warmup=1',
+       '--rounds=1', '--steps_per_round=2', '--calibrate_up_to=1', '--calibration_sizes=2',
        '--batches=4', '--async_repeats=1', '--schemes=sync-join', '--servers=allreduce',
        '--async_servers=central', '--novolume', *args],
       env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -138,18 +273,26 @@ def measure_and_compare(tmp_path, data_dir, *args):
   return json.loads(out.read_text()), proc.stderr, report
 
 
-def check_setting(result, name):
-  """One setting's samples: t_grad, the steps at N = 1, 2, the calibration sizes up to the
-  network, and the N = 2 step's volume equal to its analytic and reported bytes."""
+def check_setting(result, name, repetitions):
+  """One setting's samples: t_grad, the steps at N = 1, 2 (1 round × 2 steps, in each
+  repetition), the calibration up to the network, and the N = 2 step's volume equal to its
+  analytic and reported bytes."""
   setting = result['settings'][name]
   assert sorted(setting['t_grad']) == ['8']  # sync-join and async: 8 per device
-  assert all(len(s) == 2 for s in setting['t_grad'].values())
-  assert [(c['n'], len(c['samples'])) for c in setting['steps']] == [(1, 2), (2, 2)]
-  assert setting['transfers'][-1]['bytes'] == result['network']['param_bytes']
-  assert len(setting['all_reduces']) == len(setting['transfers']) >= 2
-  two = setting['steps'][1]['volume']
-  assert two['program_bytes'] == pytest.approx(two['analytic_bytes'], rel=1e-4)  # + metrics
-  assert two['reported_bytes'] == pytest.approx(two['analytic_bytes'])
+  assert all(len(s) == 2 * repetitions for s in setting['t_grad'].values())
+  assert [(c['n'], len(c['samples']), [len(r) for r in c['repetitions']])
+          for c in setting['steps']] == [(n, 2 * repetitions, [2] * repetitions)
+                                         for n in (1, 2)]
+  assert sorted(setting['calls']) == sorted(('collective_permute', 'all_reduce', 'all_gather',
+                                             'reduce_scatter'))
+  for points in setting['calls'].values():
+    assert [p['bytes'] for p in points][-1] == result['network']['param_bytes'] // 8 * 8
+    assert all({'1', '2'} <= set(p['chains']) for p in points)
+  two = setting['steps'][1]
+  assert two['volume']['program_bytes'] == pytest.approx(two['volume']['analytic_bytes'],
+                                                         rel=1e-4)  # + metrics
+  assert two['volume']['reported_bytes'] == pytest.approx(two['volume']['analytic_bytes'])
+  assert {c['op'] for c in two['compiled']} == {'all_reduce'}  # the compiled program's
   return setting
 
 
@@ -157,14 +300,15 @@ def check_setting(result, name):
 def test_measure_and_compare_end_to_end_emulated(tmp_path, data_dir):
   """The emulated setting (with async); the 2-process one is in test_measure_processes.py."""
   result, stderr, report = measure_and_compare(tmp_path, data_dir, '--workers=2',
-                                               '--processes=0')
+                                               '--processes=0', '--repetitions=2')
   assert '[emulated] [2/2] t_train async central N=2' in stderr  # progress
   assert result['versions']['jax'] == jax.__version__ and result['machine']['cores']
   assert set(result['settings']) == {'emulated'}
-  setting = check_setting(result, 'emulated')
-  assert [len(a['samples']) for a in setting['async']] == [1, 1]
+  setting = check_setting(result, 'emulated', repetitions=2)
+  assert [len(a['samples']) for a in setting['async']] == [2, 2]  # one run per repetition
   text = (report / 'report.md').read_text()
   assert '| emulated | sync-join | allreduce | 2 |' in text
+  assert '| emulated | measured parts | 1 |' in text  # the held-out summary
   assert '- **squeezenet** (emulated):' in text
   with open(report / 'speedup.csv') as f:
     assert len(list(csv.DictReader(f))) == 2 + 2  # steps and async at N = 1, 2
@@ -175,7 +319,8 @@ def test_measure_and_compare_end_to_end_emulated(tmp_path, data_dir):
 
 def _args(**overrides):
   values = dict(out='/tmp/m.json', workers=8, processes=2, batches=128, repeats=10, warmup=2,
-                async_repeats=2, schemes=['sync-split'], servers=['allreduce'],
+                async_repeats=2, rounds=10, steps_per_round=3, repetitions=2,
+                calibrate_up_to=10.0, calibration_sizes=6, schemes=['sync-split'], servers=['allreduce'],
                 async_servers=['central'], links=[])
   return types.SimpleNamespace(**{**values, **overrides})
 
@@ -184,6 +329,8 @@ def _args(**overrides):
     (dict(workers=-1), '--workers=-1: must be at least 0'),
     (dict(servers=['bogus']), "--servers: ['bogus'] unknown"),
     (dict(workers=0, processes=0), 'nothing to measure'),
+    (dict(repetitions=0), '--repetitions=0: must be at least 1'),
+    (dict(calibration_sizes=1), '--calibration_sizes=1: must be at least 2'),
     (dict(out='/no/such/folder/m.json'), 'does not exist'),
     (dict(links=['1gbps']), "--links: '1gbps' is not a link rate: write it as tc does"),
     (dict(links=['1gbit'], processes=1), '--links=1gbit times 2 or more processes'),
@@ -227,6 +374,37 @@ def test_measure_plans_each_link_as_the_processes_setting_without_async(data_dir
   monkeypatch.setattr(link, 'unavailable', lambda: 'it needs root')
   runs, skipped = measure.plan(*args, ['1gbit'])
   assert sorted(runs) == ['processes'] and skipped == ['the emulated links 1gbit: it needs root']
+
+
+def test_rounds_interleave_every_cell_in_one_order_per_round():
+  """Every cell compiled (warmed) before any is timed; each round times every cell, in a
+  permutation drawn from the round's number (the same on every process)."""
+  log = []
+  cells = [lambda i=i: log.append(i) for i in range(4)]
+  samples = timing.time_in_rounds(lambda: cells, rounds=3, steps_per_round=2, warmup=1)
+  assert log[:4] == [0, 1, 2, 3] and [len(x) for x in samples] == [6] * 4
+  rounds = [log[4 + 12 * r:4 + 12 * (r + 1)] for r in range(3)]
+  for r, calls in enumerate(rounds):  # each cell once untimed, twice timed, in the round's order
+    assert calls[::3] == timing.round_order(4, r) and calls == [i for i in calls[::3]
+                                                                for _ in range(3)]
+  assert len({tuple(timing.round_order(4, r)) for r in range(3)}) > 1
+  assert timing.round_order(4, 7) == timing.round_order(4, 7)
+  # Groups under a memory budget: consecutive, each at least one cell.
+  assert timing.groups([3, 3, 3, 10, 1], budget=6) == [[0, 1], [2], [3], [4]]
+
+
+def test_repetitions_are_joined_and_kept():
+  def rep(x):
+    return {'t_grad': {'8': [x]}, 't_grad_contended': {'2': {'8': [2 * x]}},
+            'calls': {'all_reduce': [{'bytes': 4096, 'chains': {'1': [x], '2': [2 * x]}}]},
+            'steps': [{'n': 2, 'samples': [x, x]}], 'async': [], 'volume': []}
+  joined = measure.combine([rep(1.0), rep(3.0)])
+  assert joined['repetitions'] == 2
+  assert joined['t_grad'] == {'8': [1.0, 3.0]}
+  assert joined['t_grad_contended'] == {'2': {'8': [2.0, 6.0]}}
+  assert joined['steps'] == [{'n': 2, 'samples': [1.0, 1.0, 3.0, 3.0],
+                              'repetitions': [[1.0, 1.0], [3.0, 3.0]]}]
+  assert joined['calls']['all_reduce'][0]['chains'] == {'1': [1.0, 3.0], '2': [2.0, 6.0]}
 
 
 def test_compare_rejects_a_file_measure_did_not_write(tmp_path):

@@ -5,10 +5,9 @@ it beside the emulated case of test_measure.py."""
 import csv
 import os
 
-import numpy as np
 import pytest
 
-from analysis import link
+from analysis import calibrate, link
 
 from test_measure import check_setting, measure_and_compare
 
@@ -16,11 +15,12 @@ from test_measure import check_setting, measure_and_compare
 @pytest.mark.slow
 def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
   result, stderr, report = measure_and_compare(tmp_path, data_dir, '--workers=0',
-                                               '--processes=2', '--links=100mbit')
+                                               '--processes=2', '--links=100mbit',
+                                               '--repetitions=1')
   assert '[processes] [1/1] t_iter sync-join allreduce N=2' in stderr  # progress
   why_not = link.unavailable()
   assert set(result['settings']) == {'processes'} | ({'link-100mbit'} if not why_not else set())
-  setting = check_setting(result, 'processes')
+  setting = check_setting(result, 'processes', repetitions=1)
   assert setting['processes'] == 2
   assert setting['pinned_cores'] == [0, 1 % (os.cpu_count() or 1)]
   # Downpour's processes: Ray's worker and server actors, N = 1, 2, D = 4 pushes each.
@@ -37,13 +37,14 @@ def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
     with open(report / 'speedup.csv') as f:
       assert len(list(csv.DictReader(f))) == 4  # sync-join and async on Ray, N = 1, 2
     return
-  # The link: the same steps, no async; the weights' transfer takes at least the time
-  # 100 Mbit/s allows (less one token-bucket burst), loopback's far less.
-  linked = check_setting(result, 'link-100mbit')
+  # The link: the same steps, no async; a permute of the weights costs, per call inside a
+  # program, at least the time 100 Mbit/s allows (less one token-bucket burst), loopback's
+  # far less.
+  linked = check_setting(result, 'link-100mbit', repetitions=1)
   assert linked['async'] == [] and '| link-100mbit | sync-join | allreduce | 2 |' in text
-  largest = linked['transfers'][-1]
-  wire = (largest['bytes'] - link.burst_bytes(1e8)) * 8 / 1e8
-  assert np.median(largest['samples']) >= wire
-  assert np.median(setting['transfers'][-1]['samples']) < wire / 3
+  nbytes = linked['calls']['collective_permute'][-1]['bytes']
+  wire = (nbytes - link.burst_bytes(1e8)) * 8 / 1e8
+  assert calibrate.from_calls(linked['calls']).per_call('collective_permute', nbytes) >= wire
+  assert calibrate.from_calls(setting['calls']).per_call('collective_permute', nbytes) < wire / 3
   with open(report / 'speedup.csv') as f:
     assert len(list(csv.DictReader(f))) == 4 + 2  # and sync-join across the link, N = 1, 2
