@@ -203,9 +203,9 @@ def held_out_summary(points) -> list:
   (median |log| spread of their repetitions), Spearman's ρ of predicted and measured
   t_train, the model's pick and its regret over every point of the setting."""
   out = []
+  settings = list(dict.fromkeys(p['setting'] for p in points))  # as measured
   keys = sorted({(p['network'], p['image_size'], p['setting']) for p in points},
-                key=lambda k: (k[0], k[1], list(dict.fromkeys(p['setting'] for p in points))
-                               .index(k[2])))
+                key=lambda k: (k[0], k[1], settings.index(k[2])))
   for net, size, setting in keys:
     mine = [p for p in points if (p['network'], p['image_size'], p['setting'])
             == (net, size, setting)]
@@ -227,11 +227,6 @@ def held_out_summary(points) -> list:
   return out
 
 
-def median_errors(points) -> dict:
-  """{(setting, model): median |log error|} over the held-out points a model predicts."""
-  return {(r['setting'], r['model']): r['median_log_error'] for r in held_out_summary(points)}
-
-
 def recommend(points, setting: str, model: str = 'parts') -> str:
   """The scheme, server and N that `model` predicts reach D batches soonest in a setting,
   in one sentence: why, whether a rival lies within the uncertainty (the larger of the
@@ -243,9 +238,8 @@ def recommend(points, setting: str, model: str = 'parts') -> str:
     model, ranked = 'measured', sorted(mine, key=lambda p: p['t_train'])
   best = ranked[0]
   t_best = best['t_train'] if model == 'measured' else best[f't_train_{model}']
-  summary = {r['model']: r for r in held_out_summary(mine)}.get(model)
-  uncertainty = max([x for x in (summary and summary['median_log_error'],
-                                 summary and summary['noise_floor']) if x] or [0.0])
+  summary = {r['model']: r for r in held_out_summary(mine)}.get(model, {})
+  uncertainty = max(summary.get('median_log_error') or 0.0, summary.get('noise_floor') or 0.0)
   ratio = best['t_comm'] / best['t_grad'] if best['t_comm'] else None
   ratio_text = f't_comm/t_grad = {ratio:.2f}' if ratio is not None else 't_comm not measured'
   how = f"the {best['server']} server" if best['server'] in equations.SERVERS else best['server']

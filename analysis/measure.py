@@ -8,8 +8,8 @@ For the configured network and input size, after warm-up, repeated:
            device computes below; in the processes' runs also with every process
            computing at once (t_grad under the run's contention);
   calls    the per-call cost of each collective kind inside a compiled program (chains of
-           1…64 calls), sizes 4 KB to 10× the network (`analysis.calibrate`); t_comm is the
-           permute of the network's weights;
+           1, 2, 8, 32 calls), sizes 4 KB to 10× the network (`analysis.calibrate`); t_comm
+           is the permute of the network's weights;
   t_iter   a train step of every synchronous scheme × server at N = 1, 2, 4, ...;
   t_train  D pushes of the asynchronous scheme (Downpour) on N workers;
   volume   every collective of each step's lowered program, its bytes per device next

@@ -91,11 +91,6 @@ def gradient_cell(cfg, meta, batch: int):
       grads(variables['params'], variables.get('batch_stats', {}), data, rng))
 
 
-def time_gradients(cfg, meta, batch: int, repeats: int, warmup: int) -> list:
-  """t_grad alone: `repeats` calls of `gradient_cell`."""
-  return _timed(gradient_cell(cfg, meta, batch), repeats, warmup)
-
-
 CALIBRATED = ('collective_permute', 'all_reduce', 'all_gather', 'reduce_scatter')
 CHAINS = (1, 2, 8, 32)
 CHAIN_BUDGET = 0.3  # seconds: the next chain is timed only while its k·t(1) stays under this
@@ -159,7 +154,8 @@ def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
         fn = jax.jit(jax.shard_map(_chain(op, k), mesh=mesh, in_specs=P('pair'),
                                    out_specs=P('pair'), check_vma=False))
         chains[k] = _timed(lambda b=buffer, f=fn: jax.block_until_ready(f(b)), repeats, warmup)
-        single = _agreed(float(np.mean(chains[1])))
+        if k == 1:
+          single = _agreed(float(np.mean(chains[1])))
         following = CHAINS[CHAINS.index(k) + 1:]
         if k > 1 and (not following or following[0] * single > CHAIN_BUDGET):
           break
