@@ -9,6 +9,14 @@ from absl import logging
 from flax.metrics import tensorboard
 
 
+def quiet_libraries(keep: str = '/jaxpar/'):
+  """The console shows the INFO lines of files under `keep` (empty: none) and every
+  library's warnings, not their INFO chatter."""
+  logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= logging.converter.STANDARD_WARNING
+      or (keep and keep in r.pathname))
+
+
 class Reporter:
   """Averages the step metrics between reports and adds throughput.
 

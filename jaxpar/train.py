@@ -15,14 +15,14 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TensorFlow loads: no C++ INFO lines
 
 import jax
-import jax.numpy as jnp
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxpar import build, validation
+from jaxpar import build, metrics, validation
 from jaxpar import config as config_lib
 from jaxpar.checkpoint import Checkpoints
-from jaxpar.data import pipeline, sources
+from jaxpar.data import sources
+from jaxpar.evaluation import evaluate
 from jaxpar.metrics import Reporter
 from jaxpar.step import make_eval_step
 
@@ -38,21 +38,6 @@ class Result:
   step: int             # the step training stopped at
   examples_seen: int    # the data position reached
   wall_time: float      # seconds, from the config check to the end (compilation included)
-
-
-def evaluate(eval_step, variables, mesh, source, cfg) -> dict:
-  per_process = cfg.eval_batch // jax.process_count()
-  num_batches = math.ceil(math.ceil(source.num_test_global / jax.process_count()) / per_process)
-  sums = None
-  batches = pipeline.eval_batches(source, batch=per_process, num_batches=num_batches,
-                                  image_size=cfg.image_size, augment=cfg.augment.kind)
-  for batch in pipeline.prefetch_to_device(batches, mesh):
-    out = eval_step(variables, batch)
-    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-  sums = jax.device_get(sums)
-  count = float(sums.pop('count'))
-  return {**{k: float(v) / count for k, v in sums.items()}, 'count': count,
-          'unreadable_files': len(source.unreadable)}
 
 
 def train_and_evaluate(cfg, workdir: str) -> Result:
@@ -151,15 +136,8 @@ def _check_workdir(workdir: str) -> None:
                                  f'can write to')
 
 
-def _quiet_libraries():
-  """Console shows jaxpar's lines and every library's warnings, not their INFO chatter."""
-  handler = logging.get_absl_handler()
-  handler.addFilter(lambda r: r.levelno >= logging.converter.STANDARD_WARNING
-                    or '/jaxpar/' in r.pathname)
-
-
 def main(argv):
-  _quiet_libraries()
+  metrics.quiet_libraries()
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if _WORKDIR.value is None:

@@ -113,11 +113,12 @@ def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
   return ds.with_options(options).as_numpy_iterator()
 
 
-def eval_batches(source, *, batch: int, num_batches: int, image_size: int, augment: str):
-  """Every test example of this process's share exactly once, in `num_batches`
-  batches of `batch`; padding rows carry mask 0 (and every process runs the same
-  number of batches, so collectives stay matched)."""
-  ds = source.test().map(
+def eval_batches(source, *, batch: int, num_batches: int, image_size: int, augment: str,
+                 split: str = 'test'):
+  """Every example of the `split` ('test' or 'train', unaugmented) of this process's share
+  exactly once, in `num_batches` batches of `batch`; padding rows carry mask 0 (and every
+  process runs the same number of batches, so collectives stay matched)."""
+  ds = getattr(source, split)().map(
       lambda ex: {'image': eval_image(ex['image'], image_size, augment, source.channels),
                   'label': ex['label']},
       num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(tf.data.AUTOTUNE)

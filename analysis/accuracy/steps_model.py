@@ -1,0 +1,98 @@
+"""Steps to a target, K, as a function of the one thing a scheme changes — fitted on
+some settings, judged on the others.
+
+Each model is linear in two parameters (a, b) after a transform of its variable x, so a
+least-squares fit on two or more settings determines it and nothing of a held-out
+setting enters the fit:
+
+  BATCH      sync-join at global batch B = N·b     K(B) = K_min·(1 + B_noise/B)
+             (McCandlish et al. 2018, §2.3: a = K_min, b = K_min·B_noise; the noise
+             scale measured in training, `noise_scale`, is an independent estimate)
+  STALENESS  async with staleness s                 K(s) = K_0·(1 + c·s)
+             (a stale gradient acts as momentum, Mitliagkas et al. 2016: at a fixed rate
+             the steps grow with s, linearly to first order)
+  PERIOD     Local SGD averaging every τ steps      K(τ) = K_1·(1 + c·(τ − 1))
+             (each worker's steps; [S]'s M_a(b, K, τ) averaging rounds are K(τ)/τ, and
+             τ = 1 is synchronous SGD)
+  CAPACITY   sparsified gossip keeping a fraction   K(q) = K_1·(1 + c·log2(1/q))
+             q of each gradient                     (each halving of what is sent costs
+             a fixed share of steps; q = 1 is dense gossip)
+
+The error of a prediction is |log(K_predicted/K_measured)|, as part 3's step-time models
+are judged (`analysis.compare`).
+"""
+import dataclasses
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class StepsModel:
+  name: str
+  variable: str
+  formula: str
+  feature: Callable[[float], float]   # K = a + b·feature(x)
+  params: tuple[str, str]             # the names of a and of b/a, as the formula writes them
+
+  def fit(self, xs: Sequence[float], ks: Sequence[float]) -> tuple[float, float]:
+    """(a, b) by least squares on the points (x, K); needs two distinct settings."""
+    features = np.array([self.feature(x) for x in xs], np.float64)
+    if len(set(features.tolist())) < 2:
+      raise ValueError(f'the {self.name} model needs two or more distinct settings of '
+                       f'{self.variable} to fit, got {list(xs)}')
+    design = np.stack([np.ones_like(features), features], axis=1)
+    (a, b), *_ = np.linalg.lstsq(design, np.asarray(ks, np.float64), rcond=None)
+    return float(a), float(b)
+
+  def predict(self, fitted: tuple[float, float], x: float) -> float:
+    a, b = fitted
+    return a + b * self.feature(x)
+
+  def describe(self, fitted: tuple[float, float]) -> dict:
+    """The formula's own parameters: e.g. {'K_min': …, 'B_noise': …}."""
+    a, b = fitted
+    return {self.params[0]: a, self.params[1]: b / a if a else math.nan}
+
+
+BATCH = StepsModel('batch', 'B', 'K(B) = K_min·(1 + B_noise/B)', lambda b: 1.0 / b,
+                   ('K_min', 'B_noise'))
+STALENESS = StepsModel('staleness', 's', 'K(s) = K_0·(1 + c·s)', float, ('K_0', 'c'))
+PERIOD = StepsModel('period', 'τ', 'K(τ) = K_1·(1 + c·(τ − 1))', lambda t: t - 1.0,
+                    ('K_1', 'c'))
+CAPACITY = StepsModel('capacity', 'q', 'K(q) = K_1·(1 + c·log2(1/q))',
+                      lambda q: math.log2(1.0 / q), ('K_1', 'c'))
+MODELS = {m.name: m for m in (BATCH, STALENESS, PERIOD, CAPACITY)}
+
+
+def log_error(predicted: float, measured: float) -> float:
+  return math.log(predicted / measured) if predicted > 0 and measured > 0 else math.inf
+
+
+def held_out(model: StepsModel, points: Sequence[tuple[float, float]],
+             fit_on: Sequence[float]) -> dict:
+  """Fit on the points whose x is in `fit_on`, predict every other point.
+
+  `points` are (x, K) pairs (several seeds: several pairs per x; the fit sees each).
+  Returns {'fitted': {param: value}, 'coefficients': [a, b], 'fit_on': [...],
+  'predictions': [{'x', 'measured', 'predicted', 'log_error'}, …] for the held-out x (K
+  measured: the seeds' mean),
+  'median_error': median |log error| over them}."""
+  fit_on = set(fit_on)
+  train = [(x, k) for x, k in points if x in fit_on]
+  fitted = model.fit([x for x, _ in train], [k for _, k in train])
+  by_x = {}
+  for x, k in points:
+    if x not in fit_on:
+      by_x.setdefault(x, []).append(k)
+  predictions = []
+  for x in sorted(by_x):
+    measured = float(np.mean(by_x[x]))
+    predicted = model.predict(fitted, x)
+    predictions.append({'x': x, 'measured': measured, 'predicted': predicted,
+                        'log_error': log_error(predicted, measured)})
+  errors = [abs(p['log_error']) for p in predictions]
+  return {'model': model.name, 'formula': model.formula, 'fitted': model.describe(fitted),
+          'coefficients': list(fitted), 'fit_on': sorted(fit_on), 'predictions': predictions,
+          'median_error': float(np.median(errors)) if errors else math.nan}
