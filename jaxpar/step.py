@@ -227,7 +227,7 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Str
         params=params, batch_stats=batch_stats, opt_state=opt_state, loss_scale=scaling)
     metrics = {**metrics, **report}
     # Scalar by scalar: the program's collectives of arrays stay the method's alone
-    # (what analysis.volume reads from it).
+    # (what analysis.steptime.volume reads from it).
     return new_state, jax.tree.map(replicate, metrics)
 
   def step(state, batch, rng):

@@ -4,7 +4,7 @@
 # is pinned to core i mod nproc with taskset, so the processes really run concurrently.
 #
 #   launch/local.sh N --config configs/resnet34_2d.py --workdir /tmp/run [--config.key=value ...]
-#   launch/local.sh N --module analysis.bench --workdir /tmp/bench --config ... [--torch]
+#   launch/local.sh N --module analysis.benchmarks.bench --workdir /tmp/bench --config ... [--torch]
 #
 # --module: the Python module every process runs (default jaxpar.train); --workdir is
 # passed on to jaxpar.train only. Each process emulates (mesh devices / N) CPU devices.

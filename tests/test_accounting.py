@@ -9,8 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from analysis.hlo import collectives, step_bytes
-from analysis.volume import analytic_bytes
+from analysis.steptime.hlo import collectives, step_bytes
+from analysis.steptime.volume import analytic_bytes
 from jaxpar import config
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
@@ -91,7 +91,7 @@ def test_local_sgd_sends_only_when_averaging():
 
 def _lowered_bytes(strategy, mesh):
   """Bytes per device of the lowered step's collectives of arrays (the
-  metrics' scalars aside), as `analysis.hlo` reads them from the StableHLO: of a
+  metrics' scalars aside), as `analysis.steptime.hlo` reads them from the StableHLO: of a
   conditional (Local SGD's averaging, gossip's ring distances) the costliest branch."""
   state, step = _state_and_step(strategy, mesh)
   batch = {'image': np.zeros((16, 4, 4, 3), np.float32), 'label': np.zeros(16, np.int32)}
@@ -130,7 +130,7 @@ TORUS = dict(grad_reduce='torus2d', mesh__shape=(2, 4), mesh__axes=('x', 'y'))
 def test_compiled_program_sends_the_analytic_volume(name, strategy, cfg, over_analytic,
                                                     over_reported):
   """The volume table's three counts for each method: the lowered program's collectives,
-  the method's equations (`analysis.volume`) and its own `sent_bytes`, equal up to the
+  the method's equations (`analysis.steptime.volume`) and its own `sent_bytes`, equal up to the
   padding the program adds to split tensors evenly."""
   mesh = GRID if name == 'torus2d' else LINE
   params = jax.eval_shape(lambda: Tiny().init(jax.random.key(0), jnp.zeros((1, 4, 4, 3)),

@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from analysis import collectives as cc
-from analysis import equations as eq
-from analysis import estimate, thesis_report
+from analysis.steptime import collectives as cc
+from analysis.theory import equations as eq
+from analysis.theory import estimate, thesis_report
 
 approx = pytest.approx
 

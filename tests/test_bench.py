@@ -1,4 +1,5 @@
-"""analysis.bench on one tiny case: both steps compile, run and report (no timing asserted)."""
+"""analysis.benchmarks.bench on one tiny case: both steps compile, run and report (no timing
+asserted)."""
 import json
 import pathlib
 import subprocess
@@ -7,7 +8,7 @@ import sys
 import jax
 import pytest
 
-from analysis import bench, bench_table, torch_peer
+from analysis.benchmarks import bench, bench_table, torch_peer
 from jaxpar import config as config_lib
 from jaxpar import models
 from jaxpar.step import init_variables
@@ -60,7 +61,7 @@ def test_cli_on_one_device_no_collectives_and_time_by_op(data_dir, tmp_path):
   # group of one device (BN statistics, gradients, metrics).
   out = tmp_path / 'bench.json'
   done = subprocess.run(
-      [sys.executable, '-m', 'analysis.bench', '--config',
+      [sys.executable, '-m', 'analysis.benchmarks.bench', '--config',
        'configs/thesis.py:net=squeezenet,scheme=sync-split,server=allreduce,workers=1,batch=4',
        f'--config.dataset.data_dir={data_dir}', '--steps=1', '--warmup=1', '--profile=1',
        f'--out={out}'], capture_output=True, text=True, timeout=300, cwd=ROOT)

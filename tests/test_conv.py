@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from analysis.conv_bench import convolutions, positions
+from analysis.benchmarks.conv_bench import convolutions, positions
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS
 from jaxpar.step import loss_and_logits
 from jaxpar.models.conv import (TAPS_MAX_OUTPUT_POSITIONS, conv_general_dilated, conv_taps,

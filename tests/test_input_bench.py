@@ -2,7 +2,7 @@
 import os
 
 from jaxpar import config as config_lib
-from analysis import input_bench
+from analysis.benchmarks import input_bench
 
 
 def test_input_bench_on_generated_jpegs(tmp_path, monkeypatch):

@@ -1,11 +1,11 @@
-"""The emulated cluster link (`analysis.link`): namespaces joined by a bridge, each sending
+"""The emulated cluster link (`analysis.steptime.link`): namespaces joined by a bridge, each sending
 through a token bucket of the given rate; made and removed by the tool (needs root)."""
 import subprocess
 import sys
 
 import pytest
 
-from analysis import link
+from analysis.steptime import link
 
 _WHY_NOT = link.unavailable()  # probes by making a namespace: once
 needs_root = pytest.mark.skipif(_WHY_NOT is not None, reason=f'emulated link: {_WHY_NOT}')

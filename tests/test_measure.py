@@ -1,6 +1,6 @@
-"""analysis.measure, analysis.calibrate and analysis.compare: the α-β fit, the speedup
-arithmetic, the costliest-branch count, bad arguments, and both CLIs end to end on an
-emulated mesh (2 real processes: test_measure_processes.py)."""
+"""analysis.steptime's measure, calibrate and compare: the α-β fit, the speedup arithmetic,
+the costliest-branch count, bad arguments, and both CLIs end to end on an emulated mesh (2
+real processes: test_measure_processes.py)."""
 import csv
 import json
 import os
@@ -17,7 +17,7 @@ from absl import app
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from analysis import calibrate, collectives, compare, hlo, link, measure, timing
+from analysis.steptime import calibrate, collectives, compare, hlo, link, measure, timing
 from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
 
@@ -164,7 +164,7 @@ def _fake_measurement():
             'compiled': compiled, 'volume': {'collectives': compiled}}
   permute = op('collective_permute', pairs=1)
   return {
-      'tool': 'analysis.measure', 'created': 'now', 'command': 'test',
+      'tool': 'analysis.steptime.measure', 'created': 'now', 'command': 'test',
       'machine': {'cpu': 'test', 'system': 'test', 'cores': 2},
       'versions': {'jax': '0', 'flax': '0'}, 'batches': 8,
       'network': {'model': 'net', 'image_size': 32, 'parameters': MB // 4, 'param_bytes': MB},
@@ -250,11 +250,11 @@ def test_compare_regret_and_log_error_on_a_small_table():
 
 
 def measure_and_compare(tmp_path, data_dir, *args):
-  """`analysis.measure` of SqueezeNet (sync-join, 8 per device, allreduce) with `args`, then
-  `analysis.compare` of its JSON: (the JSON, measure's stderr, the report folder)."""
+  """`analysis.steptime.measure` of SqueezeNet (sync-join, 8 per device, allreduce) with
+  `args`, then `analysis.steptime.compare` of its JSON: (the JSON, measure's stderr, the report folder)."""
   out = tmp_path / 'm.json'
   proc = subprocess.run(
-      [sys.executable, '-m', 'analysis.measure', '--config',
+      [sys.executable, '-m', 'analysis.steptime.measure', '--config',
        os.path.join(ROOT, 'configs', 'squeezenet.py'), f'--config.dataset.data_dir={data_dir}',
        # The published network: the volume check counts gradients, not the BN statistics
        # that the digits recipe's BatchNorm variant also all-reduces.
@@ -266,7 +266,7 @@ def measure_and_compare(tmp_path, data_dir, *args):
       env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
   report = tmp_path / 'report'
-  compared = subprocess.run([sys.executable, '-m', 'analysis.compare', str(out), '--out',
+  compared = subprocess.run([sys.executable, '-m', 'analysis.steptime.compare', str(out), '--out',
                              str(report)], env=ENV, capture_output=True, text=True,
                             timeout=300, cwd=ROOT)
   assert compared.returncode == 0, compared.stderr[-3000:]
@@ -341,7 +341,7 @@ def test_measure_bad_arguments_are_usage_errors(overrides, message):
 
 
 def test_measure_cli_prints_a_usage_error(tmp_path):
-  proc = subprocess.run([sys.executable, '-m', 'analysis.measure', '--config',
+  proc = subprocess.run([sys.executable, '-m', 'analysis.steptime.measure', '--config',
                          os.path.join(ROOT, 'configs', 'squeezenet.py'),
                          f'--out={tmp_path}/m.json', '--workers=-1'],
                         env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)

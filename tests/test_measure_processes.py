@@ -1,5 +1,5 @@
-"""analysis.measure and analysis.compare end to end with 2 real processes (jax.distributed
-over loopback, each pinned to a core; async: Ray's actors), and again across an emulated
+"""analysis.steptime.measure and analysis.steptime.compare end to end with 2 real processes
+(jax.distributed over loopback, each pinned to a core; async: Ray's actors), and again across an emulated
 100 Mbit/s link where root can make one. Its own file, so the suite's two workers can run
 it beside the emulated case of test_measure.py."""
 import csv
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from analysis import calibrate, link
+from analysis.steptime import calibrate, link
 
 from test_measure import check_setting, measure_and_compare
 

@@ -19,7 +19,7 @@ setting enters the fit:
              a fixed share of steps; q = 1 is dense gossip)
 
 The error of a prediction is |log(K_predicted/K_measured)|, as part 3's step-time models
-are judged (`analysis.compare`).
+are judged (`analysis.steptime.compare`).
 """
 import dataclasses
 import math

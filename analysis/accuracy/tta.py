@@ -25,7 +25,7 @@ times each of --lr_factors, for --seeds seeds; a case's K is the best factor's m
 seeds (which factor: in the JSON and the report). Along the serial run the gradient noise
 scale B_noise is measured at every evaluation from --noise_batches gradients of batch b
 at the current weights (`noise_scale`). `steps_model` fits each family on its --fit_*
-settings and is judged on the others. With --steps_json (an `analysis.measure` JSON) the
+settings and is judged on the others. With --steps_json (an `analysis.steptime.measure` JSON) the
 time to the target is K × the measured step time for every scheme × server × N measured
 there, and the fastest is recommended.
 """
@@ -55,8 +55,8 @@ def define_flags():
   config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].', lock_config=False)
   flags.DEFINE_string('out', None, 'The JSON file to write.')
   flags.DEFINE_string('report', '', 'A folder for report.md and the plots (empty: none).')
-  flags.DEFINE_string('steps_json', '', "An analysis.measure JSON: time to the target = K × "
-                      "its measured step times.")
+  flags.DEFINE_string('steps_json', '', "An analysis.steptime.measure JSON: time to the "
+                      "target = K × its measured step times.")
   flags.DEFINE_float('target_loss', 0.3, 'The training-set loss to reach.')
   flags.DEFINE_integer('max_steps', 1500, 'Steps after which a run counts as not reaching it.')
   flags.DEFINE_integer('eval_every', 20, 'Steps between evaluations of the training-set loss.')
@@ -306,7 +306,7 @@ def _noise_probe(cfg, model, source, count: int):
 
 # =============================================================================== the whole run
 def measure(base, args, argv) -> dict:
-  from analysis.measure import machine, versions
+  from analysis.steptime.measure import machine, versions
   from jaxpar import config as config_lib
   from jaxpar import optim
   from jaxpar.data import sources
@@ -381,8 +381,9 @@ def noise_track(result) -> list[dict]:
 
 
 def time_to_target(result, measured: dict) -> list[dict]:
-  """K × the measured step time of every scheme × server × N of an `analysis.measure` JSON
-  at the same batch b (its processes and link settings): sync-split computes the serial
+  """K × the measured step time of every scheme × server × N of an
+  `analysis.steptime.measure` JSON at the same batch b (its processes and link settings):
+  sync-split computes the serial
   maths at any N (K of batch b), sync-join the K of batch N·b (measured, else the batch
   model's prediction), async on N workers the async family's K at N (else the staleness
   model's at s = N − 1), counted in pushes, each push taking the run's time ÷ D."""

@@ -8,7 +8,7 @@ exactly the batches the uninterrupted run would have seen.
 The training stream runs with tf.data's autotuner off (parallel maps then use every
 core): its optimisation thread sleeps for up to a minute between rounds, and the
 iterator's destructor waited for it at the end of every run — 35 s of each 2-process
-run's exit, measured; the input rate of `analysis.input_bench` on 224² JPEGs was the
+run's exit, measured; the input rate of `analysis.benchmarks.input_bench` on 224² JPEGs was the
 same within its noise (871 and 734 images/s off, 880 on).
 """
 import collections

@@ -1,4 +1,4 @@
-"""What one collective costs inside a compiled program, calibrated from `analysis.timing`'s
+"""What one collective costs inside a compiled program, calibrated from `analysis.steptime.timing`'s
 chains, and the α-β fits reported beside it.
 
 A program of k calls of one collective kind on b bytes, each call on the previous one's
@@ -11,7 +11,7 @@ Between calibrated sizes c is interpolated linearly in bytes (a piecewise α-β 
 runtime that switches algorithm at some size is followed, not averaged); below the smallest
 it is the smallest's cost (latency); beyond the largest it follows the last segment. The
 calibration runs on two devices; for a group of n > 2 devices c is scaled by the ratio of
-the ring model at n and at 2 (`analysis.collectives`) with the kind's α-β fit.
+the ring model at n and at 2 (`analysis.steptime.collectives`) with the kind's α-β fit.
 
 The α-β fit of a kind, t = α + b/β by non-negative least squares on the *relative* error
 (timings are noisy in proportion to their length), is what the report prints and what the
@@ -22,7 +22,7 @@ import dataclasses
 import numpy as np
 from scipy.optimize import nnls
 
-from analysis import collectives, hlo
+from analysis.steptime import collectives, hlo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +101,7 @@ class CallCosts:
     return float(np.interp(nbytes, b, c))
 
   def cost(self, c: hlo.Collective) -> float:
-    """One collective of a compiled program (`analysis.hlo`): its kind's per-call cost at
+    """One collective of a compiled program (`analysis.steptime.hlo`): its kind's per-call cost at
     the buffer it moves (an all-gather's result, the others' operand), scaled from two
     devices to its group."""
     kind = KIND[c.op]
@@ -128,14 +128,14 @@ class CallCosts:
 
 
 def from_calls(calls: dict) -> CallCosts:
-  """The per-call costs of `analysis.timing`'s calibration ({kind: [{'bytes', 'chains'}]}),
+  """The per-call costs of `analysis.steptime.timing`'s calibration ({kind: [{'bytes', 'chains'}]}),
   each size's `per_call` slope."""
   return CallCosts({kind: tuple((p['bytes'], per_call(p['chains'])[0]) for p in points)
                     for kind, points in calls.items() if points})
 
 
 def setting_inputs(setting: dict, param_bytes: int):
-  """(t_comm, CallCosts) of one setting of `analysis.measure`'s JSON, (None, None) where
+  """(t_comm, CallCosts) of one setting of `analysis.steptime.measure`'s JSON, (None, None) where
   nothing was calibrated: t_comm is [T]'s transfer of the network's weights, here the
   calibrated permute of `param_bytes`."""
   if not setting.get('calls'):

@@ -1,7 +1,7 @@
 """Predicted against measured: speedup tables, held-out errors, plots and a recommendation
-from `analysis.measure`'s JSON files.
+from `analysis.steptime.measure`'s JSON files.
 
-  python -m analysis.compare resnet34.json [squeezenet.json ...] --out report/
+  python -m analysis.steptime.compare resnet34.json [squeezenet.json ...] --out report/
 
 Writes into --out:
   report.md     per network: the measured inputs (t_grad alone and under contention, t_comm,
@@ -30,7 +30,7 @@ per step), async the measured time of D pushes. Predictions of t_train:
              processes computing at once), plus the step's non-gradient work (the same
              scheme and server's N = 1 step less its t_grad: update, copies, conditionals),
              plus every collective of the *compiled* program at its calibrated per-call cost
-             (`analysis.calibrate`). Not for async: Ray's per-push overhead is not among
+             (`analysis.steptime.calibrate`). Not for async: Ray's per-push overhead is not among
              the parts measured, so async is judged by the thesis' equations alone.
   rate       a link setting predicted from the loopback (`processes`) setting alone and the
              link's rate: the parts model with loopback's t_grad, non-gradient work and
@@ -48,7 +48,8 @@ import sys
 
 import numpy as np
 
-from analysis import calibrate, equations, hlo, link, volume
+from analysis.steptime import calibrate, hlo, link, volume
+from analysis.theory import equations
 
 MODELS = ('thesis', 'semaphore', 'parts', 'rate')
 MODEL_NAMES = {'thesis': 'thesis equations', 'semaphore': 'thesis + semaphore',
@@ -346,7 +347,7 @@ def markdown(results, points) -> str:
               summary_table(held_out_summary(mine)), '']
     unique = volume.distinct_rows(result['settings'].values())
     if unique:
-      lines += ['Communication volume per step and device (`analysis.volume`):', '',
+      lines += ['Communication volume per step and device (`analysis.steptime.volume`):', '',
                 volume.markdown(unique), '']
     lines += ['Recommendation:', '']
     for setting in result['settings']:
@@ -410,11 +411,15 @@ def plot(points, folder: str) -> list:
   return paths
 
 
+# The measurement's tool field: its module, and its name before analysis/ was split by job.
+MEASURE_TOOLS = ('analysis.steptime.measure', 'analysis.measure')
+
+
 def parse_args(argv):
-  p = argparse.ArgumentParser(prog='python -m analysis.compare',
+  p = argparse.ArgumentParser(prog='python -m analysis.steptime.compare',
                               description=__doc__.split('\n\n')[0])
   p.add_argument('measurements', nargs='+', metavar='MEASUREMENTS.json',
-                 help='files written by python -m analysis.measure')
+                 help='files written by python -m analysis.steptime.measure')
   p.add_argument('--out', required=True, metavar='DIR', help='folder for report.md, speedup.csv '
                  'and the PNGs (created if missing)')
   args = p.parse_args(argv)
@@ -425,8 +430,8 @@ def parse_args(argv):
         result = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
       p.error(f'{path}: cannot read a measurement ({e})')
-    if not isinstance(result, dict) or result.get('tool') != 'analysis.measure':
-      p.error(f'{path}: not a file written by python -m analysis.measure')
+    if not isinstance(result, dict) or result.get('tool') not in MEASURE_TOOLS:
+      p.error(f'{path}: not a file written by python -m analysis.steptime.measure')
     results.append(result)
   return args, results
 

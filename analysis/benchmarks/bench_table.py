@@ -1,7 +1,8 @@
-"""One markdown table from several `analysis.bench --out` files (the README's):
+"""One markdown table from several `analysis.benchmarks.bench --out` files (the README's):
 
-  python -m analysis.bench_table runs/*.json
-  python -m analysis.bench_table --methods runs/methods/*.json   # analysis/bench_methods.sh
+  python -m analysis.benchmarks.bench_table runs/*.json
+  python -m analysis.benchmarks.bench_table --methods runs/methods/*.json
+      # (analysis/benchmarks/bench_methods.sh runs both)
 
 A row per run: network, input size, compute dtype, devices, global batch, the devices
 jaxpar's BatchNorm shares statistics over (jit's always: all; PyTorch's: each process),

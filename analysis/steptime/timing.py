@@ -1,6 +1,6 @@
-"""What `analysis.measure` times in one setting, run by it as a child process:
+"""What `analysis.steptime.measure` times in one setting, run by it as a child process:
 
-  python -m analysis.timing SPEC.json
+  python -m analysis.steptime.timing SPEC.json
 
 SPEC names the setting (`emulated`: one process, its devices emulated on shared cores;
 `processes`: this is one of `num_processes` pinned processes joined by jax.distributed),
@@ -16,7 +16,7 @@ calls (compilation is in the first):
   calls     each collective kind of the steps (permute, all-reduce, all-gather,
             reduce-scatter) between devices 0 and 1, as programs of k = 1, 2, 8, 32 calls
             in a chain for sizes from 4 KB to 10× the network's weights: the per-call cost
-            inside a compiled program is the slope of t(k) (`analysis.calibrate`).
+            inside a compiled program is the slope of t(k) (`analysis.steptime.calibrate`).
   t_train   D pushes applied by the asynchronous loop (Downpour) on N workers: threads
             (emulated setting) or Ray's actors (processes setting).
 
@@ -166,9 +166,9 @@ def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
 def step_cell(cfg, meta) -> dict:
   """The config's synchronous step on its mesh (the first N devices), compiled: `run` makes
   one step (and keeps its state), `volume()` its volume row (lowered program, analytic,
-  reported), `compiled` the collectives of the compiled program (`analysis.hlo`)."""
+  reported), `compiled` the collectives of the compiled program (`analysis.steptime.hlo`)."""
   import jax
-  from analysis import hlo, volume
+  from analysis.steptime import hlo, volume
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
@@ -390,8 +390,8 @@ def run(spec) -> dict:
 
 def main(argv) -> int:
   if len(argv) != 2:
-    print('usage: python -m analysis.timing SPEC.json  (written by python -m analysis.measure)',
-          file=sys.stderr)
+    print('usage: python -m analysis.steptime.timing SPEC.json  (written by python -m '
+          'analysis.steptime.measure)', file=sys.stderr)
     return 2
   with open(argv[1]) as f:
     spec = json.load(f)

@@ -1,8 +1,8 @@
 """Benchmark jaxpar's train step against an auto-sharded `jax.jit` step, side by side.
 
-  python -m analysis.bench --config configs/resnet34_2d.py --config.mesh.shape=8, \\
+  python -m analysis.benchmarks.bench --config configs/resnet34_2d.py --config.mesh.shape=8, \\
       --config.mesh.axes=data, --out bench.json
-  launch/local.sh 2 --module analysis.bench --workdir /tmp/bench --config ... --torch
+  launch/local.sh 2 --module analysis.benchmarks.bench --workdir /tmp/bench --config ... --torch
 
 For the configured network, compute dtype, scheme, server and reduction: jaxpar's step
 (`shard_map`, the strategy's collectives) and the baseline a flax or big_vision user
@@ -12,7 +12,7 @@ inserting the collectives — are compiled, then run alternately (one step of ea
 round), so both see the same machine state. Per step: compile time; step time (median,
 min, max); images/s; FLOPs per device from the compiled program's cost analysis and the
 FLOP/s achieved; peak memory per device from its memory analysis; the collectives of the
-compiled program and their bytes per device and step (`analysis.hlo.compiled_collectives`:
+compiled program and their bytes per device and step (`analysis.steptime.hlo.compiled_collectives`:
 every branch of a conditional counts, and on CPU bfloat16 sums show as float32). Ratios are taken side by side
 in this one run; nothing here is asserted in tests.
 """
@@ -31,8 +31,9 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis import hlo, profile, torch_peer  # noqa: E402
-from analysis.measure import machine, versions  # noqa: E402
+from analysis.benchmarks import profile, torch_peer  # noqa: E402
+from analysis.steptime import hlo  # noqa: E402
+from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar import optim, validation  # noqa: E402
@@ -93,7 +94,7 @@ class Runner:
       self.times.append(time.perf_counter() - start)
 
   def profile(self, steps: int) -> dict:
-    """Time by HLO op category of `steps` more steps (`analysis.profile`)."""
+    """Time by HLO op category of `steps` more steps (`analysis.benchmarks.profile`)."""
     return profile.op_times(lambda: self(timed=False), self.compiled.as_text(), steps)
 
   def result(self, images: int) -> dict:
@@ -111,8 +112,9 @@ def check(cfg, with_torch: bool):
   """Refuses what the bench cannot time, before anything compiles."""
   validation.validate(cfg)
   if cfg.scheme == 'async':
-    raise config_lib.ConfigError("config.scheme='async' is invalid here: analysis.bench times "
-                                 "a synchronous step; time async with analysis.measure")
+    raise config_lib.ConfigError("config.scheme='async' is invalid here: "
+                                 "analysis.benchmarks.bench times a synchronous step; time "
+                                 "async with analysis.steptime.measure")
   if with_torch and cfg.model != 'resnet34' and cfg.batch_norm:
     raise config_lib.ConfigError(
         f'config.batch_norm=True is invalid with --torch: the PyTorch peer of {cfg.model} is '
@@ -164,8 +166,8 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
       result['profile'] = r.profile(profile_steps)
   for r in runners[2:]:
     r.close()
-  return {'tool': 'analysis.bench', 'machine': machine(), 'versions': versions(),
-          'config': cfg.to_dict(), 'command': ' '.join(['python -m analysis.bench']
+  return {'tool': 'analysis.benchmarks.bench', 'machine': machine(), 'versions': versions(),
+          'config': cfg.to_dict(), 'command': ' '.join(['python -m analysis.benchmarks.bench']
                                                        + sys.argv[1:]),
           'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
           'mesh': list(cfg.mesh.shape), 'global_batch': global_batch,

@@ -1,19 +1,19 @@
 """Measure the thesis' inputs and every scheme's step time on this machine.
 
-  python -m analysis.measure --config configs/thesis.py:net=resnet34 --out resnet34.json
-  python -m analysis.compare resnet34.json --out report/
+  python -m analysis.steptime.measure --config configs/thesis.py:net=resnet34 --out resnet34.json
+  python -m analysis.steptime.compare resnet34.json --out report/
 
 For the configured network and input size, after warm-up, repeated:
   t_grad   one device, one batch's gradients ([T]'s definition), for every batch a
            device computes below; in the processes' runs also with every process
            computing at once (t_grad under the run's contention);
   calls    the per-call cost of each collective kind inside a compiled program (chains of
-           1, 2, 8, 32 calls), sizes 4 KB to 10× the network (`analysis.calibrate`); t_comm
-           is the permute of the network's weights;
+           1, 2, 8, 32 calls), sizes 4 KB to 10× the network
+           (`analysis.steptime.calibrate`); t_comm is the permute of the network's weights;
   t_iter   a train step of every synchronous scheme × server at N = 1, 2, 4, ...;
   t_train  D pushes of the asynchronous scheme (Downpour) on N workers;
   volume   every collective of each step's lowered program, its bytes per device next
-           to the method's analytic volume and its own `sent_bytes` (`analysis.volume`).
+           to the method's analytic volume and its own `sent_bytes` (`analysis.steptime.volume`).
 
 Settings, always labelled:
   emulated   one process with --workers CPU devices emulated on the machine's cores: the
@@ -27,17 +27,17 @@ Settings, always labelled:
              not installed.
   link-RATE  with --links=RATE[,RATE...]: the processes setting's steps again, each process
              in its own network namespace sending through a link of RATE (tc syntax:
-             100mbit, 1gbit) into one bridge (`analysis.link`): a cluster's network,
+             100mbit, 1gbit) into one bridge (`analysis.steptime.link`): a cluster's network,
              emulated. Needs root; skipped with one line otherwise. Async is not run there
              (Ray's actors would need a node per namespace).
 
-t_grad and t_iter are timed in rounds that interleave every cell of a run (`analysis.timing`),
---rounds × --steps_per_round samples each; the whole measurement is made --repetitions times,
-each setting's processes launched anew, and every point keeps each repetition's samples: the
-noise a prediction is judged against.
+t_grad and t_iter are timed in rounds that interleave every cell of a run
+(`analysis.steptime.timing`), --rounds × --steps_per_round samples each; the whole
+measurement is made --repetitions times, each setting's processes launched anew, and every
+point keeps each repetition's samples: the noise a prediction is judged against.
 
 Progress lines go to stderr; the JSON records the machine, versions, the config and every
-sample. Each setting runs in child processes (`analysis.timing`).
+sample. Each setting runs in child processes (`analysis.steptime.timing`).
 """
 import datetime
 import importlib.util
@@ -61,8 +61,8 @@ from absl import app, flags  # noqa: E402
 from jax.sharding import AbstractMesh  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis import calibrate, link, volume  # noqa: E402
-from analysis.timing import ONE_DEVICE  # noqa: E402
+from analysis.steptime import calibrate, link, volume  # noqa: E402
+from analysis.steptime.timing import ONE_DEVICE  # noqa: E402
 from jaxpar import build, models, validation  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
@@ -316,7 +316,7 @@ def _run_children(setting, processes, fields, common, folder, emulated) -> dict:
     path = os.path.join(folder, f'{setting}_{processes}_{i}.spec.json')
     with open(path, 'w') as f:
       json.dump(spec, f)
-    cmd = [sys.executable, '-m', 'analysis.timing', path]
+    cmd = [sys.executable, '-m', 'analysis.steptime.timing', path]
     if emulated:
       cmd = emulated.command(i, cmd)
     if setting != 'emulated':
@@ -446,8 +446,8 @@ def measure(cfg, argv) -> dict:
                                      common, folder))
         settings.setdefault(setting, []).append(_merge(results))
   settings = {name: combine(reps) for name, reps in settings.items()}
-  return {'tool': 'analysis.measure', 'created': datetime.datetime.now().isoformat(
-      timespec='seconds'), 'command': ' '.join(['python -m analysis.measure'] + argv[1:]),
+  return {'tool': 'analysis.steptime.measure', 'created': datetime.datetime.now().isoformat(
+      timespec='seconds'), 'command': ' '.join(['python -m analysis.steptime.measure'] + argv[1:]),
           'machine': machine(), 'versions': versions(), 'config': cfg.to_dict(),
           'network': {'model': cfg.model, 'image_size': cfg.image_size, **meta,
                       'parameters': sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
@@ -501,12 +501,12 @@ def main(argv):
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
   except RuntimeError as e:
-    print(f'analysis.measure: {e}', file=sys.stderr)
+    print(f'analysis.steptime.measure: {e}', file=sys.stderr)
     sys.exit(1)
   with open(FLAGS.out, 'w') as f:
     json.dump(result, f, indent=1)
   print(summary(result))
-  print(f'\nwrote {FLAGS.out}; next: python -m analysis.compare {FLAGS.out} --out DIR')
+  print(f'\nwrote {FLAGS.out}; next: python -m analysis.steptime.compare {FLAGS.out} --out DIR')
 
 
 if __name__ == '__main__':

@@ -1,4 +1,4 @@
-"""The PyTorch peer of `analysis.bench`: the configured network trained on the same batch
+"""The PyTorch peer of `analysis.benchmarks.bench`: the configured network trained on the same batch
 with the same optimizer, on the CPU, in eager mode — what a PyTorch user writes.
 
 The networks are torchvision's (`torchvision.models`), with the input channels and the
@@ -153,7 +153,7 @@ def loss(outputs, labels):
 
 
 class TorchRunner:
-  """`analysis.bench.Runner`'s interface for a PyTorch train step."""
+  """`analysis.benchmarks.bench.Runner`'s interface for a PyTorch train step."""
 
   def __init__(self, cfg, num_classes: int, batch: dict, peak_lr: float, process_count: int,
                process_index: int):

@@ -1,5 +1,5 @@
 """Communication volume per step: what each method should send, by its equations, next
-to what its lowered program sends (`analysis.hlo`) and what it reports (`sent_bytes`).
+to what its lowered program sends (`analysis.steptime.hlo`) and what it reports (`sent_bytes`).
 
 Bytes are those one device sends in one step, averaged over the devices. P_g is the
 gradients' size in `grad_reduce_dtype`, P_w the weights' (float32), S the BN running
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from analysis import hlo
+from analysis.steptime import hlo
 from jaxpar import config as config_lib
 from jaxpar.parallel.collectives import nbytes
 from jaxpar.parallel.sparsify import capacity_of
@@ -85,7 +85,7 @@ def program_collectives(found: list, devices: int) -> list:
 
 
 def from_row(collective: dict) -> hlo.Collective:
-  """A collective of a volume row (JSON) as `analysis.hlo` reads it."""
+  """A collective of a volume row (JSON) as `analysis.steptime.hlo` reads it."""
   return hlo.Collective(collective['op'], tuple(collective['shape']), collective['dtype'],
                         collective['group'], collective['pairs'],
                         tuple(tuple(b) for b in collective['branch']))
@@ -104,7 +104,7 @@ def row(cfg, stablehlo: str, params, batch_stats, reported=None) -> dict:
 
 
 def distinct_rows(settings) -> list:
-  """The volume rows of `analysis.measure` settings (their steps on more than one device
+  """The volume rows of `analysis.steptime.measure` settings (their steps on more than one device
   and the extra variants), one per method and mesh."""
   rows = [r for s in settings for r in [c['volume'] for c in s['steps'] if c['n'] > 1]
           + s['volume']]

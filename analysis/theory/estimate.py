@@ -1,16 +1,16 @@
 """Estimate the speedup of parallel training: a drop-in for the thesis' `estimate.py` ([T] app. C.4).
 
-  python -m analysis.estimate --t-grad 0.821 --t-comm 0.811 --type sync-join \\
+  python -m analysis.theory.estimate --t-grad 0.821 --t-comm 0.811 --type sync-join \\
       --server distributed --workers 8 --batches 128 --output csv
 
 Speedup S = D·t_grad / t_parallel (eq. 4.23) with t_parallel from eq. 4.2 + 4.11/4.12
-(synchronous) or eq. 4.20/4.21 (asynchronous); see `analysis.equations.training_time`.
+(synchronous) or eq. 4.20/4.21 (asynchronous); see `analysis.theory.equations.training_time`.
 """
 import argparse
 import os
 import sys
 
-from analysis import equations
+from analysis.theory import equations
 
 HELP = {
     'type': 'training scheme: async (Downpour; eq. 4.13–4.21), sync-join (each worker a whole '
@@ -23,7 +23,7 @@ HELP = {
 
 def parse_args(argv):
   p = argparse.ArgumentParser(
-      prog='python -m analysis.estimate', description=__doc__.split('\n\n')[0],
+      prog='python -m analysis.theory.estimate', description=__doc__.split('\n\n')[0],
       formatter_class=argparse.RawDescriptionHelpFormatter,
       epilog='Equation numbers are those of Šlampa, Parallel Deep Learning (2017), ch. 4.')
   p.add_argument('--t-grad', type=float, required=True, metavar='TIME',

@@ -1,7 +1,7 @@
 """Times every distinct convolution of the four networks in both lowerings: the measurement
 behind `conv_impl='auto'` (`jaxpar/models/conv.py`).
 
-  python -m analysis.conv_bench --out analysis/report/conv/conv_bench.json
+  python -m analysis.benchmarks.conv_bench --out analysis/report/conv/conv_bench.json
 
 For each network, input size and per-device batch, the convolutions the train step runs
 are collected (shape, kernel, stride, padding) and each distinct one is timed forward +
@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from jax import lax  # noqa: E402
 
-from analysis.measure import machine, versions  # noqa: E402
+from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS  # noqa: E402
 from jaxpar.models.conv import (TAPS_MAX_OUTPUT_POSITIONS, conv_taps,  # noqa: E402
                                 output_positions, use_taps)

@@ -1,8 +1,8 @@
 """Input pipeline against train step: images/s of each, for the same config, side by side.
 
-  python -m analysis.input_bench --config configs/resnet34_2d.py
-  python -m analysis.input_bench --config configs/resnet34_2d.py:caltech256 --jpeg_folder=512 \
-      --config.global_batch=32
+  python -m analysis.benchmarks.input_bench --config configs/resnet34_2d.py
+  python -m analysis.benchmarks.input_bench --config configs/resnet34_2d.py:caltech256 \
+      --jpeg_folder=512 --config.global_batch=32
 
 [Y] made input fast enough never to starve the accelerators: this measures whether
 jaxpar's tf.data pipeline (parallel decode, fused JPEG decode and crop, augmentation,
