@@ -189,7 +189,8 @@ def test_time_to_target_multiplies_k_by_the_measured_step_and_predicts_unmeasure
   # K(B) = 100·(1 + 32/B): measured at 16 and 32 (fitted), 64 is predicted: 150.
   result = _result([_run('batch', 16, 300.0), _run('batch', 32, 200.0),
                     _run('async', 2, 400.0)])
-  measured = {'batch': 16, 'batches': 10, 'settings': {'processes': {
+  measured = {'batch': {'sync-split': 16, 'sync-join': 16, 'async': 16}, 'batches': 10,
+              'settings': {'processes': {
       'steps': [{'scheme': 'sync-split', 'server': 'allreduce', 'n': 2, 'samples': [0.1]},
                 {'scheme': 'sync-join', 'server': 'central', 'n': 2, 'samples': [0.2, 0.2, 0.5]},
                 {'scheme': 'sync-join', 'server': 'allreduce', 'n': 4, 'samples': [0.25]}],
@@ -204,8 +205,8 @@ def test_time_to_target_multiplies_k_by_the_measured_step_and_predicts_unmeasure
   assert (best['best']['scheme'], best['best']['n']) == ('sync-split', 2)  # 30 s
   assert best['per_step_best']['n'] == 4  # 64 examples / 0.25 s, but 37.5 s to the target
   assert '1.25× longer' in best['sentence']
-  with pytest.raises(ValueError, match='batch 32'):
-    tta.time_to_target(result, {**measured, 'batch': 32})
+  with pytest.raises(ValueError, match='batch is 32'):
+    tta.time_to_target(result, {**measured, 'batch': dict.fromkeys(measured['batch'], 32)})
 
 
 def test_the_report_shows_every_case_each_fit_and_what_could_not_be_fitted():

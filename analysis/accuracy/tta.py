@@ -380,6 +380,13 @@ def noise_track(result) -> list[dict]:
   return [point for run in result['runs'] if 'noise' in run for point in run['noise']]
 
 
+def measured_batch(measured: dict):
+  """The b of an `analysis.steptime.measure` JSON: its batch per scheme ({'sync-split':
+  whole, 'sync-join': per device, 'async': per push}) when all are one number, else them."""
+  sizes = set(measured.get('batch', {}).values())
+  return sizes.pop() if len(sizes) == 1 else measured.get('batch')
+
+
 def time_to_target(result, measured: dict) -> list[dict]:
   """K × the measured step time of every scheme × server × N of an
   `analysis.steptime.measure` JSON at the same batch b (its processes and link settings):
@@ -387,8 +394,9 @@ def time_to_target(result, measured: dict) -> list[dict]:
   maths at any N (K of batch b), sync-join the K of batch N·b (measured, else the batch
   model's prediction), async on N workers the async family's K at N (else the staleness
   model's at s = N − 1), counted in pushes, each push taking the run's time ÷ D."""
-  if measured.get('batch') != result['batch']:
-    raise ValueError(f"the measurement's batch {measured.get('batch')} is not this run's "
+  other = measured_batch(measured)
+  if other != result['batch']:
+    raise ValueError(f"the measurement's batch is {other}, not this run's "
                      f"--batch={result['batch']}: its steps are not these steps")
   table = steps_by_case(result)
   b = result['batch']
@@ -461,7 +469,8 @@ LABELS = {'batch': 'B (global batch)', 'staleness': 's (staleness, simulated)',
 
 
 def _pct(x: float) -> str:
-  return '–' if math.isnan(x) else f'{x * 100:.0f} %'
+  """An unsigned |log| as the percentage it multiplies by (as `analysis.steptime.compare`)."""
+  return '–' if math.isnan(x) else f'{(math.exp(x) - 1) * 100:.0f} %'
 
 
 def report(result, measured: dict | None = None) -> str:
@@ -502,7 +511,7 @@ def report(result, measured: dict | None = None) -> str:
     held = '; '.join(f"{p['x']:g}: {p['predicted']:.0f} / {p['measured']:.0f}"
                      for p in f['predictions'])
     lines.append(f"| {f['formula']} | {', '.join(f'{x:g}' for x in f['fit_on'])} | {params} "
-                 f"| {held} | {f['median_error'] * 100:.0f} % |")
+                 f"| {held} | {_pct(f['median_error'])} |")
   done = {f['model'] for f in fitted}
   for family, model in steps_model.MODELS.items():
     if family not in done and any(f == family for f, _ in table):
@@ -593,9 +602,10 @@ def main(argv):
   if FLAGS.steps_json:
     with open(FLAGS.steps_json) as f:
       measured = json.load(f)
-    if measured.get('batch') != FLAGS.batch:
-      raise app.UsageError(f"--steps_json={FLAGS.steps_json} was measured at batch "
-                           f"{measured.get('batch')}: pass --batch={measured.get('batch')}.")
+    other = measured_batch(measured)
+    if other != FLAGS.batch:
+      raise app.UsageError(f'--steps_json={FLAGS.steps_json} was measured at batch {other}: '
+                           f'pass --batch with its batch, or measure at --batch={FLAGS.batch}.')
   plan(FLAGS)  # every flag checked before the backend starts
   jax.config.update('jax_num_cpu_devices', FLAGS.devices)
   from jaxpar import config as config_lib
