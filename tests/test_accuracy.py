@@ -1,15 +1,21 @@
 """Time to accuracy's parts against numpy: the noise-scale estimator on a problem whose
 B_noise is known, the staleness simulator against hand-written delayed SGD, the steps
 models' fit and held-out split by hand."""
+import json
 import math
+import os
+import subprocess
+import sys
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from absl import app as absl_app
 
-from analysis.accuracy import noise_scale, staleness, steps_model
+from analysis.accuracy import noise_scale, staleness, steps_model, tta
 
 
 # ----------------------------------------------------------------------------- noise scale
@@ -153,7 +159,6 @@ def test_capacity_and_staleness_models_by_hand():
 
 # ----------------------------------------------------------------------------- tta
 def test_reached_interpolates_in_log_loss():
-  from analysis.accuracy import tta
   curve = [(0, 2.0), (10, 1.0), (20, 0.25)]
   assert tta.reached(curve, 0.5) == pytest.approx(15.0)  # halfway in log: 1 → 0.5 → 0.25
   assert tta.reached(curve, 1.0) == 10.0
@@ -175,17 +180,11 @@ def test_each_case_takes_its_best_rate_and_a_rate_some_seed_missed_is_out():
   result = _result([_run('batch', 16, 100, 1, 0), _run('batch', 16, 120, 1, 1),
                     _run('batch', 16, 60, 2, 0), _run('batch', 16, None, 2, 1),
                     _run('batch', 16, 150, 0.5, 0), _run('batch', 16, 130, 0.5, 1)])
-  entry = tta_table(result)[('batch', 16)]
+  entry = tta.steps_by_case(result)[('batch', 16)]
   assert (entry['K'], entry['lr_factor'], entry['Ks']) == (110.0, 1, [100, 120])
 
 
-def tta_table(result):
-  from analysis.accuracy import tta
-  return tta.steps_by_case(result)
-
-
 def test_time_to_target_multiplies_k_by_the_measured_step_and_predicts_unmeasured_batches():
-  from analysis.accuracy import tta
   # K(B) = 100·(1 + 32/B): measured at 16 and 32 (fitted), 64 is predicted: 150.
   result = _result([_run('batch', 16, 300.0), _run('batch', 32, 200.0),
                     _run('async', 2, 400.0)])
@@ -209,8 +208,7 @@ def test_time_to_target_multiplies_k_by_the_measured_step_and_predicts_unmeasure
     tta.time_to_target(result, {**measured, 'batch': dict.fromkeys(measured['batch'], 32)})
 
 
-def test_the_report_shows_every_case_each_fit_and_what_could_not_be_fitted():
-  from analysis.accuracy import tta
+def test_the_report_shows_every_case_each_fit_and_what_could_not_be_fitted(tmp_path):
   result = _result([_run('batch', 16, 300.0), _run('batch', 32, 200.0), _run('batch', 64, 140.0),
                     _run('period', 1, 100.0), _run('period', 4, None)],
                    network='squeezenet', image_size=16, target_loss=0.3, eval_every=20,
@@ -222,14 +220,13 @@ def test_the_report_shows_every_case_each_fit_and_what_could_not_be_fitted():
   assert ('| K(B) = K_min·(1 + B_noise/B) | 16, 32 | K_min = 100, B_noise = 32 | 64: 150 / 140 '
           '| 7 % |') in text
   assert 'period: not fitted (fewer than two of τ ∈ {1, 4} reached the target)' in text
+  written = tta.plots(result, str(tmp_path))
+  assert sorted(os.path.basename(p) for p in written) == ['squeezenet_16_K_batch.png',
+                                                          'squeezenet_16_K_period.png']
+  assert all(os.path.getsize(p) > 0 for p in written)
 
 
 def test_plan_refuses_bad_flags_naming_them():
-  import types
-
-  from absl import app as absl_app
-
-  from analysis.accuracy import tta
   good = dict(families=['batch', 'period'], batch=16, devices=8, workers=4, max_steps=10,
               eval_every=2, seeds=1, target_loss=1.0, batch_sizes=['8', '16', '32'],
               fit_batch=['16', '32'], staleness=['0'], fit_staleness=['0', '1'],
@@ -248,10 +245,6 @@ def test_plan_refuses_bad_flags_naming_them():
 
 @pytest.mark.slow
 def test_tta_end_to_end_on_a_small_network(tmp_path, data_dir):
-  import json
-  import os
-  import subprocess
-  import sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out, report = tmp_path / 'tta.json', tmp_path / 'report'
   report.mkdir()

@@ -537,6 +537,7 @@ def plots(result, folder: str, measured: dict | None = None) -> list[str]:
   import matplotlib.pyplot as plt
   table = steps_by_case(result)
   fitted = {f['model']: f for f in fits(result)}
+  stem = f"{result['network']}_{result['image_size']}"
   written = []
   for family in FAMILIES:
     points = [(x, k) for (f, x), e in table.items() if f == family for k in e['Ks']]
@@ -561,12 +562,7 @@ def plots(result, folder: str, measured: dict | None = None) -> list[str]:
       ax.set_xscale('log')
     ax.set_xlabel(LABELS[family])
     ax.set_ylabel(f"steps to loss ≤ {result['target_loss']}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(folder, f"{result['network']}_{result['image_size']}_K_{family}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(fig, ax, folder, f"{stem}_K_{family}.png"))
   if measured is not None:
     rows = time_to_target(result, measured)
     for setting in dict.fromkeys(r['setting'] for r in rows):
@@ -578,13 +574,18 @@ def plots(result, folder: str, measured: dict | None = None) -> list[str]:
       ax.set_xlabel('N')
       ax.set_ylabel('seconds to the target')
       ax.set_title(setting, fontsize=9)
-      ax.legend(fontsize=7)
-      fig.tight_layout()
-      path = os.path.join(folder, f"{result['network']}_{result['image_size']}_tta_{setting}.png")
-      fig.savefig(path, dpi=110)
-      plt.close(fig)
-      written.append(path)
+      written.append(_save(fig, ax, folder, f'{stem}_tta_{setting}.png'))
   return written
+
+
+def _save(fig, ax, folder: str, name: str) -> str:
+  import matplotlib.pyplot as plt
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  path = os.path.join(folder, name)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
 
 
 # =============================================================================== main
