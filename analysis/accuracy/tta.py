@@ -96,7 +96,7 @@ def plan(args) -> list[dict]:
       raise app.UsageError(f'--{name}={getattr(args, name)}: must be at least 1.')
   if args.target_loss <= 0:
     raise app.UsageError(f'--target_loss={args.target_loss}: must be positive.')
-  if args.workers > devices:
+  if args.workers > devices and {'period', 'capacity'} & set(families):
     raise app.UsageError(f'--workers={args.workers}: more than --devices={devices}.')
   cases = []
   sync = {'scheme': 'sync-join', 'server': 'allreduce'}
