@@ -27,6 +27,7 @@ examples E(B) = E_min·(1 + B/B_noise) (their §2.3): `steps_model.BATCH`.
 import dataclasses
 import math
 
+import jax
 import numpy as np
 
 
@@ -45,21 +46,13 @@ def device_norms(grads) -> tuple[float, float]:
   of every leaf (a pytree of arrays or one array): the mean squared norm of each and the
   squared norm of their mean."""
   leaves = [np.asarray(x, np.float64).reshape(np.shape(x)[0], -1)
-            for x in _leaves(grads)]
+            for x in jax.tree.leaves(grads)]
   flat = np.concatenate(leaves, axis=1)
   if flat.shape[0] < 2:
     raise ValueError('the noise scale needs the gradients of at least 2 batches')
   small = float(np.mean(np.sum(flat**2, axis=1)))
   big = float(np.sum(np.mean(flat, axis=0)**2))
   return small, big
-
-
-def _leaves(tree):
-  if isinstance(tree, dict):
-    return [leaf for key in sorted(tree) for leaf in _leaves(tree[key])]
-  if isinstance(tree, (list, tuple)):
-    return [leaf for item in tree for leaf in _leaves(item)]
-  return [tree]
 
 
 @dataclasses.dataclass
