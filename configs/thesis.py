@@ -22,11 +22,13 @@ As in [T] ch. 3: sync-join trains D/N iterations of N batches (rounded up when N
 not divide D), sync-split D iterations of one batch split N ways, async D pushes
 (D/N per worker). The distributed server places whole tensors by [T]'s Algorithm 3.7
 (`placement='greedy'`), as the thesis' `dist.py` does. The run logs its wall time.
-[T] ch. 6 states no optimizer: this is SGD + momentum at a constant rate, scaled linearly
-with the examples of one update (sync-join: N·d): on the digits each network's rate of
-`jaxpar.config.DIGITS_RECIPES` (SqueezeNet with BatchNorm there, as its config: the
-published classifier dies on 32² inputs; docs/training.md), otherwise 0.05 per batch of d.
-D = 128 batches is what [T] timed, not enough to learn: `batches=1024` learns (README).
+[T] ch. 6 states no optimizer: this is SGD + momentum, its rate scaled linearly with the
+examples of one update (sync-join: N·d): on the digits each network's recipe of
+`jaxpar.config.DIGITS_RECIPES` (its rate, 20 warm-up steps, cosine decay over the run;
+SqueezeNet with BatchNorm there, as its config: the published classifier dies on 32²
+inputs; docs/training.md), otherwise 0.05 per batch of d at a constant rate.
+D = 128 batches is what [T] timed, not enough to learn: docs/schemes.md has a D that
+learns for each network, measured.
 """
 import math
 
@@ -65,10 +67,15 @@ def get_config(arg: str = ''):
     c.placement = 'greedy'
   c.global_batch = c.per_device_batch = batch
   c.total_steps = math.ceil(batches / n) if c.scheme == 'sync-join' else batches
-  if v['data'] != 'digits':
+  if v['data'] == 'digits':
+    # The digits recipe: 20 warm-up steps (at most a quarter of the run), cosine decay to
+    # the run's end. At a constant rate without warm-up VGG16E stayed at ln 10 and
+    # GoogLeNet, once off its plateau, swung between 35 and 60 % (docs/schemes.md).
+    c.optimizer.warmup_steps = min(20, c.total_steps // 4)
+  else:  # [T]'s Caltech-256 runs: 0.05 per batch of d, constant
     c.optimizer.base_lr, c.optimizer.base_batch = 0.05, batch
-  c.optimizer.warmup_steps = 0
-  c.optimizer.schedule = 'constant'
+    c.optimizer.warmup_steps = 0
+    c.optimizer.schedule = 'constant'
   c.log_every = max(1, c.total_steps // 8)
   c.checkpoint_every = c.total_steps  # the final state only: checkpoints are not in [T]'s time
   return c

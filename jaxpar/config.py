@@ -93,7 +93,8 @@ def defaults() -> ml_collections.ConfigDict:
   # psum only: one_buffer all-reduces every gradient as one buffer per dtype (as PyTorch
   # DDP buckets them): one call instead of one per tensor, for the price of copying the
   # gradients in and out. auto = one_buffer across processes (each call then costs a
-  # fixed latency, ~4 ms on gloo), per_tensor within one process (calls are cheap).
+  # fixed latency, ~4 ms on gloo), per_tensor within one process (calls are cheap); auto
+  # does the same for the distributed server's and gossip's exchanges.
   c.grad_fusion = 'auto'
   # Local SGD / model averaging ([S], [L]): > 0 trains one replica per device and
   # averages parameters and BN statistics every `sync_every` steps (1 = synchronous
@@ -254,7 +255,7 @@ DIGITS_RECIPES = {
     'resnet34': dict(base_lr=0.1, num_epochs=8),
     'googlenet': dict(base_lr=0.05, num_epochs=16),
     'vgg16e': dict(base_lr=0.1, num_epochs=16),
-    'squeezenet': dict(base_lr=0.02, num_epochs=16, batch_norm=True),
+    'squeezenet': dict(base_lr=0.1, num_epochs=16, batch_norm=True),
 }
 
 

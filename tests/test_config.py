@@ -59,6 +59,8 @@ def test_defaults_are_valid():
     ({'grad_fusion': 'bucketed'}, 'config.grad_fusion', "'one_buffer'"),
     ({'grad_fusion': 'one_buffer', 'grad_reduce': 'ring'}, 'config.grad_fusion',
      "leave 'auto'"),
+    ({'server': 'gossip', 'sparsify.capacity': 0.1, 'grad_fusion': 'one_buffer'},
+     'config.grad_fusion', "sparsified gossip per tensor"),
     ({'sync_every': -1}, 'config.sync_every', '0 or a positive'),
     ({'local_sgd_warmup': 5}, 'config.local_sgd_warmup', 'set sync_every'),
     ({'sync_every': 4, 'server': 'central'}, 'config.sync_every', "server='allreduce'"),
@@ -185,6 +187,9 @@ def test_an_explicit_value_is_kept():
                  'optimizer.name': 'adam', 'optimizer.lr_scaling': 'sqrt'})
   validation.validate(c)
   assert c.placement == 'greedy' and c.optimizer.lr_scaling == 'sqrt'
+  gossip = _config(**{'server': 'gossip', 'grad_fusion': 'one_buffer'})
+  validation.validate(gossip)  # gossip's permutes, like psum, can send one buffer
+  assert gossip.grad_fusion == 'one_buffer'
 
 
 def test_an_image_folder_without_classes_or_images_is_one_line(tmp_path):
@@ -246,6 +251,7 @@ def test_every_cell_of_the_thesis_grid_is_a_valid_config(net, scheme, server):
     c = _thesis(f'net={net},scheme={scheme},server={server},workers={workers}')
     validation.validate(c)
     validation.validate_devices(c, workers, 1)
+    validation.validate_schedule(c, c.total_steps)  # the warm-up fits the shortest cell
     assert c.total_steps == iterations
     # D = 128 batches of d = 32, whatever the scheme and N.
     assert c.total_steps * config_lib.global_batch(c) == 128 * 32

@@ -58,6 +58,25 @@ def test_squeezenet_parameters():
   assert count_params(models.SqueezeNet(num_classes=1000)) == expected
 
 
+def test_squeezenet_batch_norm_variant_normalises_every_convolution_the_classifier_too():
+  # The digits variant (docs/training.md): BN before every ReLU, so no class unit starts
+  # dead; each convolution drops its bias for BN's shift (2 × channels more parameters).
+  fires = [(16, 64, 64), (16, 64, 64), (32, 128, 128), (32, 128, 128), (48, 192, 192),
+           (48, 192, 192), (64, 256, 256), (64, 256, 256)]
+  channels = [96] + [c for fire in fires for c in fire] + [10]
+  model = models.SqueezeNet(num_classes=10, batch_norm=True)
+  variables = jax.jit(lambda: model.init(RNGS, jnp.zeros((1, 32, 32, 3)), train=True))()
+  paths = [jax.tree_util.keystr(p) for p, _ in
+           jax.tree_util.tree_leaves_with_path(variables['params'])]
+  assert sum(p.endswith("['kernel']") for p in paths) == len(channels)
+  assert [p for p in paths if p.endswith("['bias']") and 'BatchNorm' not in p] == []
+  assert len(jax.tree.leaves(variables['batch_stats'])) == 2 * len(channels)
+  out = model.apply(variables, jax.random.normal(jax.random.key(2), (8, 32, 32, 3)),
+                    train=True, rngs={'dropout': jax.random.key(3)}, mutable=['batch_stats'])[0]
+  # Every class unit is positive on some image of the batch at initialisation.
+  assert (np.asarray(out) > 0).any(axis=0).all()
+
+
 @pytest.mark.parametrize('shortcut', ['projection', 'zero_pad'])
 def test_resnet34_parameters(shortcut):
   bn = lambda c: 2 * c  # scale and bias

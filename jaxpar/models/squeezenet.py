@@ -50,7 +50,9 @@ class SqueezeNet(nn.Module):
       x = max_pool_ceil(x, 3, 2) if fire == 'M' else Fire(*fire, norm=norm, dtype=self.dtype,
                                                                     conv=self.conv)(x)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-    # conv10 keeps its bias and ReLU as in the original (no norm on the classifier).
-    x = nn.relu(self.conv(self.num_classes, (1, 1), dtype=self.dtype,
-                        kernel_init=nn.initializers.normal(0.01))(x))
+    # conv10 keeps its bias and ReLU as in the original; the BatchNorm variant normalises
+    # it too (docs/training.md: without it, class units dead at init never revive).
+    x = self.conv(self.num_classes, (1, 1), use_bias=norm is None, dtype=self.dtype,
+                  kernel_init=nn.initializers.normal(0.01))(x)
+    x = nn.relu(norm()(x) if norm is not None else x)
     return global_avg_pool(x).astype(jnp.float32)
