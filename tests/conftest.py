@@ -3,10 +3,11 @@
 Compiled programs are kept in a persistent compilation cache for the session (one
 directory shared by the xdist workers, removed at the end): many tests compile the same
 steps (the same small networks under the same strategies, a run and its resumed twin),
-and compilation is most of the suite's time. Processes the tests launch do not use it:
-in a multi-process run only some processes would find their programs there, and a
-process that compiles while its peer waits in the first collective can exceed gloo's
-30 s rendezvous.
+and compilation is most of the suite's time. Every program is kept, however quickly it
+compiled (JAX's default keeps only those over 1 s). Processes the tests launch use it
+when they run alone (`runs.process_env(share_compiled=True)`), not in a multi-process
+run: only some processes would find their programs there, and a process that compiles
+while its peer waits in the first collective can exceed gloo's 30 s rendezvous.
 
 Everything the tests compile, in this process and in those it launches, is compiled without
 LLVM's optimisation passes (`--xla_backend_optimization_level=0`): the same arithmetic, and
@@ -32,6 +33,7 @@ import pytest  # noqa: E402
 
 jax.config.update('jax_num_cpu_devices', 8)
 jax.config.update('jax_compilation_cache_dir', os.environ['JAXPAR_TEST_XLA_CACHE'])
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)  # unoptimised: most < 1 s
 assert jax.device_count() == 8, jax.devices()
 
 

@@ -80,7 +80,7 @@ def strategy(name, mesh):
           'central': lambda: CentralServer(mesh),
           'distributed': lambda: DistributedServer(mesh, one_buffer=True),
           'local_sgd': lambda: LocalSGD(mesh, every=2),
-          'gossip': lambda: Gossip(mesh)}[name]()
+          'gossip': lambda: Gossip(mesh, one_buffer=True)}[name]()
 
 
 def train(name, mesh, batches) -> dict:

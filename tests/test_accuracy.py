@@ -16,6 +16,7 @@ import pytest
 from absl import app as absl_app
 
 from analysis.accuracy import noise_scale, staleness, steps_model, tta
+from runs import ROOT, process_env
 
 
 # ----------------------------------------------------------------------------- noise scale
@@ -264,19 +265,18 @@ def test_period_and_capacity_cases_configure_local_sgd_and_sparsified_gossip():
 
 @pytest.mark.slow
 def test_tta_end_to_end_on_a_small_network(tmp_path, data_dir):
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out, report = tmp_path / 'tta.json', tmp_path / 'report'
   report.mkdir()
   proc = subprocess.run(
       [sys.executable, '-m', 'analysis.accuracy.tta', '--config',
-       os.path.join(root, 'configs', 'squeezenet.py'), f'--config.dataset.data_dir={data_dir}',
+       os.path.join(ROOT, 'configs', 'squeezenet.py'), f'--config.dataset.data_dir={data_dir}',
        '--config.image_size=16', '--config.optimizer.base_lr=0.2', '--batch=8',
        '--target_loss=2.3', '--max_steps=16', '--eval_every=8', '--seeds=1', '--lr_factors=1',
        '--devices=2', '--families=batch,staleness,async', '--batch_sizes=4,8', '--fit_batch=4,8',
        '--staleness=0,1', '--fit_staleness=0,1', '--async_workers=2', '--noise_batches=2',
        f'--out={out}', f'--report={report}'],
-      env={**os.environ, 'PYTHONPATH': root}, capture_output=True, text=True, timeout=900,
-      cwd=root)
+      env=process_env(share_compiled=True), capture_output=True, text=True, timeout=900,
+      cwd=ROOT)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
   result = json.loads(out.read_text())
   runs = {(r['family'], r['x']): r for r in result['runs']}

@@ -26,15 +26,20 @@ def _mixing(n, s):
   return w
 
 
+@pytest.mark.parametrize('one_buffer', [False, True], ids=['per_tensor', 'one_buffer'])
 @pytest.mark.parametrize('n, s', [(1, 1), (2, 1), (3, 1), (4, 1), (4, 2), (8, 1), (8, 3),
                                   (8, 4)])
-def test_one_exchange_applies_the_mixing_matrix(n, s):
+def test_one_exchange_applies_the_mixing_matrix(n, s, one_buffer):
   mesh = make_mesh((n,), ('data',))
   rng = np.random.default_rng(n * 10 + s)
   grads = {'w': rng.normal(size=(n, 3, 2)).astype(np.float32),
            'b': rng.normal(size=(n, 5)).astype(np.float32)}
-  mixed = jax.shard_map(lambda g: gossip_mean(g, 'data', s), mesh=mesh, in_specs=P('data'),
-                        out_specs=P('data'))(grads)
+  exchange = jax.jit(jax.shard_map(lambda g: gossip_mean(g, 'data', s, one_buffer), mesh=mesh,
+                                   in_specs=P('data'), out_specs=P('data')))
+  mixed = exchange(grads)
+  # Two permutes per tensor, or two for the whole buffer (across processes: two calls).
+  permutes = exchange.lower(grads).as_text().count('stablehlo.collective_permute')
+  assert permutes == 2 * (1 if one_buffer else len(grads))
   w = _mixing(n, s)
   for key in grads:
     expected = np.einsum('ij,j...->i...', w, grads[key])
@@ -48,12 +53,13 @@ def test_distances_cycle_to_half_the_ring():
   assert distances(3) == [1] and distances(2) == [1] and distances(1) == [1]
 
 
-@pytest.mark.parametrize('every, warmup, capacity', [
-    (1, 0, 0.0),    # gossip
-    (2, 1, 0.0),    # Local SGD(2) + gossip after one exchanging step: exchange, own, exchange
-    (2, 0, 0.3),    # Local SGD(2) + sparsified gossip (30 % of each tensor, error feedback)
+@pytest.mark.parametrize('every, warmup, capacity, one_buffer', [
+    (1, 0, 0.0, False),  # gossip
+    (1, 0, 0.0, True),   # gossip, every tensor in one buffer (as across processes)
+    (2, 1, 0.0, False),  # Local SGD(2) + gossip after one exchanging step: exchange, own, …
+    (2, 0, 0.3, False),  # Local SGD(2) + sparsified gossip (30 % of each tensor, error feedback)
 ])
-def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacity):
+def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacity, one_buffer):
   """4 devices, 3 steps (s = 1, 2, 1), SGD + momentum: each replica's weights equal those
   of a single-device loop that computes every replica's gradient on its own rows and, on
   a step that exchanges, mixes them with W_s (sparsified in numpy first: each tensor's
@@ -64,7 +70,7 @@ def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacit
   mesh = make_mesh((n,), ('data',))
   model = TinyResNet(bn_axis_name=None)
   gossip = (SparseGossip(mesh, 0.0, capacity, True, every, warmup) if capacity
-            else Gossip(mesh, every, warmup))
+            else Gossip(mesh, every, warmup, one_buffer))
   state = init_state(model, tx, gossip, mesh, IMAGE, jax.random.key(0))
   step = make_train_step(model, tx, mesh, gossip)
   batches = random_batches(steps, batch=8 * n)

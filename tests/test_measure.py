@@ -20,9 +20,8 @@ from jax.sharding import PartitionSpec as P
 from analysis.steptime import calibrate, collectives, compare, hlo, link, measure, timing
 from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
+from runs import ROOT, process_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, 'PYTHONPATH': ROOT}  # with conftest's XLA_FLAGS: compiled fast
 SIZES = np.geomspace(4096, 64e6, 8)
 
 
@@ -238,6 +237,23 @@ def test_compare_predicts_a_link_from_loopback_and_the_rate():
   assert points[('processes', 'sync-join', 2)]['t_train_rate'] is None
 
 
+def test_compare_join_penalty_is_the_step_difference_less_the_gradients_by_hand():
+  """sync-join − sync-split of one server and N, split into the gradients of the larger
+  per-device batch (contended t_grad: 40 − 20 ms) and the rest, beside the noise."""
+  result = _fake_measurement()
+  steps = result['settings']['processes']['steps']
+  steps.append({**steps[1], 'scheme': 'sync-join', 'per_device_batch': 32,
+                'repetitions': [[0.046] * 3, [0.050] * 3], 'samples': [0.046] * 3 + [0.050] * 3})
+  (row,) = compare.join_penalty(compare.rows(result))  # central has no sync-split point
+  assert (row['server'], row['n']) == ('allreduce', 2)
+  assert row['step'] == pytest.approx(0.048 - 0.023)
+  assert row['gradient'] == pytest.approx(0.040 - 0.020)
+  assert row['residual'] == pytest.approx(0.005)
+  assert row['noise'] == pytest.approx(np.hypot(0.048 * (0.050 / 0.046 - 1),
+                                                0.023 * (0.024 / 0.022 - 1)))
+  assert '| processes | allreduce | 2 | +25.0 | +20.0 | +5.0 |' in compare.join_penalty_table([row])
+
+
 def test_compare_regret_and_log_error_on_a_small_table():
   """regret and rank correlation straight from a hand-made table of predicted and measured
   times."""
@@ -263,11 +279,12 @@ def measure_and_compare(tmp_path, data_dir, *args):
        '--rounds=1', '--steps_per_round=2', '--calibrate_up_to=1', '--calibration_sizes=2',
        '--batches=4', '--async_repeats=1', '--schemes=sync-join', '--servers=allreduce',
        '--async_servers=central', '--novolume', *args],
-      env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
+      env=process_env(share_compiled='--processes=0' in args), capture_output=True,
+      text=True, timeout=900, cwd=ROOT)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
   report = tmp_path / 'report'
   compared = subprocess.run([sys.executable, '-m', 'analysis.steptime.compare', str(out), '--out',
-                             str(report)], env=ENV, capture_output=True, text=True,
+                             str(report)], env=process_env(), capture_output=True, text=True,
                             timeout=300, cwd=ROOT)
   assert compared.returncode == 0, compared.stderr[-3000:]
   return json.loads(out.read_text()), proc.stderr, report
@@ -344,7 +361,7 @@ def test_measure_cli_prints_a_usage_error(tmp_path):
   proc = subprocess.run([sys.executable, '-m', 'analysis.steptime.measure', '--config',
                          os.path.join(ROOT, 'configs', 'squeezenet.py'),
                          f'--out={tmp_path}/m.json', '--workers=-1'],
-                        env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
+                        env=process_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
   assert proc.returncode == 1 and '--workers=-1: must be at least 0' in proc.stderr
 
 

@@ -12,10 +12,9 @@ import pytest
 
 import multiprocess_checks as checks
 from jaxpar.mesh import make_mesh
-from runs import random_batches
+from runs import ROOT, process_env, random_batches
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, 'PYTHONPATH': ROOT}  # with conftest's XLA_FLAGS: compiled fast
+ENV = process_env()
 PROCESS_TIMEOUT = 600  # seconds: no real-process run may hang the suite
 
 

@@ -296,6 +296,39 @@ def summary_table(summary) -> str:
   return '\n'.join(lines)
 
 
+def join_penalty(points) -> list:
+  """What a sync-join step costs beyond a sync-split step of the same server and N, per
+  setting: the measured difference of their steps next to the difference of their
+  gradient times (each at its per-device batch, under the run's contention), and the
+  residual beside the noise (the two points' repetition spreads in seconds, in quadrature)."""
+  out = []
+  for join in points:
+    if join['scheme'] != 'sync-join' or join['n'] < 2 or join['t_iter'] is None:
+      continue
+    split = next((p for p in points if p['scheme'] == 'sync-split' and all(
+        p[k] == join[k] for k in ('network', 'image_size', 'setting', 'server', 'n'))), None)
+    if split is None or None in (split['t_iter'], join['t_grad_own'], split['t_grad_own']):
+      continue
+    step = join['t_iter'] - split['t_iter']
+    grad = join['t_grad_own'] - split['t_grad_own']
+    noise = [p['t_iter'] * (math.exp(p['noise']) - 1) for p in (join, split) if p['noise']]
+    out.append({k: join[k] for k in ('network', 'image_size', 'setting', 'server', 'n')}
+               | {'step': step, 'gradient': grad, 'residual': step - grad,
+                  'noise': math.hypot(*noise) if len(noise) == 2 else None})
+  return out
+
+
+def join_penalty_table(rows_) -> str:
+  """`join_penalty`'s rows as a markdown table, in milliseconds."""
+  ms = lambda x: '—' if x is None else f'{x * 1e3:+.1f}'
+  lines = ['| setting | server | N | sync-join − sync-split step (ms) | of it, gradients (ms) '
+           '| residual (ms) | noise (ms) |', '|---|---|---:|---:|---:|---:|---:|']
+  lines += [f"| {r['setting']} | {r['server']} | {r['n']} | {ms(r['step'])} | {ms(r['gradient'])} "
+            f"| {ms(r['residual'])} | {_fmt(r['noise'] and r['noise'] * 1e3, '.1f')} |"
+            for r in rows_]
+  return '\n'.join(lines)
+
+
 def markdown(results, points) -> str:
   lines = ['# Predicted against measured', '']
   for result in results:
@@ -345,6 +378,12 @@ def markdown(results, points) -> str:
               "Spearman's ρ of predicted against measured time; each model's pick (least "
               'predicted time) and its regret (its measured time ÷ the best measured).', '',
               summary_table(held_out_summary(mine)), '']
+    penalty = join_penalty(mine)
+    if penalty:
+      lines += ['What a sync-join step costs beyond the sync-split step of the same server '
+                'and N: the gradients of its larger per-device batch (measured under the '
+                "run's contention) and the residual, next to the two points' noise:", '',
+                join_penalty_table(penalty), '']
     unique = volume.distinct_rows(result['settings'].values())
     if unique:
       lines += ['Communication volume per step and device (`analysis.steptime.volume`):', '',

@@ -28,18 +28,21 @@ import optax
 from jax import lax
 
 from jaxpar.parallel.averaging import Replicas
-from jaxpar.parallel.collectives import nbytes
+from jaxpar.parallel.collectives import fused, nbytes
 
 
-def gossip_mean(tree, axes, s: int):
+def gossip_mean(tree, axes, s: int, one_buffer: bool = False):
   """(g_i + g_{i+s} + g_{i−s}) / 3 on every device i of the ring over `axes`, inside
-  shard_map; `s` a Python int."""
+  shard_map; `s` a Python int. `one_buffer`: every leaf in one buffer per dtype, two
+  permutes a step instead of two per tensor (across processes each call costs a
+  latency and is a rendezvous of the partners; docs/performance.md)."""
   n = lax.axis_size(axes)
   from_right = [(j, (j - s) % n) for j in range(n)]  # device i receives g_{i+s}
   from_left = [(j, (j + s) % n) for j in range(n)]   # device i receives g_{i−s}
-  return jax.tree.map(
-      lambda g: (g + lax.ppermute(g, axes, from_right) + lax.ppermute(g, axes, from_left)) / 3,
-      tree)
+
+  def mix(g):
+    return (g + lax.ppermute(g, axes, from_right) + lax.ppermute(g, axes, from_left)) / 3
+  return fused(tree, mix) if one_buffer else jax.tree.map(mix, tree)
 
 
 def distances(n: int) -> list:
@@ -52,9 +55,9 @@ class Gossip(Replicas):
   `every`-th step after `warmup` steps that all mix (Local SGD(p) + gossip), with its own
   gradient on the others."""
 
-  def __init__(self, mesh, every: int = 1, warmup: int = 0):
+  def __init__(self, mesh, every: int = 1, warmup: int = 0, one_buffer: bool = False):
     super().__init__(mesh)
-    self.every, self.warmup = every, warmup
+    self.every, self.warmup, self.one_buffer = every, warmup, one_buffer
 
   def exchanges(self, step):
     """Whether `step` (traced) exchanges; None when every step does."""
@@ -70,7 +73,7 @@ class Gossip(Replicas):
   def update(self, tx, grads, batch_stats, state):
     params, opt_state = self.layout.own((state.params, state.opt_state))
     cycle = distances(self.devices)
-    branches = [lambda g, s=s: gossip_mean(g, self.axes, s) for s in cycle]
+    branches = [lambda g, s=s: gossip_mean(g, self.axes, s, self.one_buffer) for s in cycle]
     exchanging = self.exchanges(state.step)
     if self.devices == 1:  # its own partner twice: (g + g + g)/3 = g, with nothing sent
       mixed = grads
