@@ -60,7 +60,7 @@ def test_squeezenet_parameters():
 
 def test_squeezenet_batch_norm_variant_normalises_every_convolution_the_classifier_too():
   # The digits variant (docs/training.md): BN before every ReLU, so no class unit starts
-  # dead; each convolution drops its bias for BN's shift (2 × channels more parameters).
+  # dead; each convolution drops its bias for BN's shift.
   fires = [(16, 64, 64), (16, 64, 64), (32, 128, 128), (32, 128, 128), (48, 192, 192),
            (48, 192, 192), (64, 256, 256), (64, 256, 256)]
   channels = [96] + [c for fire in fires for c in fire] + [10]

@@ -13,28 +13,17 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 import resource
 import subprocess
 import sys
 import tempfile
 
+from analysis.steptime.measure import machine
+
 FINAL = re.compile(r'test accuracy: top-1 ([\d.]+)%, top-5 ([\d.]+)% on (\d+) examples; '
                    r'wall time ([\d.]+) s')
 STEPS = re.compile(r'\[train\] step (\d+)/(\d+)')
-
-
-def machine() -> str:
-  """This machine in a few words: cores, CPU model, memory."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open('/proc/cpuinfo') as f:
-      cpu = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
-  except (OSError, StopIteration):
-    pass
-  memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
-  return f'{os.cpu_count()} cores {cpu}, {memory:.0f} GiB'
 
 
 def run_one(config: str, extra: list[str]) -> dict:
