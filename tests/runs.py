@@ -1,6 +1,7 @@
 """What the tests share: a small ResNet, random batches, and training runs on a mesh (any
 strategy) and on one device (the reference every parallel method is held to)."""
 import functools
+import importlib.util
 import os
 
 import jax
@@ -27,6 +28,14 @@ def process_env(share_compiled: bool = False) -> dict:
     env['JAX_COMPILATION_CACHE_DIR'] = os.environ['JAXPAR_TEST_XLA_CACHE']
     env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'  # 55 → 45 s a repetition
   return env
+
+
+def config_file(name: str, arg: str | None = None):
+  """`configs/<name>.py`'s get_config(arg) (its default without one), as --config runs it."""
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'configs', f'{name}.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config() if arg is None else module.get_config(arg)
 
 
 # A small ResNet: same blocks and BatchNorm as ResNet34, cheap to compile.

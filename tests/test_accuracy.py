@@ -16,7 +16,7 @@ import pytest
 from absl import app as absl_app
 
 from analysis.accuracy import noise_scale, staleness, steps_model, tta
-from runs import ROOT, process_env
+from runs import ROOT, config_file, process_env
 
 
 # ----------------------------------------------------------------------------- noise scale
@@ -149,6 +149,30 @@ def test_held_out_points_never_enter_the_fit():
   assert base['fitted']['c'] == pytest.approx((130 - 105) / 3 / 105)
 
 
+def test_the_batch_model_keeps_k_min_and_b_noise_nonnegative():
+  # K falls faster than 1/B between 16 and 32 (seed noise): unconstrained least squares
+  # give K_min < 0 and negative steps at large B; constrained, K = c/B (B_noise = ∞).
+  fitted = steps_model.BATCH.fit([16, 32], [1270.0, 530.0])
+  c = (1270 / 16 + 530 / 32) / (1 / 16 ** 2 + 1 / 32 ** 2)  # least squares of K = c/B
+  assert fitted == pytest.approx((0.0, c))
+  assert steps_model.BATCH.describe(fitted) == {'K_min': 0.0, 'B_noise': math.inf}
+  assert steps_model.BATCH.predict(fitted, 128) == pytest.approx(c / 128)
+  # K rising with B (more steps for bigger batches): B_noise = 0, K_min the mean.
+  assert steps_model.BATCH.fit([16, 32], [100.0, 120.0]) == pytest.approx((110.0, 0.0))
+  # Inside the constraints the fit is plain least squares (the period model's c may be < 0).
+  assert steps_model.PERIOD.fit([1, 3], [100.0, 90.0]) == pytest.approx((100.0, -5.0))
+
+
+def test_the_batch_model_with_a_measured_noise_scale_fits_k_min_on_one_batch():
+  model = steps_model.batch_with_noise_scale(112.0)
+  points = [(16, 800.0), (16, 840.0), (32, 460.0), (128, 150.0)]
+  result = steps_model.held_out(model, points, fit_on=[16])
+  k_min = 820.0 / 8  # 1 + 112/16 = 8: least squares over the two seeds, their mean
+  assert result['fitted'] == pytest.approx({'K_min': k_min, 'B_noise': 112.0})
+  by_x = {p['x']: p['predicted'] for p in result['predictions']}
+  assert by_x == pytest.approx({32: k_min * 4.5, 128: k_min * 1.875})
+
+
 def test_capacity_and_staleness_models_by_hand():
   fitted = steps_model.CAPACITY.fit([1.0, 0.25], [100.0, 140.0])  # log2(1/q) = 0, 2
   assert steps_model.CAPACITY.predict(fitted, 0.01) == pytest.approx(100 + 20 * math.log2(100))
@@ -209,6 +233,18 @@ def test_time_to_target_multiplies_k_by_the_measured_step_and_predicts_unmeasure
     tta.time_to_target(result, {**measured, 'batch': dict.fromkeys(measured['batch'], 32)})
 
 
+def test_the_measured_noise_scale_predicts_every_batch_from_the_serial_run():
+  serial = {**_run('batch', 16, 800.0), 'noise': [
+      {'step': 20, 'loss': 1.0, 'b_noise': 100.0, 'g2': 1.0, 's': 100.0},
+      {'step': 40, 'loss': 0.8, 'b_noise': math.nan, 'g2': 0.0, 's': 1.0},
+      {'step': 60, 'loss': 0.6, 'b_noise': 124.0, 'g2': 1.0, 's': 124.0}]}
+  result = _result([serial, _run('batch', 32, 460.0), _run('batch', 64, 240.0)])
+  fit = {f['model']: f for f in tta.fits(result)}['batch_measured_noise']
+  assert fit['fit_on'] == [16] and fit['fitted']['B_noise'] == 112.0  # the finite ones' median
+  assert [p['x'] for p in fit['predictions']] == [32, 64]
+  assert fit['predictions'][0]['predicted'] == pytest.approx(800 / 8 * 4.5)
+
+
 def test_the_report_shows_every_case_each_fit_and_what_could_not_be_fitted(tmp_path):
   result = _result([_run('batch', 16, 300.0), _run('batch', 32, 200.0), _run('batch', 64, 140.0),
                     _run('period', 1, 100.0), _run('period', 4, None)],
@@ -261,6 +297,12 @@ def test_period_and_capacity_cases_configure_local_sgd_and_sparsified_gossip():
   for c in cfgs.values():
     assert (c.mesh.shape, c.per_device_batch, c.seed) == ((4,), 8, 3)
     assert (c.optimizer.base_lr, c.optimizer.schedule) == (2 * base.optimizer.base_lr, 'constant')
+  # The thesis config places the distributed server's shards; a case on another server
+  # leaves that choice (validated: an explicit placement there is an error).
+  thesis = config_file('thesis', 'net=squeezenet')
+  assert thesis.placement == 'greedy'
+  case = tta.plan(args)[0]
+  assert tta.case_config(thesis, case, seed=0, lr_factor=1.0, max_steps=10).placement != 'greedy'
 
 
 @pytest.mark.slow
@@ -294,3 +336,106 @@ def test_tta_end_to_end_on_a_small_network(tmp_path, data_dir):
   assert all(p['b_noise'] == p['s'] / p['g2'] for p in runs['batch', 8]['noise'] if p['g2'] > 0)
   text = (report / 'report.md').read_text()
   assert '| batch | 4 |' in text and '## Models of K' in text
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_end_to_end_cases_take_ttas_best_rate_and_its_k():
+  from analysis.accuracy import end_to_end
+  result = _result([_run('batch', 32, 200.0, 1, 0), _run('batch', 32, 220.0, 1, 1),
+                    _run('batch', 32, 150.0, 2, 0), _run('batch', 32, 170.0, 2, 1),
+                    _run('period', 4, 300.0, 1, 0), _run('period', 4, 260.0, 1, 1),
+                    _run('async', 2, 500.0, 2, 0), _run('async', 2, None, 2, 1),
+                    _run('async', 2, 520.0, 1, 0), _run('async', 2, 540.0, 1, 1)],
+                   seeds=2, workers=2)
+  cases = {c['name']: c for c in end_to_end.plan(['central', 'local-sgd:4', 'async'], 2,
+                                                 result, seed=1)}
+  central = cases['central']
+  assert (central['family'], central['x'], central['devices']) == ('batch', 32, 2)
+  assert central['overrides'] == {'scheme': 'sync-join', 'server': 'central',
+                                  'per_device_batch': 16}
+  assert (central['lr_factor'], central['K_emulated'], central['K_emulated_seed']) == (2, 160, 170)
+  assert cases['local-sgd:4']['overrides']['sync_every'] == 4
+  assert cases['local-sgd:4']['K_emulated'] == 280
+  # Rate ×2 left a seed short of the target: ×1 it is, Ray's workers.
+  assert (cases['async']['lr_factor'], cases['async']['K_emulated']) == (1, 530)
+  assert cases['async']['overrides']['async_sgd.backend'] == 'ray'
+  # Every server of sync-join computes the same maths: one K, the batch family's at N·b.
+  assert end_to_end.plan(['distributed'], 2, result, seed=0)[0]['K_emulated'] == 160
+  for bad, n, message in ((['ring'], 2, "'ring' unknown"),
+                          (['local-sgd:x'], 2, "'local-sgd:x' unknown"),
+                          (['allreduce'], 4, 'no K for batch 64')):
+    with pytest.raises(absl_app.UsageError, match=message):
+      end_to_end.plan(bad, n, result, seed=0)
+  with pytest.raises(absl_app.UsageError, match='--workers=2, not --processes=4'):
+    end_to_end.plan(['local-sgd:4'], 4, result, seed=0)
+  with pytest.raises(absl_app.UsageError, match='--seed=2'):
+    end_to_end.plan(['central'], 2, result, seed=2)
+
+
+def test_end_to_end_prediction_time_and_summary_by_hand():
+  from analysis.accuracy import end_to_end
+  measured = {'batches': 10, 'settings': {'processes': {
+      'steps': [{'scheme': 'sync-join', 'server': 'central', 'n': 2, 'samples': [0.2, 0.3, 0.9]},
+                {'scheme': 'sync-split', 'server': 'central', 'n': 2, 'samples': [0.1]}],
+      'async': [{'server': 'central', 'n': 2, 'samples': [1.0, 3.0, 2.0]}]}}}
+  central = {'family': 'batch', 'devices': 2, 'overrides': {'server': 'central'}}
+  assert end_to_end.predicted_step(measured, 'processes', central) == 0.3
+  assert end_to_end.predicted_step(measured, 'processes', {'family': 'async', 'devices': 2}) \
+      == pytest.approx(0.2)
+  assert end_to_end.predicted_step(measured, 'processes', {'family': 'period', 'devices': 2}) \
+      is None
+  assert end_to_end.predicted_step(measured, 'link-1gbit', central) is None
+  # The clock counts from step 1's end: 40 steps in 4 s after it, K = 31 halfway at 3 s,
+  # and step 1 is one more ordinary step: × 31/30.
+  clock = [(20, 1.9), (40, 3.9)]
+  assert end_to_end.time_at(clock, 30) == pytest.approx(2.9 * 30 / 29)
+  rows = [{'case': 'a', 'time_predicted': 10.0, 'time_real': 12.0, 'K_emulated': 100,
+           'K_real': 100, 't_step_measured': 0.1, 't_step_real': 0.12},
+          {'case': 'b', 'time_predicted': 11.0, 'time_real': 11.0, 'K_emulated': 110,
+           'K_real': 100, 't_step_measured': 0.1, 't_step_real': 0.11},
+          {'case': 'c', 'time_predicted': 20.0, 'time_real': None}]
+  s = end_to_end.summary(rows)
+  assert s['median_error_time'] == pytest.approx(np.median([math.log(1.2), 0.0]))
+  assert s['median_error_K'] == pytest.approx(math.log(1.1) / 2)
+  assert (s['predicted_best'], s['real_best']) == ('a', 'b')
+  assert s['regret'] == pytest.approx(12 / 11) and s['same_order'] is False
+
+
+@pytest.mark.slow
+def test_end_to_end_trains_on_two_processes_from_the_emulated_runs_start(tmp_path, data_dir):
+  """A case's run across 2 real processes starts where `tta.run_case` on 2 emulated devices
+  starts (the same initial weights: the same loss before step 1), on a clock that grows.
+  Their examples differ after that: each process reads its own shard of the training set,
+  as on a cluster (the sync maths across processes: test_multiprocess)."""
+  from analysis.accuracy import end_to_end
+  from jaxpar.data import sources
+  config = os.path.join(ROOT, 'configs', 'squeezenet.py')
+  flags_ = [f'--config.dataset.data_dir={data_dir}', '--config.image_size=16']
+  run = {'family': 'batch', 'x': 8, 'devices': 2, 'seed': 0, 'lr_factor': 1.0, 'lr': 0.1,
+         'K': 8.0, 'top1': 0.1, 'top1_stderr': 0.01}
+  result = {'batch': 4, 'seeds': 1, 'workers': 2, 'target_loss': 0.01, 'max_steps': 8,
+            'eval_every': 4, 'fit_on': {}, 'runs': [run]}
+  (tmp_path / 'tta.json').write_text(json.dumps(result))
+  measured = {'batch': {'sync-split': 4, 'sync-join': 4}, 'batches': 8, 'settings': {
+      'processes': {'steps': [{'scheme': 'sync-join', 'server': 'allreduce', 'n': 2,
+                               'samples': [0.05]}], 'async': []}}}
+  (tmp_path / 'steps.json').write_text(json.dumps(measured))
+  proc = subprocess.run(
+      [sys.executable, '-m', 'analysis.accuracy.end_to_end', '--config', config, *flags_,
+       '--tta', str(tmp_path / 'tta.json'), '--steps_json', str(tmp_path / 'steps.json'),
+       '--cases=allreduce', '--processes=2', f'--out={tmp_path / "e2e.json"}'],
+      env=process_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+  row = json.loads((tmp_path / 'e2e.json').read_text())['rows'][0]
+  assert row['K_real'] is None and [s for s, _ in row['curve']] == [0, 4, 8]
+  assert [s for s, _ in row['clock']] == [4, 8] and 0 < row['clock'][0][1] < row['clock'][1][1]
+  assert row['t_step_measured'] == 0.05 and row['time_predicted'] == pytest.approx(8 * 0.05)
+  # The same case on 2 of this process's emulated devices.
+  base = config_file('squeezenet')
+  base.dataset.data_dir, base.image_size = str(data_dir), 16
+  case = end_to_end.plan(['allreduce'], 2, result, 0)[0]
+  cfg = tta.case_config(base, case, 0, case['lr_factor'], 8)
+  one = tta.run_case(cfg, case, sources.open_source(cfg.dataset), 0.01, 4)
+  assert [s for s, _ in one['curve']] == [0, 4, 8]
+  assert row['curve'][0][1] == pytest.approx(one['curve'][0][1], rel=1e-6)
+  assert all(math.isfinite(loss) for _, loss in row['curve'] + one['curve'])

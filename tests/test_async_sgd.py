@@ -60,7 +60,10 @@ def test_one_worker_is_sequential_sgd(server_kind, name):
   ref, ref_losses = reference_run(TinyResNet(), tx, batches)
   assert [u.staleness for u in log] == [0, 0, 0, 0]
   np.testing.assert_allclose([m['loss'] for m in metrics], ref_losses, rtol=1e-5)
-  assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-6)
+  # Adam divides by √v: a rounding difference between two compiled programs in an entry
+  # of small v moves that entry's step by ~1e-4 relative (seen: 7e-5 on one BN bias).
+  assert_trees_close(state.params, ref.params, rtol=1e-4 if name == 'adamw' else 1e-5,
+                     atol=1e-6)
   assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-5, atol=1e-6)
   assert int(state.step) == 4 and int(state.examples_seen) == 64
   # A push's gradient up and the weights down, float32.

@@ -6,6 +6,7 @@ import pytest
 
 from jaxpar import config as config_lib
 from jaxpar import validation
+from runs import config_file
 
 
 def _config(**overrides):
@@ -234,12 +235,7 @@ def test_async_consumes_one_workers_batch_per_step():
 
 
 def _thesis(arg):
-  import importlib.util
-  root = __file__.rsplit('/tests/', 1)[0]
-  spec = importlib.util.spec_from_file_location('thesis', f'{root}/configs/thesis.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return config_file('thesis', arg)
 
 
 @pytest.mark.parametrize('net', ['vgg16e', 'googlenet', 'squeezenet', 'resnet34'])
@@ -300,12 +296,7 @@ def test_cli_prints_one_line_and_exits_nonzero(tmp_path, flag, error):
 @pytest.mark.parametrize('name', ['resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'])
 @pytest.mark.parametrize('arg', ['digits', 'cifar10', 'imagenet2012'])
 def test_config_files_are_valid(name, arg):
-  import importlib.util
-  root = __file__.rsplit('/tests/', 1)[0]
-  spec = importlib.util.spec_from_file_location(name, f'{root}/configs/{name}.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config(arg)
+  c = config_file(name, arg)
   assert c.model == name.split('_')[0]
   validation.validate(c)
   validation.validate_devices(c, config_lib.num_devices(c), 1)
@@ -314,12 +305,7 @@ def test_config_files_are_valid(name, arg):
 @pytest.mark.parametrize('arg, devices, every', [('post_local', 8, 4), ('sparknet', 5, 50),
                                                  ('gossip_sparse', 8, 16)])
 def test_local_sgd_configs_are_valid(arg, devices, every):
-  import importlib.util
-  root = __file__.rsplit('/tests/', 1)[0]
-  spec = importlib.util.spec_from_file_location('local_sgd', f'{root}/configs/local_sgd.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config(arg)
+  c = config_file('local_sgd', arg)
   validation.validate(c)
   validation.validate_devices(c, devices, 1)
   assert c.sync_every == every

@@ -3,9 +3,7 @@ peak learning rate, the training loss on a fixed batch of 16 real digits falls c
 below ln(10), the loss of a network that predicts nothing (docs/training.md); a dead
 network (all logits 0) stays at ln(10) and fails it."""
 import functools
-import importlib.util
 import math
-import os
 
 import flax.linen as nn
 import jax
@@ -18,16 +16,9 @@ from jaxpar import models, optim
 from jaxpar.data import pipeline, sources
 from jaxpar.models.conv import conv_general_dilated
 from jaxpar.step import loss_and_logits
+from runs import config_file
 
-CONFIGS = os.path.join(os.path.dirname(__file__), '..', 'configs')
 STEPS = 60
-
-
-def shipped_config(name: str):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(CONFIGS, f'{name}.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def fixed_batch(cfg, data_dir, n=16):
@@ -80,7 +71,7 @@ def _main_loss(losses, cfg):
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['resnet34_2d', 'googlenet', 'vgg16e', 'squeezenet'])
 def test_each_shipped_config_learns(name, data_dir):
-  cfg = shipped_config(name)
+  cfg = config_file(name)
   # A dead network's loss is ln 10 at every step (all logits 0, no gradient). GoogLeNet and
   # VGG16E leave their plateau only after ~100 steps (docs/training.md), so the bar is the
   # step to clearly below it, not convergence; training stops there.

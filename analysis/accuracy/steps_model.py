@@ -18,6 +18,12 @@ setting enters the fit:
              q of each gradient                     (each halving of what is sent costs
              a fixed share of steps; q = 1 is dense gossip)
 
+Where a parameter has a sign by its meaning (K_min ≥ 0 and B_noise ≥ 0; every model's K
+at its reference setting ≥ 0) the least squares are constrained to it: on the edge the
+batch model becomes K = b/B (B_noise = ∞: steps fall as 1/B over the fitted range, perfect
+scaling, the regime below the noise scale) instead of a negative K_min that predicts
+negative steps for large batches.
+
 The error of a prediction is |log(K_predicted/K_measured)|, as part 3's step-time models
 are judged (`analysis.steptime.compare`).
 """
@@ -35,16 +41,31 @@ class StepsModel:
   formula: str
   feature: Callable[[float], float]   # K = a + b·feature(x)
   params: tuple[str, str]             # the names of a and of b/a, as the formula writes them
+  nonnegative: tuple[bool, bool] = (True, False)  # which of a, b cannot be negative
+  fixed: float | None = None          # b/a given (a = 0, K = b·feature): one parameter
 
   def fit(self, xs: Sequence[float], ks: Sequence[float]) -> tuple[float, float]:
-    """(a, b) by least squares on the points (x, K); needs two distinct settings."""
+    """(a, b) by least squares on the points (x, K), constrained to `nonnegative`; needs
+    two distinct settings (one, with `fixed`)."""
     features = np.array([self.feature(x) for x in xs], np.float64)
+    if self.fixed is not None:
+      return 0.0, float(features @ np.asarray(ks, np.float64) / (features @ features))
     if len(set(features.tolist())) < 2:
       raise ValueError(f'the {self.name} model needs two or more distinct settings of '
                        f'{self.variable} to fit, got {list(xs)}')
+    ks = np.asarray(ks, np.float64)
     design = np.stack([np.ones_like(features), features], axis=1)
-    (a, b), *_ = np.linalg.lstsq(design, np.asarray(ks, np.float64), rcond=None)
-    return float(a), float(b)
+    (a, b), *_ = np.linalg.lstsq(design, ks, rcond=None)
+    if all(v >= 0 or not keep for v, keep in zip((a, b), self.nonnegative)):
+      return float(a), float(b)
+    # Two parameters: the constrained optimum lies on an edge, one parameter at zero.
+    edges = []
+    for zero in (0, 1):
+      other = design[:, 1 - zero]
+      value = max(float(other @ ks / (other @ other)), 0.0)
+      fitted = (0.0, value) if zero == 0 else (value, 0.0)
+      edges.append((float(np.sum((design @ np.array(fitted) - ks) ** 2)), fitted))
+    return min(edges)[1]
 
   def predict(self, fitted: tuple[float, float], x: float) -> float:
     a, b = fitted
@@ -53,17 +74,26 @@ class StepsModel:
   def describe(self, fitted: tuple[float, float]) -> dict:
     """The formula's own parameters: e.g. {'K_min': …, 'B_noise': …}."""
     a, b = fitted
-    return {self.params[0]: a, self.params[1]: b / a if a else math.nan}
+    if self.fixed is not None:
+      return {self.params[0]: b, self.params[1]: self.fixed}
+    return {self.params[0]: a, self.params[1]: b / a if a else math.inf if b > 0 else math.nan}
 
 
 BATCH = StepsModel('batch', 'B', 'K(B) = K_min·(1 + B_noise/B)', lambda b: 1.0 / b,
-                   ('K_min', 'B_noise'))
+                   ('K_min', 'B_noise'), nonnegative=(True, True))
 STALENESS = StepsModel('staleness', 's', 'K(s) = K_0·(1 + c·s)', float, ('K_0', 'c'))
 PERIOD = StepsModel('period', 'τ', 'K(τ) = K_1·(1 + c·(τ − 1))', lambda t: t - 1.0,
                     ('K_1', 'c'))
 CAPACITY = StepsModel('capacity', 'q', 'K(q) = K_1·(1 + c·log2(1/q))',
                       lambda q: math.log2(1.0 / q), ('K_1', 'c'))
 MODELS = {m.name: m for m in (BATCH, STALENESS, PERIOD, CAPACITY)}
+
+
+def batch_with_noise_scale(b_noise: float) -> StepsModel:
+  """The batch model with B_noise measured in training (`noise_scale`), not fitted: K_min
+  alone is fitted, K(B) = K_min·(1 + B_noise/B) — one measured batch size predicts the rest."""
+  return StepsModel('batch_measured_noise', 'B', 'K(B) = K_min·(1 + B_noise/B), B_noise measured',
+                    lambda b: 1.0 + b_noise / b, ('K_min', 'B_noise'), fixed=b_noise)
 
 
 def log_error(predicted: float, measured: float) -> float:

@@ -25,9 +25,11 @@ times each of --lr_factors, for --seeds seeds; a case's K is the best factor's m
 seeds (which factor: in the JSON and the report). Along the serial run the gradient noise
 scale B_noise is measured at every evaluation from --noise_batches gradients of batch b
 at the current weights (`noise_scale`). `steps_model` fits each family on its --fit_*
-settings and is judged on the others. With --steps_json (an `analysis.steptime.measure` JSON) the
+settings and is judged on the others; the batch model also with the measured B_noise, K_min
+fitted on the serial run alone. With --steps_json (an `analysis.steptime.measure` JSON) the
 time to the target is K × the measured step time for every scheme × server × N measured
-there, and the fastest is recommended.
+there, and the fastest is recommended; `end_to_end` checks that prediction on real
+processes.
 """
 import copy
 import datetime
@@ -155,6 +157,12 @@ def case_config(base, case: dict, seed: int, lr_factor: float, max_steps: int):
   c = copy.deepcopy(base)
   c.unlock()
   c.update_from_flattened_dict(case['overrides'])
+  # The base config's choices for a server the case does not use (configs/thesis.py sets
+  # the distributed server's placement) go back to their defaults.
+  if c.server != 'distributed':
+    c.placement = 'auto'
+  if c.server != 'central' or c.scheme == 'async':
+    c.central_schedule = 'serial'
   c.mesh.shape, c.mesh.axes = (case['devices'],), ('data',)
   c.mesh.emulate_cpu_devices = False
   c.global_batch = case['devices'] * c.per_device_batch
@@ -189,15 +197,19 @@ def reached(curve: list, target: float):
 
 def run_case(cfg, case: dict, source, target: float, eval_every: int, noise_batches: int = 0):
   """Trains `cfg` until the training-set loss reaches `target` or `cfg.total_steps`:
-  {'curve': [(step, loss)], 'K', 'top1', 'top1_stderr', 'staleness'?, 'noise'?}."""
+  {'curve': [(step, loss)], 'clock': [(step, seconds)], 'K', 'top1', 'top1_stderr',
+  'staleness'?, 'noise'?}. The clock is the training time from the end of step 1 (whose
+  call compiles) to each evaluation, the evaluations themselves excluded; on a device mesh
+  of real processes it is the wall time a run pays (`end_to_end`)."""
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.evaluation import evaluate
   from jaxpar.mesh import make_mesh
   from jaxpar.step import make_eval_step
 
-  n = case['devices']
-  mesh = make_mesh((n,), ('data',), jax.devices()[:n])
+  # Downpour on Ray: this process is the driver, the workers are Ray's actors.
+  devices = jax.devices()[:1 if config_lib.on_ray(cfg) else case['devices']]
+  mesh = make_mesh((len(devices),), ('data',), devices)
   model = build.model(cfg, source.num_classes, source.channels, mesh)
   method = build.strategy(cfg, mesh, model)
   tx, _ = build.optimizer(cfg, model, source.channels, method, config_lib.global_batch(cfg),
@@ -211,6 +223,7 @@ def run_case(cfg, case: dict, source, target: float, eval_every: int, noise_batc
     return evaluate(eval_step, variables, mesh, source, cfg, split='train')['loss']
 
   curve, noise_track, stale = [(0, train_loss(method.variables(state)))], [], []
+  clock = []
   if case['family'] == 'staleness':
     initial = jax.device_get(method.variables(state))
     initial = {'params': initial['params'], 'batch_stats': initial.get('batch_stats', {})}
@@ -218,24 +231,31 @@ def run_case(cfg, case: dict, source, target: float, eval_every: int, noise_batc
                           train_loss, target)
   else:
     loop = build.loop(cfg, model, tx, mesh, method, source, state, cfg.total_steps, rng_dropout)
+    elapsed, mark = 0.0, None
     for step in range(1, cfg.total_steps + 1):
       state, metrics = loop(state)
+      if step == 1:
+        jax.block_until_ready((state, metrics))
+        mark = time.perf_counter()
       if 'staleness' in metrics:
         stale.append(int(metrics['staleness']))
       if step % eval_every == 0:
-        state = loop.synced(state)
+        state = jax.block_until_ready(loop.synced(state))
+        elapsed += time.perf_counter() - mark
+        clock.append((step, elapsed))
         variables = method.variables(state)
         curve.append((step, train_loss(variables)))
         if noise:
           noise_track.append({'step': step, 'loss': curve[-1][1], **noise(variables)})
         if curve[-1][1] <= target:
           break
+        mark = time.perf_counter()
     state = loop.synced(state)
     loop.close()
     variables = method.variables(state)
   test = evaluate(eval_step, variables, mesh, source, cfg)
   p, count = test['top1'], test['count']
-  out = {'curve': curve, 'K': reached(curve, target), 'top1': p,
+  out = {'curve': curve, 'clock': clock, 'K': reached(curve, target), 'top1': p,
          'top1_stderr': math.sqrt(max(p * (1 - p), 0.0) / count)}
   if stale:
     out['staleness'] = {'mean': float(np.mean(stale)), 'max': int(max(stale))}
@@ -373,6 +393,13 @@ def fits(result) -> list[dict]:
     if len({x for x, _ in points if x in fit_on}) < 2:
       continue
     out.append(steps_model.held_out(model, points, fit_on))
+  # The batch model again with B_noise as measured along the serial run, K_min fitted on
+  # that run's batch alone: every other batch size held out.
+  measured = [p['b_noise'] for p in noise_track(result) if math.isfinite(p['b_noise'])]
+  points = [(x, k) for (f, x), e in sorted(table.items()) if f == 'batch' for k in e['Ks']]
+  if measured and result['batch'] in {x for x, _ in points}:
+    model = steps_model.batch_with_noise_scale(float(np.median(measured)))
+    out.append(steps_model.held_out(model, points, [result['batch']]))
   return out
 
 
@@ -507,7 +534,8 @@ def report(result, measured: dict | None = None) -> str:
             '|---|---|---|---|---:|']
   fitted = fits(result)
   for f in fitted:
-    params = ', '.join(f'{k} = {v:.3g}' for k, v in f['fitted'].items())
+    params = ', '.join(f'{k} = {v:.3g}' if math.isfinite(v) else f'{k} = ∞'
+                       for k, v in f['fitted'].items())
     held = '; '.join(f"{p['x']:g}: {p['predicted']:.0f} / {p['measured']:.0f}"
                      for p in f['predictions'])
     lines.append(f"| {f['formula']} | {', '.join(f'{x:g}' for x in f['fit_on'])} | {params} "
@@ -553,11 +581,17 @@ def plots(result, folder: str, measured: dict | None = None) -> list[str]:
       model = steps_model.MODELS[family]
       ax.plot(grid, [model.predict(f['coefficients'], g) for g in grid], '-',
               label=f"{f['formula']}, fitted on {', '.join(f'{x:g}' for x in f['fit_on'])}")
-      if family == 'batch':
+      if family == 'batch' and math.isfinite(f['fitted']['B_noise']):
         ax.axvline(f['fitted']['B_noise'], ls=':', color='grey', label='B_noise (fit)')
-    if family == 'batch' and noise_track(result):
-      ax.axvline(np.nanmedian([p['b_noise'] for p in noise_track(result)]), ls='--',
-                 color='grey', label='B_noise (measured, median)')
+    if family == 'batch' and 'batch_measured_noise' in fitted:
+      f = fitted['batch_measured_noise']
+      grid = np.geomspace(min(xs), max(xs), 50)
+      model = steps_model.batch_with_noise_scale(f['fitted']['B_noise'])
+      ax.plot(grid, [model.predict(f['coefficients'], g) for g in grid], '--',
+              label=f"B_noise measured ({f['fitted']['B_noise']:.0f}), K_min fitted on "
+                    f"{', '.join(f'{x:g}' for x in f['fit_on'])}")
+      if f['fitted']['B_noise'] <= 2 * max(xs):  # marked where it falls within the axes
+        ax.axvline(f['fitted']['B_noise'], ls='--', color='grey', label='B_noise (measured)')
     if family in ('batch', 'capacity', 'period'):
       ax.set_xscale('log')
     ax.set_xlabel(LABELS[family])
@@ -566,14 +600,28 @@ def plots(result, folder: str, measured: dict | None = None) -> list[str]:
   if measured is not None:
     rows = time_to_target(result, measured)
     for setting in dict.fromkeys(r['setting'] for r in rows):
-      fig, ax = plt.subplots(figsize=(5.5, 3.5))
+      # Left: time to the target; right: [T]'s per-step view, examples per second against
+      # one device's (sync-split at N = 1, the serial step).
+      fig, (ax, per_step) = plt.subplots(1, 2, figsize=(9, 3.5))
       mine = [r for r in rows if r['setting'] == setting]
+      serial = [r['examples_per_second'] for r in mine if r['n'] == 1
+                and r['scheme'] != 'async']
       for key in dict.fromkeys((r['scheme'], r['server']) for r in mine):
-        line = sorted((r['n'], r['time']) for r in mine if (r['scheme'], r['server']) == key)
-        ax.plot(*zip(*line), 'o-', label=' '.join(key))
+        line = sorted((r['n'], r['time'], r['examples_per_second']) for r in mine
+                      if (r['scheme'], r['server']) == key)
+        ax.plot([n for n, _, _ in line], [t for _, t, _ in line], 'o-', label=' '.join(key))
+        if serial:
+          per_step.plot([n for n, _, _ in line], [e / np.median(serial) for _, _, e in line],
+                        'o-', label=' '.join(key))
       ax.set_xlabel('N')
       ax.set_ylabel('seconds to the target')
-      ax.set_title(setting, fontsize=9)
+      ax.set_yscale('log')
+      ax.set_title(f'{setting}: time to accuracy', fontsize=9)
+      per_step.set_xlabel('N')
+      per_step.set_ylabel('examples per second ÷ one device\'s')
+      per_step.set_yscale('log')
+      per_step.set_title(f'{setting}: per-step speedup', fontsize=9)
+      per_step.legend(fontsize=7)
       written.append(_save(fig, ax, folder, f'{stem}_tta_{setting}.png'))
   return written
 

@@ -291,17 +291,19 @@ def _child_env():
   return env
 
 
-def run_setting(setting: str, processes: int, fields: dict, common: dict, folder: str) -> dict:
-  """Runs one setting's child processes (pinned to cores 0..P−1 when P > 1; a link setting's
-  in their network namespaces) and returns process 0's results. A failed process stops the
-  others and raises with its log."""
+def run_setting(setting: str, processes: int, fields: dict, common: dict, folder: str,
+                module: str = 'analysis.steptime.timing') -> dict:
+  """Runs one setting's child processes, `python -m module SPEC.json` (pinned to cores
+  0..P−1 unless emulated; a link setting's in their network namespaces) and returns process
+  0's results, the JSON it writes to the spec's 'out'. A failed process stops the others and
+  raises with its log."""
   if setting.startswith('link-') and processes > 1:
     with link.Link(processes, setting.removeprefix('link-')) as emulated:
-      return _run_children(setting, processes, fields, common, folder, emulated)
-  return _run_children(setting, processes, fields, common, folder, None)
+      return _run_children(setting, processes, fields, common, folder, emulated, module)
+  return _run_children(setting, processes, fields, common, folder, None, module)
 
 
-def _run_children(setting, processes, fields, common, folder, emulated) -> dict:
+def _run_children(setting, processes, fields, common, folder, emulated, module) -> dict:
   out = os.path.join(folder, f'{setting}_{processes}.json')
   port = _free_port() if processes > 1 else 0
   host = emulated.addresses[0] if emulated else '127.0.0.1'
@@ -316,7 +318,7 @@ def _run_children(setting, processes, fields, common, folder, emulated) -> dict:
     path = os.path.join(folder, f'{setting}_{processes}_{i}.spec.json')
     with open(path, 'w') as f:
       json.dump(spec, f)
-    cmd = [sys.executable, '-m', 'analysis.steptime.timing', path]
+    cmd = [sys.executable, '-m', module, path]
     if emulated:
       cmd = emulated.command(i, cmd)
     if setting != 'emulated':

@@ -393,16 +393,22 @@ def main(argv) -> int:
     print('usage: python -m analysis.steptime.timing SPEC.json  (written by python -m '
           'analysis.steptime.measure)', file=sys.stderr)
     return 2
-  with open(argv[1]) as f:
+  child(argv[1], run)
+  return 0
+
+
+def child(path: str, work) -> None:
+  """One child process of `measure.run_setting`: `work(spec)` of the spec at `path`;
+  process 0 writes its result to the spec's 'out'; then the processes part."""
+  with open(path) as f:
     spec = json.load(f)
-  out = run(spec)
+  out = work(spec)
   if spec['process_id'] == 0:
     with open(spec['out'], 'w') as f:
       json.dump(out, f)
   if spec['num_processes'] > 1:
     import jax
     jax.distributed.shutdown()
-  return 0
 
 
 if __name__ == '__main__':
