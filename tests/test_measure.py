@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 from analysis.steptime import calibrate, collectives, compare, hlo, link, measure, timing
 from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
-from runs import ROOT, process_env
+from runs import ROOT, config_file, process_env
 
 SIZES = np.geomspace(4096, 64e6, 8)
 
@@ -373,6 +373,31 @@ def test_measure_names_the_config_field_of_a_bad_cell(data_dir):
   with pytest.raises(config_lib.ConfigError,
                      match=r'config.global_batch=12 is invalid.*N=8 cell'):
     measure.plan(cfg, 8, 0, ['sync-split'], ['allreduce'], [], False)
+
+
+@pytest.mark.parametrize('name, arg, groups', [('squeezenet', 'digits', 0),
+                                               ('thesis', 'net=resnet34', 0),
+                                               ('resnet34_2d', 'digits', 4)])
+def test_measure_plans_every_server_and_variant_of_the_shipped_configs(name, arg, groups,
+                                                                       data_dir):
+  """Each cell keeps the config's BatchNorm groups where they fit (resnet34_2d's groups of
+  4 on 4 devices; unset: all devices), and gossip,
+  in the default --servers, gets its own per-device BN instead of an error; ResNet34's FC
+  layers are found through its partial (the hybrid variant)."""
+  cfg = config_file(name, arg)
+  cfg.dataset.data_dir = data_dir
+  runs, skipped = measure.plan(cfg, 4, 2, list(measure.SYNC_SCHEMES), list(config_lib.SERVERS),
+                               list(measure.ASYNC_SERVERS), True)
+  emulated = runs['emulated'][0][1]
+  assert {c['server'] for c in emulated['steps']} == set(config_lib.SERVERS)
+  gossip = next(c for c in emulated['steps'] if c['server'] == 'gossip' and c['n'] == 4)
+  assert gossip['overrides']['bn_group_size'] == 1  # settled: the children do not validate
+  allreduce = next(c for c in emulated['steps'] if c['server'] == 'allreduce' and c['n'] == 4)
+  assert allreduce['overrides']['bn_group_size'] == groups
+  two = next(c for c in emulated['steps'] if c['server'] == 'allreduce' and c['n'] == 2)
+  assert two['overrides']['bn_group_size'] == (0 if groups == 4 else groups)  # 4 > N: all
+  labels = [v['label'] for v in emulated['volume']]
+  assert ('hybrid' in labels) == (name != 'squeezenet') and 'local SGD' in labels
 
 
 def test_measure_plans_each_link_as_the_processes_setting_without_async(data_dir, monkeypatch):

@@ -159,7 +159,7 @@ def _grid_overrides(cfg, scheme: str, server: str, n: int) -> dict:
   return {'mesh.shape': (n,), 'mesh.axes': ('data',), 'mesh.emulate_cpu_devices': False,
           'distributed.coordinator': '', 'distributed.num_processes': 1,
           'distributed.process_id': 0, 'scheme': scheme, 'server': server,
-          'bn_group_size': 0, 'sync_every': 0, 'local_sgd_warmup': 0, 'fc_parallel': 'data',
+          'bn_group_size': _bn_groups(cfg, scheme, server, n), 'sync_every': 0, 'local_sgd_warmup': 0, 'fc_parallel': 'data',
           'sparsify.capacity': 0.0,
           'grad_reduce': 'psum' if scheme == 'async' or cfg.grad_reduce == 'torus2d'
           else cfg.grad_reduce,
@@ -168,6 +168,17 @@ def _grid_overrides(cfg, scheme: str, server: str, n: int) -> dict:
           if server == 'central' and scheme != 'async' else 'serial',
           'placement': 'greedy' if scheme == 'async' and server == 'distributed'
           else cfg.placement if server == 'distributed' else 'even'}
+
+
+def _bn_groups(cfg, scheme: str, server: str, n: int):
+  """The config's BatchNorm groups where they fit the cell (N devices, the method's BN),
+  else auto: what the method settles on (all devices; gossip's replicas and async's
+  workers, their own)."""
+  g = cfg.bn_group_size
+  if (g is None or scheme == 'async' or (server == 'gossip' and g != 1)
+      or (g and (g > n or n % g))):
+    return None
+  return g
 
 
 def _variants(cfg, n: int) -> list:
@@ -179,12 +190,13 @@ def _variants(cfg, n: int) -> list:
          ('central serial', {**base, 'server': 'central', 'central_schedule': 'serial'}),
          ('distributed greedy', {**base, 'server': 'distributed', 'placement': 'greedy'}),
          ('distributed even', {**base, 'server': 'distributed', 'placement': 'even'}),
-         ('sparse gossip', {**base, 'server': 'gossip', 'sparsify.capacity': 0.01}),
-         ('local SGD', {**base, 'sync_every': 4})]
+         ('sparse gossip', {**base, 'server': 'gossip', 'sparsify.capacity': 0.01,
+                            'bn_group_size': None}),
+         ('local SGD', {**base, 'sync_every': 4, 'bn_group_size': None})]
   if n >= 4:
     out.append(('torus2d', {**base, 'grad_reduce': 'torus2d', 'mesh.shape': (2, n // 2),
                             'mesh.axes': ('x', 'y')}))
-  if n >= 2 and models.MODELS[cfg.model].FC_LAYERS:
+  if n >= 2 and models.fc_layers(cfg.model):
     out.append(('hybrid', {**base, 'fc_parallel': 'model', 'mesh.shape': (n // 2, 2),
                            'mesh.axes': ('data', 'model')}))
   return out
@@ -203,7 +215,8 @@ def _validated(cfg, overrides, where: str):
     validation.validate_devices(cell, config_lib.driver_devices(cell), 1)
   except config_lib.ConfigError as e:
     raise config_lib.ConfigError(f'{e} (in the {where} cell)') from None
-  return overrides
+  # The children build the cell without validating it: BN's groups as settled for the method.
+  return {**overrides, 'bn_group_size': cell.bn_group_size}
 
 
 def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, with_volume: bool,
@@ -238,7 +251,7 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
                          'overrides': _validated(cfg, overrides, label)})
       except config_lib.ConfigError as e:
         skipped.append(f'volume {label}: {e}')
-    if with_volume and ns[-1] > 1 and not models.MODELS[cfg.model].FC_LAYERS:
+    if with_volume and ns[-1] > 1 and not models.fc_layers(cfg.model):
       skipped.append(f'volume hybrid: {cfg.model} has no FC layers to split')
     if with_volume and 1 < ns[-1] < 4:
       skipped.append('volume torus2d: needs a mesh of 2×2 or more (--workers ≥ 4)')

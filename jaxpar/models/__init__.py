@@ -11,5 +11,12 @@ MODELS = {'vgg16e': VGG16E, 'googlenet': GoogLeNet, 'squeezenet': SqueezeNet, 'r
 # 2×2 pools; SqueezeNet's first convolution is an unpadded 7×7.
 MIN_IMAGE_SIZE = {'vgg16e': 32, 'googlenet': 1, 'squeezenet': 7, 'resnet34': 1}
 
-__all__ = ['AUX_LOSS_WEIGHT', 'GoogLeNet', 'MIN_IMAGE_SIZE', 'MODELS', 'ResNet', 'ResNet34', 'SqueezeNet', 'VGG',
-           'VGG16E']
+
+def fc_layers(name: str) -> tuple:
+  """The fully connected layers of network `name` (ResNet34 is a partial of ResNet)."""
+  constructor = MODELS[name]
+  return getattr(constructor, 'func', constructor).FC_LAYERS
+
+
+__all__ = ['AUX_LOSS_WEIGHT', 'GoogLeNet', 'MIN_IMAGE_SIZE', 'MODELS', 'ResNet', 'ResNet34',
+           'SqueezeNet', 'VGG', 'VGG16E', 'fc_layers']
