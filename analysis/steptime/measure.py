@@ -159,8 +159,8 @@ def _grid_overrides(cfg, scheme: str, server: str, n: int) -> dict:
   return {'mesh.shape': (n,), 'mesh.axes': ('data',), 'mesh.emulate_cpu_devices': False,
           'distributed.coordinator': '', 'distributed.num_processes': 1,
           'distributed.process_id': 0, 'scheme': scheme, 'server': server,
-          'bn_group_size': _bn_groups(cfg, scheme, server, n), 'sync_every': 0, 'local_sgd_warmup': 0, 'fc_parallel': 'data',
-          'sparsify.capacity': 0.0,
+          'bn_group_size': _bn_groups(cfg, scheme, server, n), 'sync_every': 0,
+          'local_sgd_warmup': 0, 'fc_parallel': 'data', 'sparsify.capacity': 0.0,
           'grad_reduce': 'psum' if scheme == 'async' or cfg.grad_reduce == 'torus2d'
           else cfg.grad_reduce,
           'grad_reduce_dtype': 'float32' if scheme == 'async' else cfg.grad_reduce_dtype,
