@@ -153,18 +153,15 @@ def case_config(base, case: dict, seed: int, lr_factor: float, max_steps: int):
   """The base config with the case's method, its mesh of `case['devices']` devices, the
   seed, the learning rate × factor at a constant schedule (K must not depend on the run's
   length) and nothing but training (no checkpoints, no periodic evaluation)."""
+  from analysis.steptime.measure import grid_overrides
   from jaxpar import validation
   c = copy.deepcopy(base)
   c.unlock()
-  c.update_from_flattened_dict(case['overrides'])
-  # The base config's choices for a server the case does not use (configs/thesis.py sets
-  # the distributed server's placement) go back to their defaults.
-  if c.server != 'distributed':
-    c.placement = 'auto'
-  if c.server != 'central' or c.scheme == 'async':
-    c.central_schedule = 'serial'
-  c.mesh.shape, c.mesh.axes = (case['devices'],), ('data',)
-  c.mesh.emulate_cpu_devices = False
+  # What belongs to another server or method is reset as in `measure`'s grid (e.g.
+  # configs/thesis.py's placement for the distributed server), then the case's own.
+  overrides = case['overrides']
+  c.update_from_flattened_dict({**grid_overrides(base, overrides['scheme'], overrides['server'],
+                                                 case['devices']), **overrides})
   c.global_batch = case['devices'] * c.per_device_batch
   c.seed = seed
   c.optimizer.base_lr = base.optimizer.base_lr * lr_factor

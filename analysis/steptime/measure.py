@@ -153,9 +153,9 @@ def powers_of_two(limit: int) -> list:
 
 
 # --------------------------------------------------------------------------- the cells
-def _grid_overrides(cfg, scheme: str, server: str, n: int) -> dict:
+def grid_overrides(cfg, scheme: str, server: str, n: int) -> dict:
   """One cell of the grid on a 1-D mesh of N devices; what belongs to another server or
-  method is reset, the config's own choice kept where it applies."""
+  method is reset, the config's own choice kept where it applies (also `tta`'s cases)."""
   return {'mesh.shape': (n,), 'mesh.axes': ('data',), 'mesh.emulate_cpu_devices': False,
           'distributed.coordinator': '', 'distributed.num_processes': 1,
           'distributed.process_id': 0, 'scheme': scheme, 'server': server,
@@ -183,7 +183,7 @@ def _bn_groups(cfg, scheme: str, server: str, n: int):
 
 def _variants(cfg, n: int) -> list:
   """(label, overrides) of the methods the volume table adds to the grid's, on N devices."""
-  base = _grid_overrides(cfg, 'sync-split', 'allreduce', n)
+  base = grid_overrides(cfg, 'sync-split', 'allreduce', n)
   out = [('ring', {**base, 'grad_reduce': 'ring'}),
          ('bfloat16', {**base, 'grad_reduce_dtype': 'bfloat16'}),
          ('central parallel', {**base, 'server': 'central', 'central_schedule': 'parallel'}),
@@ -229,7 +229,7 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
   def steps(ns):
     return [{'scheme': s, 'server': v, 'n': n,
              'per_device_batch': batch[s] // n if s == 'sync-split' else batch[s],
-             'overrides': _validated(cfg, _grid_overrides(cfg, s, v, n), f'{s} {v} N={n}')}
+             'overrides': _validated(cfg, grid_overrides(cfg, s, v, n), f'{s} {v} N={n}')}
             for n in ns for s in schemes for v in servers]
 
   def grad_batches(cells):
@@ -259,7 +259,7 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
         'local_devices': ns[-1], 'grad_batches': grad_batches(grid),
         'steps': grid,
         'async': [{'server': v, 'n': n, 'overrides': _validated(
-            cfg, _grid_overrides(cfg, 'async', v, n), f'async {v} N={n}')}
+            cfg, grid_overrides(cfg, 'async', v, n), f'async {v} N={n}')}
                   for n in ns for v in async_servers],
         'volume': variants})]
   ps = powers_of_two(processes)
@@ -272,7 +272,7 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
                      "'jaxpar[ray]')")
     elif async_servers:
       on_ray = [{'server': v, 'n': n, 'backend': 'ray', 'overrides': _validated(
-          cfg, {**_grid_overrides(cfg, 'async', v, n), 'async_sgd.backend': 'ray'},
+          cfg, {**grid_overrides(cfg, 'async', v, n), 'async_sgd.backend': 'ray'},
           f'async on Ray {v} N={n}')} for n in ps for v in async_servers]
     # t_grad alone in the one-process run (one pinned core, as each process of the others
     # has); in the others, each device's batches under the run's contention.
