@@ -10,7 +10,7 @@ from absl import logging
 
 from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
-from jaxpar import models, multihost, optim, validation
+from jaxpar import host_memory, models, multihost, optim, validation
 from jaxpar.data import pipeline, sources
 from jaxpar.models.conv import conv_general_dilated
 from jaxpar.parallel.allreduce import AllReduce
@@ -29,6 +29,7 @@ def mesh(cfg):
   """Joins a multi-process run if configured (or the cluster's environment says so),
   emulates CPU devices if asked, and builds the mesh. Must run before anything else
   starts JAX's backend."""
+  host_memory.keep_freed_memory(cfg.host_memory)
   processes = multihost.join(**cfg.distributed)
   if config_lib.on_ray(cfg):  # the workers are Ray's actors; this process evaluates
     mesh_lib.emulate_cpu_devices(1)
@@ -133,7 +134,7 @@ def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):
                        workers=config_lib.num_devices(cfg), micro_batches=cfg.grad_accum_steps,
                        max_staleness=a.max_staleness, lr_staleness=a.lr_staleness,
                        restart_workers=a.restart_workers, gpus_per_worker=a.gpus_per_worker,
-                       address=a.ray_address)
+                       address=a.ray_address, host_memory=cfg.host_memory)
   start = int(state.examples_seen)
   # A step's examples: the global batch, or (async) one worker's push.
   batches = train_batches(cfg, source, config_lib.global_batch(cfg), start)

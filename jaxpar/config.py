@@ -47,6 +47,10 @@ def defaults() -> ml_collections.ConfigDict:
   # matmul per kernel tap where the output map is small (XLA's CPU convolutions are slow
   # there), XLA's convolution everywhere else and on GPU/TPU; xla; taps.
   c.conv_impl = 'auto'
+  # Host memory (jaxpar/host_memory.py): keep = glibc keeps freed memory for reuse, so
+  # XLA's CPU temporaries above 32 MiB are not mapped and faulted in again every step
+  # (ResNet34 at 32², batch 16, one device: 92 → 68 ms a step); system = malloc as is.
+  c.host_memory = 'keep'
 
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = 'sklearn_digits'  # a TFDS name, or 'image_folder'

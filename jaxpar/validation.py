@@ -22,6 +22,7 @@ from jaxpar.config import (CLUSTERS, DTYPES, LOSS_SCALINGS, REDUCE_DTYPES, SCHEM
                            ConfigError, num_devices)
 from jaxpar.data import sources
 from jaxpar.data.pipeline import AUGMENTATIONS
+from jaxpar.host_memory import HOST_MEMORY
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS
 from jaxpar.models.conv import CONV_IMPLS
 from jaxpar.models.resnet import SHORTCUTS
@@ -54,6 +55,7 @@ def validate(c) -> None:
   `auto` is chosen to fit it."""
   for field, choices in (('model', sorted(MODELS)), ('shortcut', SHORTCUTS), ('dtype', DTYPES),
                          ('grad_reduce_dtype', REDUCE_DTYPES), ('conv_impl', CONV_IMPLS),
+                         ('host_memory', HOST_MEMORY),
                          ('loss_scaling', LOSS_SCALINGS),
                          ('scheme', SCHEMES),
                          ('server', SERVERS), ('placement', ('auto', *PLACEMENTS)),

@@ -31,6 +31,10 @@ if 'JAXPAR_TEST_XLA_CACHE' not in os.environ:  # the session's first process
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from jaxpar.host_memory import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # as every run does (config.host_memory's default), before the backend
+
 jax.config.update('jax_num_cpu_devices', 8)
 jax.config.update('jax_compilation_cache_dir', os.environ['JAXPAR_TEST_XLA_CACHE'])
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)  # unoptimised: most < 1 s

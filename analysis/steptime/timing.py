@@ -317,7 +317,9 @@ def run(spec) -> dict:
 
   from jaxpar import mesh as mesh_lib
   from jaxpar import multihost
+  from jaxpar.host_memory import keep_freed_memory
   base = ml_collections.ConfigDict(spec['config'])
+  keep_freed_memory(base.host_memory)
   multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none',
                  base.distributed.initialization_timeout, base.distributed.heartbeat_timeout)
   mesh_lib.emulate_cpu_devices(spec['local_devices'])

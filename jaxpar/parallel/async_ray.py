@@ -43,6 +43,7 @@ import numpy as np
 from absl import logging
 
 from jaxpar.config import RunError
+from jaxpar.host_memory import keep_freed_memory
 from jaxpar.parallel.async_sgd import Ledger, apply_update, gradient_fn
 
 
@@ -87,7 +88,9 @@ def _numpy(tree):
 class _Worker:
   """One Downpour worker: its shard of the data, the gradient function, a pull's weights in."""
 
-  def __init__(self, index, model, batches, micro_batches, rng_data, treedef, parts):
+  def __init__(self, index, model, batches, micro_batches, rng_data, treedef, parts,
+               host_memory='keep'):
+    keep_freed_memory(host_memory)  # before this actor's JAX starts its backend
     self.index, self.batches, self.treedef, self.parts = index, batches, treedef, parts
     self.grad_fn = gradient_fn(model, micro_batches)
     self.rng = jax.random.fold_in(jax.random.wrap_key_data(rng_data), index)
@@ -120,7 +123,8 @@ class _Worker:
 class _Server:
   """One part of the weights, its optimizer state (and, server 0, the BN statistics)."""
 
-  def __init__(self, tx, leaves, opt_state, stats):
+  def __init__(self, tx, leaves, opt_state, stats, host_memory='keep'):
+    keep_freed_memory(host_memory)
     self.step = jax.jit(lambda *a: apply_update(tx, *a))
     self.leaves, self.opt_state, self.stats = leaves, opt_state, stats
     self.pulled = None  # the current version as numpy, made once for every worker pulling it
@@ -159,12 +163,14 @@ class RayDownpour:
 
   def __init__(self, model, tx, server, batches, count: int, rng, *, workers: int,
                micro_batches: int = 1, max_staleness=None, lr_staleness: str = 'none',
-               restart_workers: int = 0, gpus_per_worker: float = 0.0, address: str = ''):
+               restart_workers: int = 0, gpus_per_worker: float = 0.0, address: str = '',
+               host_memory: str = 'keep'):
     self.model, self.tx, self.server, self.batches = model, tx, server, batches
     self.count, self.rng, self.workers = count, rng, workers
     self.micro_batches, self.restart_workers = micro_batches, restart_workers
     self.max_staleness, self.lr_staleness = max_staleness, lr_staleness
     self.gpus_per_worker, self.address = gpus_per_worker, address
+    self.host_memory = host_memory
     self.ledger = None
     self.actors, self.servers = {}, []
     self.in_flight = {}   # the reference of a worker's `compute` summary -> (worker, its refs)
@@ -281,7 +287,8 @@ class RayDownpour:
     server_actor = ray.remote(num_cpus=0, max_restarts=0)(_Server)
     self.servers = [
         server_actor.options(scheduling_strategy='SPREAD').remote(
-            self.tx, [np.asarray(leaves[i]) for i in part], opt_states[p], stats if p == 0 else None)
+            self.tx, [np.asarray(leaves[i]) for i in part], opt_states[p],
+            stats if p == 0 else None, self.host_memory)
         for p, part in enumerate(parts)]
     env = {'TF_CPP_MIN_LOG_LEVEL': '2'}
     if not self.gpus_per_worker:
@@ -293,7 +300,7 @@ class RayDownpour:
         max_task_retries=0, scheduling_strategy='SPREAD', runtime_env={'env_vars': env})
     rng_data = np.asarray(jax.random.key_data(self.rng))
     self.actors = {w: worker_actor.remote(w, self.model, self.batches, self.micro_batches,
-                                          rng_data, treedef, parts)
+                                          rng_data, treedef, parts, self.host_memory)
                    for w in range(self.workers)}
     self.where = dict(zip(self.actors, ray.get([a.where.remote() for a in self.actors.values()])))
     self.position = {w: first // self.workers for w in self.actors}

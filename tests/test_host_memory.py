@@ -1,0 +1,50 @@
+"""`host_memory='keep'`: a compiled step whose temporaries exceed glibc's largest mmap
+threshold (32 MiB) stops faulting its pages in again on every call. Counted in minor page
+faults (the kernel's count, not a time), each setting in a fresh process."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jaxpar.host_memory import HOST_MEMORY, keep_freed_memory
+from tests.runs import process_env
+
+# One 3000 × 3000 float32 matmul's output, 36 MB, is the program's temporary; two more
+# steps keep it alive beside the parameter.
+_CHILD = """
+import json, resource, sys
+from jaxpar.host_memory import keep_freed_memory
+kept = keep_freed_memory(sys.argv[1])
+import jax, jax.numpy as jnp
+f = jax.jit(lambda x: jnp.tanh(x @ x).sum(axis=0) + jnp.tanh(x.T @ x).sum(axis=1))
+x = jnp.ones((3000, 3000), jnp.float32) / 3000
+f(x).block_until_ready()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+  f(x).block_until_ready()
+after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+temp = f.lower(x).compile().memory_analysis().temp_size_in_bytes
+print(json.dumps({'kept': kept, 'faults': (after - before) / 5, 'temp': temp}))
+"""
+
+
+def _faults(choice: str) -> dict:
+  out = subprocess.run([sys.executable, '-c', _CHILD, choice], env=process_env(),
+                       capture_output=True, text=True, timeout=300, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_kept_memory_is_not_faulted_in_again():
+  system, keep = _faults('system'), _faults('keep')
+  assert system['temp'] > 32 * 2**20  # above glibc's mmap threshold, however it adapted
+  if system['faults'] < system['temp'] / 4096 / 2:
+    pytest.skip(f"this libc does not unmap large blocks ({system['faults']:.0f} faults a call)")
+  assert keep['kept'] and not system['kept']
+  # Every 4 KiB page of the temporaries faulted in each call, then none of them.
+  assert keep['faults'] < 0.05 * system['faults'], (keep, system)
+
+
+def test_choices():
+  assert HOST_MEMORY == ('keep', 'system')
+  assert keep_freed_memory('system') is False  # nothing asked, nothing changed
