@@ -44,9 +44,10 @@ def keep_freed_memory(choice: str = 'keep') -> bool:
     _applied = False
     return False
   libc.gnu_get_libc_version.restype = ctypes.c_char_p
-  _applied = all(libc.mallopt(param, value) == 1 for param, value in
-                 ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, _LARGEST),
-                  (_M_TRIM_THRESHOLD, _LARGEST)))
+  # Every setting tried, even after one is refused (all() of a generator would stop there).
+  _applied = all([libc.mallopt(param, value) == 1 for param, value in
+                  ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, _LARGEST),
+                   (_M_TRIM_THRESHOLD, _LARGEST))])
   logging.info('host_memory=keep: glibc %s keeps freed memory for reuse (one arena, mmap '
                'above 2 GiB only, no trimming)%s.',
                libc.gnu_get_libc_version().decode(),

@@ -10,8 +10,8 @@ import pytest
 from jaxpar.host_memory import HOST_MEMORY, keep_freed_memory
 from tests.runs import process_env
 
-# One 3000 × 3000 float32 matmul's output, 36 MB, is the program's temporary; two more
-# steps keep it alive beside the parameter.
+# Two 3000 × 3000 float32 matmuls: their 36 MB outputs are the program's temporaries,
+# above glibc's largest mmap threshold.
 _CHILD = """
 import json, resource, sys
 from jaxpar.host_memory import keep_freed_memory
