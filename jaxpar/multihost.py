@@ -211,6 +211,16 @@ def process_0_first(name: str, fn):
   return result
 
 
+def barrier(name: str):
+  """Every process of a joined run waits here for the others: a barrier of the coordination
+  service, not a collective — a peer still compiling (or loading from a compilation cache
+  what this one compiled) may lag by more than gloo's 30 s for a first collective. `name`:
+  unique within the run. Without a joined run, nothing."""
+  state = jax_distributed.global_state
+  if state.client is not None and state.num_processes > 1:
+    state.client.wait_at_barrier(f'{_PREFIX}{name}', _BARRIER_MS)
+
+
 def _stop(reason: str, status: int = EXIT_PEER_LOST):
   """Ends this process from any thread, even while its main thread waits in a collective."""
   state = jax_distributed.global_state

@@ -219,6 +219,25 @@ def test_compare_predictions_held_out_errors_and_regret_by_hand():
   assert 'regret 1.04' in text
 
 
+def test_compare_overview_has_a_row_per_network_and_setting_by_hand():
+  """The report's (and README's) table of every network: t_comm/t_grad, the measured best and
+  best parallel point, each model's held-out error, pick and regret."""
+  result = _fake_measurement()
+  points = compare.rows(result)
+  summary = {r['model']: r for r in compare.held_out_summary(points)}
+  parts, thesis = summary['parts'], summary['thesis']
+  # Measured: sync-split N=2 is fastest, 8 × 23 ms: S = 8 × 32 / 184 = 1.39; t_comm/t_grad =
+  # 1.1 ms / 32 ms; parts and the thesis pick sync-join central N=2 (192 ms): regret 1.04.
+  table = compare.overview_table([result], points).splitlines()
+  assert len(table) == 3
+  assert table[2] == (
+      f'| net (1.0 MB; 32) | processes | {(1e-4 + MB / 1e9) / 0.032:.2f} '
+      '| sync-split allreduce N=2: 1.39× | sync-split allreduce N=2: 1.39× '
+      f"| {compare._percent(parts['median_log_error'])} ({compare._percent(parts['noise_floor'])}) "
+      '| sync-join central N=2: 1.04 | —, — '
+      f"| {compare._percent(thesis['median_log_error'])}, 1.04 |")
+
+
 def test_compare_predicts_a_link_from_loopback_and_the_rate():
   """The rate model: a link setting's step from the loopback setting's parts alone, each
   collective adding the bytes its busiest device sends ÷ the rate; nothing measured across
@@ -433,6 +452,18 @@ def test_rounds_interleave_every_cell_in_one_order_per_round():
   assert timing.round_order(4, 7) == timing.round_order(4, 7)
   # Groups under a memory budget: consecutive, each at least one cell.
   assert timing.groups([3, 3, 3, 10, 1], budget=6) == [[0, 1], [2], [3], [4]]
+
+
+def test_children_share_one_compilation_cache_per_run(tmp_path, monkeypatch):
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', '/elsewhere')
+  run = measure.compilation_cache('run', str(tmp_path))
+  assert run == str(tmp_path / 'xla_cache') and os.path.isdir(run)
+  kept = measure.compilation_cache(str(tmp_path / 'kept'), str(tmp_path / 'unused'))
+  assert kept == str(tmp_path / 'kept') and os.path.isdir(kept)
+  assert measure._child_env(run)['JAX_COMPILATION_CACHE_DIR'] == run
+  off = measure.compilation_cache('off', str(tmp_path))
+  assert off == '' and 'JAX_COMPILATION_CACHE_DIR' not in measure._child_env(off)
+  assert measure._child_env()['JAX_COMPILATION_CACHE_DIR'] == '/elsewhere'  # not measure's
 
 
 def test_repetitions_are_joined_and_kept():

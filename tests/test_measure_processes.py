@@ -14,10 +14,14 @@ from test_measure import check_setting, measure_and_compare
 
 @pytest.mark.slow
 def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
+  cache = tmp_path / 'compiled'
   result, stderr, report = measure_and_compare(tmp_path, data_dir, '--workers=0',
                                                '--processes=2', '--links=100mbit',
-                                               '--repetitions=1')
+                                               '--repetitions=1', f'--compilation_cache={cache}')
   assert '[processes] [1/1] t_iter sync-join allreduce N=2' in stderr  # progress
+  # Process 0 kept the steps' programs for the runs after it (the link's loads them).
+  assert result['compilation_cache'] == str(cache)
+  assert any(p.name.startswith('jit_step-') for p in cache.iterdir())
   why_not = link.unavailable()
   assert set(result['settings']) == {'processes'} | ({'link-100mbit'} if not why_not else set())
   setting = check_setting(result, 'processes', repetitions=1)

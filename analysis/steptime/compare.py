@@ -296,6 +296,52 @@ def summary_table(summary) -> str:
   return '\n'.join(lines)
 
 
+def _label(p) -> str:
+  return f"{p['scheme']} {p['server']} N={p['n']}"
+
+
+def overview_table(results, points) -> str:
+  """One row per network and setting: t_comm/t_grad, the measured best (any N) and the best
+  parallel point, and per model its held-out error (the parts model's with the noise floor),
+  its pick and the pick's regret — the README's table of every network."""
+  summary = {(r['network'], r['image_size'], r['setting'], r['model']): r
+             for r in held_out_summary(points)}
+  lines = ['| network (weights; batch) | setting | t_comm / t_grad | best measured '
+           '| best parallel | parts: error (noise) | parts: pick, regret '
+           "| loopback + rate: error, regret | [T]'s equations: error, regret |",
+           '|---|---|---:|---|---|---|---|---|---|']
+  for result in results:
+    net = result['network']
+    for setting in result['settings']:
+      key = (net['model'], net['image_size'], setting)
+      mine = [p for p in points if (p['network'], p['image_size'], p['setting']) == key]
+      if not mine:
+        continue
+      ratio = next((p['t_comm'] / p['t_grad'] for p in mine
+                    if p['scheme'] == 'sync-split' and p['t_comm']), None)
+
+      def best(candidates):
+        if not candidates:
+          return '—'
+        p = min(candidates, key=lambda p: p['t_train'])
+        return f"{_label(p)}: {p['speedup']:.2f}×"
+
+      def judged(model):
+        """(error, noise floor, pick, regret) of `model` in this setting, as printed."""
+        r = summary.get((*key, model))
+        return ('—',) * 4 if r is None else (
+            _percent(r['median_log_error']), _percent(r['noise_floor']), r['pick'],
+            _fmt(r['regret'], '.2f'))
+      parts, rate, thesis = judged('parts'), judged('rate'), judged('thesis')
+      lines.append(
+          f"| {net['model']} ({net['param_bytes'] / 1e6:.1f} MB; "
+          f"{result['batch']['sync-join']}) | {setting} | {_fmt(ratio, '.2f')} "
+          f"| {best(mine)} | {best([p for p in mine if p['n'] > 1])} "
+          f"| {parts[0]} ({parts[1]}) | {parts[2]}: {parts[3]} | {rate[0]}, {rate[3]} "
+          f"| {thesis[0]}, {thesis[3]} |")
+  return '\n'.join(lines)
+
+
 def join_penalty(points) -> list:
   """What a sync-join step costs beyond a sync-split step of the same server and N, per
   setting: the measured difference of their steps next to the difference of their
@@ -330,7 +376,9 @@ def join_penalty_table(rows_) -> str:
 
 
 def markdown(results, points) -> str:
-  lines = ['# Predicted against measured', '']
+  lines = ['# Predicted against measured', '',
+           'Every network and setting at a glance (held out as in the sections below; the '
+           'noise floor in brackets):', '', overview_table(results, points), '']
   for result in results:
     m, v = result['machine'], result['versions']
     net = result['network']

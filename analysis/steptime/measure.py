@@ -101,6 +101,12 @@ def define_flags():
                      'of the network\'s weights.')
   flags.DEFINE_integer('warmup', 2, 'Untimed calls first (the first compiles).')
   flags.DEFINE_integer('async_repeats', 2, 'Timed runs of D async pushes.')
+  flags.DEFINE_string('compilation_cache', 'off', "Where the children keep compiled programs "
+                      "(JAX's persistent compilation cache): 'off' (every child compiles its "
+                      "own, as a training run does), 'run' (a folder of this run: each program "
+                      "compiled once, later repetitions and link settings load it), or a "
+                      "folder kept across runs. Loaded programs can run faster than freshly "
+                      "compiled ones (docs/measuring.md): compare only runs alike.")
   flags.DEFINE_boolean('volume', True, 'Also lower (and run once) the variants that are not in '
                        'the grid, on the largest emulated mesh: ring, bfloat16, torus2d, other '
                        'schedules and placements, sparsified gossip, Local SGD, hybrid FC.')
@@ -296,27 +302,45 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _child_env():
-  """The children choose their device count: no inherited forced host device count."""
+def _child_env(cache: str | None = None):
+  """The children choose their device count: no inherited forced host device count. With
+  `cache` a folder, they keep and load compiled programs there (JAX's persistent
+  compilation cache; process 0 writes it) — the same program compiles once per run; ''
+  turns an inherited cache off; None leaves the environment's choice."""
   env = dict(os.environ)
   env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
                               if 'xla_force_host_platform_device_count' not in f)
+  if cache:
+    env['JAX_COMPILATION_CACHE_DIR'] = cache
+    env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  elif cache == '':
+    env.pop('JAX_COMPILATION_CACHE_DIR', None)
   return env
 
 
+def compilation_cache(choice: str, folder: str) -> str:
+  """The children's compilation cache folder for `--compilation_cache` (`folder`: the
+  run's temporary one); '' when off."""
+  if choice == 'off':
+    return ''
+  path = os.path.join(folder, 'xla_cache') if choice == 'run' else os.path.abspath(choice)
+  os.makedirs(path, exist_ok=True)
+  return path
+
+
 def run_setting(setting: str, processes: int, fields: dict, common: dict, folder: str,
-                module: str = 'analysis.steptime.timing') -> dict:
+                module: str = 'analysis.steptime.timing', cache: str | None = None) -> dict:
   """Runs one setting's child processes, `python -m module SPEC.json` (pinned to cores
-  0..P−1 unless emulated; a link setting's in their network namespaces) and returns process
-  0's results, the JSON it writes to the spec's 'out'. A failed process stops the others and
-  raises with its log."""
+  0..P−1 unless emulated; a link setting's in their network namespaces; `cache`: their
+  compilation cache folder, `_child_env`) and returns process 0's results, the JSON it
+  writes to the spec's 'out'. A failed process stops the others and raises with its log."""
   if setting.startswith('link-') and processes > 1:
     with link.Link(processes, setting.removeprefix('link-')) as emulated:
-      return _run_children(setting, processes, fields, common, folder, emulated, module)
-  return _run_children(setting, processes, fields, common, folder, None, module)
+      return _run_children(setting, processes, fields, common, folder, emulated, module, cache)
+  return _run_children(setting, processes, fields, common, folder, None, module, cache)
 
 
-def _run_children(setting, processes, fields, common, folder, emulated, module) -> dict:
+def _run_children(setting, processes, fields, common, folder, emulated, module, cache) -> dict:
   out = os.path.join(folder, f'{setting}_{processes}.json')
   port = _free_port() if processes > 1 else 0
   host = emulated.addresses[0] if emulated else '127.0.0.1'
@@ -338,7 +362,7 @@ def _run_children(setting, processes, fields, common, folder, emulated, module) 
       cmd = ['taskset', '-c', str(i % cores)] + cmd
     log = open(os.path.join(folder, f'{setting}_{processes}_{i}.log'), 'w+')
     logs.append(log)
-    procs.append(subprocess.Popen(cmd, env=_child_env(), stdout=log if i else None,
+    procs.append(subprocess.Popen(cmd, env=_child_env(cache), stdout=log if i else None,
                                   stderr=log if i else None))
   while any(p.poll() is None for p in procs):
     failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
@@ -447,6 +471,7 @@ def measure(cfg, argv) -> dict:
     print(f'[measure] skipped {note}', file=sys.stderr)
   settings = {}
   with tempfile.TemporaryDirectory() as folder:
+    cache = compilation_cache(FLAGS.compilation_cache, folder)
     for repetition in range(FLAGS.repetitions):
       for setting, setting_runs in runs.items():
         results = []
@@ -458,7 +483,7 @@ def measure(cfg, argv) -> dict:
                 f'{processes} process(es), {devices} device(s)', file=sys.stderr, flush=True)
           results.append(run_setting(setting, processes,
                                      {**fields, 'call_sizes': sizes if calibrated else []},
-                                     common, folder))
+                                     common, folder, cache=cache))
         settings.setdefault(setting, []).append(_merge(results))
   settings = {name: combine(reps) for name, reps in settings.items()}
   return {'tool': 'analysis.steptime.measure', 'created': datetime.datetime.now().isoformat(
@@ -472,7 +497,8 @@ def measure(cfg, argv) -> dict:
           'batches': FLAGS.batches, 'central_schedule': cfg.central_schedule,
           'repeats': FLAGS.repeats, 'warmup': FLAGS.warmup, 'rounds': FLAGS.rounds,
           'steps_per_round': FLAGS.steps_per_round, 'repetitions': FLAGS.repetitions,
-          'skipped': skipped, 'settings': settings}
+          'compilation_cache': FLAGS.compilation_cache, 'skipped': skipped,
+          'settings': settings}
 
 
 def summary(result) -> str:

@@ -76,14 +76,16 @@ def gradient_cell(cfg, meta, batch: int):
   from jaxpar import build
   from jaxpar.mesh import make_mesh
   from jaxpar.parallel.async_sgd import gradient_fn
-  from jaxpar.step import init_variables
+  from jaxpar.step import init_compiler_options, init_variables
 
   device = jax.local_devices()[0]
   model = build.model(cfg, meta['num_classes'], meta['channels'],
                       make_mesh(cfg.mesh.shape, cfg.mesh.axes, [device], cfg.bn_group_size))
-  variables = jax.device_put(init_variables(model.clone(bn_axis_name=None),
-                                            (1, cfg.image_size, cfg.image_size, meta['channels']),
-                                            jax.random.key(0)), device)
+  # One program, not an op at a time (ResNet34: 180 small compiles, 6 s).
+  variables = jax.jit(lambda: init_variables(
+      model.clone(bn_axis_name=None), (1, cfg.image_size, cfg.image_size, meta['channels']),
+      jax.random.key(0)), out_shardings=jax.sharding.SingleDeviceSharding(device),
+      compiler_options=init_compiler_options())()
   grads = gradient_fn(model)
   data = jax.device_put(_synthetic(batch, cfg, meta), device)
   rng = jax.random.key(1)
@@ -139,6 +141,7 @@ def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
+  from jaxpar import multihost
   from jaxpar.mesh import make_mesh
   mesh = make_mesh((2,), ('pair',), jax.devices()[:2])
   results = {}
@@ -153,6 +156,7 @@ def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
       for k in CHAINS:
         fn = jax.jit(jax.shard_map(_chain(op, k), mesh=mesh, in_specs=P('pair'),
                                    out_specs=P('pair'), check_vma=False))
+        multihost.barrier(f'calls {op} {size} {k}')  # each compiles (or loads) at its pace
         chains[k] = _timed(lambda b=buffer, f=fn: jax.block_until_ready(f(b)), repeats, warmup)
         if k == 1:
           single = _agreed(float(np.mean(chains[1])))
@@ -233,16 +237,18 @@ def time_in_rounds(make_cells, rounds: int, steps_per_round: int, warmup: int,
                    barrier=None) -> list:
   """Samples of each cell: `make_cells()` gives the cells' calls (made, and compiled by the
   warm-up, before any is timed); then `rounds` rounds, each running every cell once untimed
-  and `steps_per_round` times timed, in `round_order`. `barrier(r)` (if given) starts each
-  round on every process at once."""
+  and `steps_per_round` times timed, in `round_order`. `barrier(name)` (if given) starts
+  each cell's warm-up and each round on every process at once."""
   calls = make_cells()
-  for call in calls:
+  for i, call in enumerate(calls):
+    if barrier:
+      barrier(f'warm-up {i}')  # the processes compile at their own pace (or load a cache)
     for _ in range(warmup):
       call()
   samples = [[] for _ in calls]
   for r in range(rounds):
     if barrier:
-      barrier(r)
+      barrier(f'round {r}')
     for i in round_order(len(calls), r):
       samples[i] += _timed(calls[i], steps_per_round, 1)
   return samples
@@ -339,14 +345,8 @@ def run(spec) -> dict:
   cells = ([('grad', b, 3 * weights) for b in spec['grad_batches']]
            + [('step', c, 4 * weights * (c['n'] if spec['setting'] == 'emulated' else 1))
               for c in spec['steps']])
-  barrier = None
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    def barrier(r):
-      multihost_utils.sync_global_devices(f'round {r}')
   done = 0
-  for group in groups([cost for _, _, cost in cells]):
+  for g, group in enumerate(groups([cost for _, _, cost in cells])):
     mine = [cells[i] for i in group]
     compiled = {}
 
@@ -359,7 +359,8 @@ def run(spec) -> dict:
           compiled[j] = step_cell(cell(what['overrides']), meta)
           calls.append(compiled[j]['run'])
       return calls
-    samples = time_in_rounds(make, spec['rounds'], spec['steps_per_round'], warmup, barrier)
+    samples = time_in_rounds(make, spec['rounds'], spec['steps_per_round'], warmup,
+                             lambda name, g=g: multihost.barrier(f'cells {g} {name}'))
     for j, (kind, what, _) in enumerate(mine):
       if kind == 'grad':
         out['t_grad'][str(what)] = samples[j]
