@@ -105,3 +105,13 @@ def test_bench_alternates_the_torch_peer(data_dir):
 def test_torch_peer_is_refused_for_a_variant_it_does_not_have(data_dir):
   with pytest.raises(config_lib.ConfigError, match='config.batch_norm=True is invalid with'):
     bench.bench(_config(data_dir, batch_norm=True), steps=1, warmup=1, with_torch=True)
+
+
+def test_bench_table_bad_arguments_are_one_line(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    bench_table.main(['--help'])
+  assert e.value.code == 2 and 'bench_table runs/*.json' in capsys.readouterr().err
+  bad = tmp_path / 'bad.json'
+  bad.write_text('{not json')
+  with pytest.raises(SystemExit, match='bad.json: not a JSON written by analysis.benchmarks'):
+    bench_table.main([str(bad)])

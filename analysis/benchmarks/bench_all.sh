@@ -4,7 +4,7 @@
 # on one device; ResNet34 on 8 emulated devices and across 2 processes; the float32 steps
 # beside their PyTorch peer (needs the [bench] extra; PyTorch's bfloat16 autocast on CPU
 # runs 10-25x slower than its float32).
-#   bash analysis/benchmarks/bench_all.sh runs      # ~30 min on 2 cores
+#   bash analysis/benchmarks/bench_all.sh runs      # 20-30 min on 2 cores
 set -euo pipefail
 out=${1:-runs}; mkdir -p "$out"
 cell() { echo "configs/thesis.py:net=$1,scheme=sync-split,server=allreduce,workers=$2,batch=$3"; }

@@ -74,12 +74,17 @@ def methods_table(results) -> str:
 def main(argv):
   methods = argv[:1] == ['--methods']
   paths = argv[1:] if methods else argv
-  if not paths:
-    sys.exit(__doc__)
+  if not paths or any(p.startswith('-') for p in paths):
+    print(__doc__, file=sys.stderr)
+    sys.exit(2 if paths else 1)
   results = []
   for path in paths:
-    with open(path) as f:
-      results.append(json.load(f))
+    try:
+      with open(path) as f:
+        results.append(json.load(f))
+    except (OSError, json.JSONDecodeError) as e:
+      sys.exit(f'bench_table: {path}: not a JSON written by analysis.benchmarks.bench ({e}); '
+               'pass the files its --out wrote')
   print(methods_table(results) if methods else table(results))
 
 
