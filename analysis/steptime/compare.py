@@ -199,6 +199,10 @@ def regret(points, model: str):
   return chosen['t_train'] / min(p['t_train'] for p in points)
 
 
+def _label(p) -> str:
+  return f"{p['scheme']} {p['server']} N={p['n']}"
+
+
 def held_out_summary(points) -> list:
   """Per (network, setting, model): the held-out points' median |log error|, the noise floor
   (median |log| spread of their repetitions), Spearman's ρ of predicted and measured
@@ -223,7 +227,7 @@ def held_out_summary(points) -> list:
           'noise_floor': float(np.median(noise)) if noise else None,
           'rank_correlation': spearman([p[f't_train_{model}'] for p in judged],
                                        [p['t_train'] for p in judged]),
-          'pick': chosen and f"{chosen['scheme']} {chosen['server']} N={chosen['n']}",
+          'pick': chosen and _label(chosen),
           'regret': regret(mine, model)})
   return out
 
@@ -254,7 +258,7 @@ def recommend(points, setting: str, model: str = 'parts') -> str:
   if len(ranked) > 1 and model != 'measured':
     rival = ranked[1]
     gap = math.log(rival[key] / t_best)
-    rival_text = f"{rival['scheme']} {rival['server']} N={rival['n']}"
+    rival_text = _label(rival)
     if gap <= uncertainty:
       text += (f'; {rival_text} is predicted only {_percent(gap)} slower, within the '
                f'uncertainty ({_percent(uncertainty)}): either')
@@ -262,8 +266,7 @@ def recommend(points, setting: str, model: str = 'parts') -> str:
       text += f'; the next, {rival_text}, {_percent(gap)} slower'
   measured_best = min(mine, key=lambda p: p['t_train'])
   if model != 'measured':
-    text += (f". Measured: {best['t_train']:.3g} s against the best, {measured_best['scheme']} "
-             f"{measured_best['server']} N={measured_best['n']}, "
+    text += (f". Measured: {best['t_train']:.3g} s against the best, {_label(measured_best)}, "
              f"{measured_best['t_train']:.3g} s: regret {best['t_train'] / measured_best['t_train']:.2f}.")
   else:
     text += '.'
@@ -294,10 +297,6 @@ def summary_table(summary) -> str:
                  f"| {_percent(r['median_log_error'])} | {_percent(r['noise_floor'])} "
                  f"| {rho} | {r['pick']} | {_fmt(r['regret'], '.2f')} |")
   return '\n'.join(lines)
-
-
-def _label(p) -> str:
-  return f"{p['scheme']} {p['server']} N={p['n']}"
 
 
 def overview_table(results, points) -> str:
