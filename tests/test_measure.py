@@ -17,7 +17,8 @@ from absl import app
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from analysis.steptime import calibrate, collectives, compare, hlo, link, measure, timing
+from analysis.steptime import (calibrate, collectives, compare, hlo, link, measure, timing,
+                               trace)
 from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
 from runs import ROOT, config_file, process_env
@@ -219,6 +220,90 @@ def test_compare_predictions_held_out_errors_and_regret_by_hand():
   assert 'regret 1.04' in text
 
 
+def test_compare_takes_non_gradient_work_and_overlap_from_the_traces_by_hand():
+  """Traced steps: the non-gradient work is the step's traced compute less the traced
+  gradients' of its batch under the same contention (alone at N = 1), the trace's overlap
+  is subtracted, and a one-way permute is costed as the calibrated one-way permute."""
+  result = _fake_measurement()
+  s = result['settings']['processes']
+  s['calls']['collective_permute_one_way'] = [
+      {'bytes': b, 'chains': _chains(5e-5 + b / 2e9)} for b in (1e4, MB)]
+  s['t_grad_trace'] = {'32': [{'compute': 0.031, 'collective': 0.0, 'overlap': 0.0}] * 2}
+  s['t_grad_trace_contended'] = {'2': {'32': [{'compute': 0.039, 'collective': 0.0,
+                                               'overlap': 0.0}] * 2}}
+  for cell in s['steps']:
+    if cell['server'] == 'central':  # two repetitions' traces: their means are used
+      cell['trace'] = ([{'compute': 0.0335, 'collective': 0.0, 'overlap': 0.0}] * 2
+                       if cell['n'] == 1 else
+                       [{'compute': 0.047, 'collective': 0.004, 'overlap': 0.001},
+                        {'compute': 0.049, 'collective': 0.006, 'overlap': 0.003}])
+  points = {(p['scheme'], p['n']): p for p in compare.rows(result)}
+  join1, join2 = points[('sync-join', 1)], points[('sync-join', 2)]
+  assert join1['t_other'] == pytest.approx(0.0335 - 0.031)  # not the step less t_grad (4 ms)
+  assert join2['t_other'] == pytest.approx(0.048 - 0.039)
+  assert join2['t_overlap'] == pytest.approx(0.002)
+  assert join2['t_collective_traced'] == pytest.approx(0.005)
+  one_way = 5e-5 + MB / 2e9  # the two pairs=1 permutes, not the exchange's 1e-4 + MB/1e9
+  assert join2['t_collective_calibrated'] == pytest.approx(2 * one_way)
+  assert join2['t_train_parts'] == pytest.approx(4 * (0.040 + 0.009 - 0.002 + 2 * one_way))
+  # Untraced steps keep the N = 1 difference; t_comm stays the exchange ([T]'s eq.).
+  assert points[('sync-split', 2)]['t_other'] == pytest.approx(0.002)
+  assert points[('sync-split', 2)]['t_overlap'] is None
+  assert join2['t_comm'] == pytest.approx(1e-4 + MB / 1e9)
+  table = compare.parts_table(list(points.values())).splitlines()
+  assert len(table) == 2 + 2  # the traced steps only
+  assert '| processes | sync-join | central | 2 | 48.0 | 40.0 | 9.0 | 2.0 | 5.0 | 1.1 |' in table
+
+
+def test_trace_times_are_exclusive_and_overlap_is_across_threads_by_hand():
+  """A conditional holding a fusion and an all-reduce on one thread, a fusion on another
+  that runs during the all-reduce: each µs counted once, the collective apart, and the
+  overlap the 20 µs in which the other thread computed."""
+  def event(name, ts, dur, tid=1):
+    return {'name': name, 'ts': ts, 'dur': dur, 'pid': 7, 'tid': tid, 'ph': 'X'}
+  events = [event('conditional.1', 0, 100), event('fusion.2', 10, 30),
+            event('all-reduce.3', 50, 40), event('fusion.4', 60, 20, tid=2),
+            event('fusion.5', 200, 10, tid=2)]
+  summary = trace.summarize(events, {'all-reduce.3'}, calls=2)
+  assert summary['compute'] == pytest.approx((30 + 30 + 20 + 10) * 1e-6 / 2)
+  assert summary['collective'] == pytest.approx(40e-6 / 2)
+  assert summary['overlap'] == pytest.approx(20e-6 / 2)
+  # Without a peer thread computing, no overlap; a collective nested deeper still counts.
+  alone = trace.summarize([e for e in events if e['tid'] == 1], {'all-reduce.3'}, calls=1)
+  assert alone == {'compute': pytest.approx(60e-6), 'collective': pytest.approx(40e-6),
+                   'overlap': 0.0}
+
+
+def test_trace_finds_the_collectives_of_every_computation():
+  text = """HloModule jit_step
+%branch.1 (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %ppermute.6 = f32[4]{0} collective-permute(%p), channel_id=1, source_target_pairs={{0,1}}
+}
+ENTRY %main.2 (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %all-reduce-start.3 = f32[8]{0} all-reduce-start(%x), replica_groups={{0,1}}, to_apply=%add
+  %all-reduce-done.4 = f32[8]{0} all-reduce-done(%all-reduce-start.3)
+  %reduce_scatter.5 = f32[4]{0} reduce-scatter(%x), replica_groups={{0,1}}, dimensions={0}
+  ROOT %fusion.7 = f32[8]{0} fusion(%all-reduce-done.4), kind=kLoop, calls=%fused
+}"""
+  assert trace.collective_names(text) == {'ppermute.6', 'all-reduce-start.3',
+                                          'all-reduce-done.4', 'reduce_scatter.5'}
+
+
+def test_a_one_way_permute_is_costed_as_the_calibrated_one_way_permute():
+  calls = {'collective_permute': [{'bytes': b, 'chains': _chains(1e-4 + b / 1e9)}
+                                  for b in (1e4, MB)]}
+  one, exchange = (hlo.Collective('collective_permute', (MB // 4,), 'f32', pairs=p)
+                   for p in (1, 2))
+  without = calibrate.from_calls(calls)
+  assert without.cost(one) == pytest.approx(1e-4 + MB / 1e9)  # files before the one-way kind
+  calls[calibrate.ONE_WAY] = [{'bytes': b, 'chains': _chains(4e-5 + b / 3e9)} for b in (1e4, MB)]
+  costs = calibrate.from_calls(calls)
+  assert costs.cost(one) == pytest.approx(4e-5 + MB / 3e9)
+  assert costs.cost(exchange) == pytest.approx(1e-4 + MB / 1e9)
+
+
 def test_compare_overview_has_a_row_per_network_and_setting_by_hand():
   """The report's (and README's) table of every network: t_comm/t_grad, the measured best and
   best parallel point, each model's held-out error, pick and regret."""
@@ -319,8 +404,7 @@ def check_setting(result, name, repetitions):
   assert [(c['n'], len(c['samples']), [len(r) for r in c['repetitions']])
           for c in setting['steps']] == [(n, 2 * repetitions, [2] * repetitions)
                                          for n in (1, 2)]
-  assert sorted(setting['calls']) == sorted(('collective_permute', 'all_reduce', 'all_gather',
-                                             'reduce_scatter'))
+  assert sorted(setting['calls']) == sorted(timing.CALIBRATED)  # every kind, one-way permute too
   for points in setting['calls'].values():
     assert [p['bytes'] for p in points][-1] == result['network']['param_bytes'] // 8 * 8
     assert all({'1', '2'} <= set(p['chains']) for p in points)
@@ -357,7 +441,7 @@ def _args(**overrides):
   values = dict(out='/tmp/m.json', workers=8, processes=2, batches=128, repeats=10, warmup=2,
                 async_repeats=2, rounds=10, steps_per_round=3, repetitions=2,
                 calibrate_up_to=10.0, calibration_sizes=6, schemes=['sync-split'], servers=['allreduce'],
-                async_servers=['central'], links=[])
+                async_servers=['central'], links=[], trace_calls=3)
   return types.SimpleNamespace(**{**values, **overrides})
 
 
@@ -367,6 +451,7 @@ def _args(**overrides):
     (dict(workers=0, processes=0), 'nothing to measure'),
     (dict(repetitions=0), '--repetitions=0: must be at least 1'),
     (dict(calibration_sizes=1), '--calibration_sizes=1: must be at least 2'),
+    (dict(trace_calls=-1), '--trace_calls=-1: must be at least 0'),
     (dict(out='/no/such/folder/m.json'), 'does not exist'),
     (dict(links=['1gbps']), "--links: '1gbps' is not a link rate: write it as tc does"),
     (dict(links=['1gbit'], processes=1), '--links=1gbit times 2 or more processes'),

@@ -36,6 +36,19 @@ def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
   assert '| processes | sync-join | allreduce | 2 |' in text
   assert '| processes | async | central | 2 |' in text
   assert '- **squeezenet** (processes):' in text
+  # Each step and t_grad traced after its timing; the one-way permute calibrated.
+  steps = {(c['n'], c['scheme']): c for c in setting['steps']}
+  for c in steps.values():
+    (t,) = c['trace']  # one repetition
+    assert t['compute'] > 0 and t['overlap'] >= 0
+  assert steps[(2, 'sync-join')]['trace'][0]['collective'] > 0  # its all-reduce
+  assert steps[(1, 'sync-join')]['trace'][0]['collective'] == 0
+  assert all(g[0]['compute'] > 0 for g in setting['t_grad_trace'].values())
+  assert all(g[0]['compute'] > 0 for g in setting['t_grad_trace_contended']['2'].values())
+  assert len(setting['calls']['collective_permute_one_way']) == len(
+      setting['calls']['collective_permute'])
+  assert '| processes | sync-join | allreduce | 2 |' in text.split('non-gradient work the parts '
+                                                                  'model adds')[1]
   if why_not:
     assert f'[measure] skipped the emulated links 100mbit: {why_not}' in stderr
     with open(report / 'speedup.csv') as f:

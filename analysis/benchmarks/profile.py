@@ -9,13 +9,9 @@ profiler and sums the events' durations by category. Emulated devices run on thr
 one process: the sums add every device's thread, so they are CPU time, not wall time.
 """
 import collections
-import glob
-import gzip
-import json
 import re
-import tempfile
 
-import jax
+from analysis.steptime import trace
 
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*? ([a-z][a-z\-]*)\(')
 _CALLS = re.compile(r'(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-, %]+)\}?')
@@ -79,16 +75,9 @@ def op_times(run, hlo_text: str, steps: int = 2) -> dict:
   {'seconds_per_step': {category: s}, 'top': [(instruction, category, s per step)]},
   summed over the threads (devices) that executed them."""
   cats = categories(hlo_text)
-  with tempfile.TemporaryDirectory() as logdir:
-    with jax.profiler.trace(logdir):
-      for _ in range(steps):
-        run()
-    (path,) = glob.glob(f'{logdir}/**/*.trace.json.gz', recursive=True)
-    with gzip.open(path) as f:
-      events = json.load(f)['traceEvents']
   per_instruction = collections.Counter()
-  for e in events:
-    if e.get('ph') == 'X' and e.get('name') in cats:
+  for e in trace.record(run, steps, threads=''):
+    if e['name'] in cats:
       per_instruction[e['name']] += e['dur'] * 1e-6 / steps
   by_category = collections.Counter()
   for name, s in per_instruction.items():

@@ -71,7 +71,9 @@ def per_call(chains) -> tuple:
   return max(float(c), 1e-9), float(t0)
 
 
-# The calibrated kind a program's collective is costed as.
+# The calibrated kind a program's collective is costed as; a permute of one pair, as
+# `ONE_WAY` where that was calibrated (files before it: as the exchange).
+ONE_WAY = 'collective_permute_one_way'
 KIND = {'collective_permute': 'collective_permute', 'all_reduce': 'all_reduce',
         'all_gather': 'all_gather', 'reduce_scatter': 'reduce_scatter',
         'all_to_all': 'reduce_scatter'}
@@ -105,6 +107,8 @@ class CallCosts:
     the buffer it moves (an all-gather's result, the others' operand), scaled from two
     devices to its group."""
     kind = KIND[c.op]
+    if c.op == 'collective_permute' and c.pairs == 1 and ONE_WAY in self.points:
+      kind = ONE_WAY  # one device sends, one receives (a central server's transfer)
     if kind not in self.points:
       kind = 'all_reduce' if c.op != 'collective_permute' else kind
     full = c.nbytes * c.group if c.op == 'all_gather' else c.nbytes

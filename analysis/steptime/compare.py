@@ -27,11 +27,17 @@ per step), async the measured time of D pushes. Predictions of t_train:
              time), otherwise as `thesis`.
   parts      jaxpar's step from separately measured parts, none fitted to a step time it
              predicts: t_grad of the device's own batch under the run's contention (the
-             processes computing at once), plus the step's non-gradient work (the same
-             scheme and server's N = 1 step less its t_grad: update, copies, conditionals),
-             plus every collective of the *compiled* program at its calibrated per-call cost
-             (`analysis.steptime.calibrate`). Not for async: Ray's per-push overhead is not among
-             the parts measured, so async is judged by the thesis' equations alone.
+             processes computing at once), plus the step's non-gradient work, plus every
+             collective of the *compiled* program at its calibrated per-call cost
+             (`analysis.steptime.calibrate`; a permute of one pair as the one-way permute),
+             less the overlap of collectives and compute. Where the steps were traced
+             (`analysis.steptime.trace`), the non-gradient work is the step program's traced
+             compute less the traced gradient program's (update, packing the buffers a
+             collective sends and unpacking them, conditionals: what the N-device program
+             adds) and the overlap is the trace's; in files without traces, the same scheme
+             and server's N = 1 step less its t_grad, and no overlap. Not for async: Ray's
+             per-push overhead is not among the parts measured, so async is judged by the
+             thesis' equations alone.
   rate       a link setting predicted from the loopback (`processes`) setting alone and the
              link's rate: the parts model with loopback's t_grad, non-gradient work and
              per-call costs, each collective adding the bytes its busiest device sends ÷
@@ -91,27 +97,54 @@ def wire_bytes(c: hlo.Collective, devices: int) -> float:
 
 
 def _non_gradient(s, setting, scheme, server):
-  """The step's work besides the gradients: the same scheme and server's N = 1 step less
-  its t_grad (None where not measured)."""
+  """The step's work besides the gradients, where the steps were not traced: the same
+  scheme and server's N = 1 step less its t_grad (None where not measured)."""
   base = next((c for c in s['steps'] if c['n'] == 1 and (c['scheme'], c['server'])
                == (scheme, server)), None)
   alone = base and _grad(s, base['per_device_batch'], 1, setting)
   return None if not alone else max(0.0, _median(base['samples']) - alone)
 
 
+def _mean(values) -> float:
+  return float(np.mean(list(values)))
+
+
+def traced(s, setting, c):
+  """{'other', 'overlap', 'collective'} of setting `s`'s step of `c`'s scheme, server and N,
+  from its traces (`analysis.steptime.trace`; means over the repetitions): its compute less
+  the traced compute of the gradients of its per-device batch under the same contention
+  (alone at N = 1), the overlap of its collectives with compute, its collectives' own time.
+  None where either was not traced."""
+  cell = next((x for x in s['steps'] if (x['scheme'], x['server'], x['n'])
+               == (c['scheme'], c['server'], c['n']) and x.get('trace')), None)
+  if cell is None:
+    return None
+  batch, n = str(cell['per_device_batch']), cell['n']
+  grads = (s.get('t_grad_trace_contended', {}).get(str(n), {}) if setting != 'emulated'
+           and n > 1 else s.get('t_grad_trace', {})).get(batch)
+  if not grads:
+    return None
+  return {'other': max(0.0, _mean(t['compute'] for t in cell['trace'])
+                       - _mean(g['compute'] for g in grads)),
+          'overlap': _mean(t['overlap'] for t in cell['trace']),
+          'collective': _mean(t['collective'] for t in cell['trace'])}
+
+
 def _parts(s, setting, c, costs, extra=lambda x: 0.0):
   """One synchronous step by the parts model from setting `s`'s measurements (None if a
   part is missing); `extra(collective)` adds to each collective's cost."""
   own = _grad(s, c['per_device_batch'], c['n'], setting)
-  other = _non_gradient(s, setting, c['scheme'], c['server'])
+  found = traced(s, setting, c)
+  other = found['other'] if found else _non_gradient(s, setting, c['scheme'], c['server'])
   if own is None:
     return None
   if c['n'] == 1:
     return own + (other or 0.0)
   if costs is None or 'compiled' not in c:
     return None
-  found = [volume.from_row(x) for x in c['compiled']]
-  return own + (other or 0.0) + hlo.step_total(found, lambda x: costs.cost(x) + extra(x))
+  program = [volume.from_row(x) for x in c['compiled']]
+  return (own + (other or 0.0) - (found['overlap'] if found else 0.0)
+          + hlo.step_total(program, lambda x: costs.cost(x) + extra(x)))
 
 
 def rows(result) -> list:
@@ -143,6 +176,7 @@ def rows(result) -> list:
             equations.semaphore_training_time(scheme, t_grad, t_comm, n, d)
             if server == 'central' and serial else predicted['thesis'])
       own = _grad(s, c.get('per_device_batch', batch), n, setting)
+      found = traced(s, setting, c) if kind == 'sync' else None
       if kind == 'sync':
         step = _parts(s, setting, c, costs)
         predicted['parts'] = None if step is None else iterations * step
@@ -156,7 +190,12 @@ def rows(result) -> list:
           'setting': setting, 'scheme': scheme, 'server': server, 'n': n,
           'held_out': not (kind == 'sync' and n == 1),
           't_grad': t_grad, 't_grad_own': own,
-          't_other': _non_gradient(s, setting, scheme, server) if kind == 'sync' else None,
+          't_other': None if kind != 'sync' else found['other'] if found
+          else _non_gradient(s, setting, scheme, server),
+          't_overlap': found['overlap'] if found else None,
+          't_collective_traced': found['collective'] if found else None,
+          't_collective_calibrated': None if kind != 'sync' or costs is None or n == 1
+          else costs.step([volume.from_row(x) for x in c.get('compiled', [])]),
           't_comm': t_comm,
           't_iter': _median(c['samples']) if kind == 'sync' else None,
           't_train': t_train, 'speedup': equations.thesis_speedup(t_grad, d, t_train),
@@ -374,6 +413,19 @@ def join_penalty_table(rows_) -> str:
   return '\n'.join(lines)
 
 
+def parts_table(points) -> str:
+  """The traced parts of every synchronous step (`traced`), in milliseconds."""
+  ms = lambda x: '—' if x is None else f'{x * 1e3:.1f}'
+  lines = ['| setting | scheme | server | N | t_iter | t_grad (own batch) | non-gradient work '
+           '| overlap | collectives, traced | collectives, calibrated |',
+           '|---|---|---|---:|---:|---:|---:|---:|---:|---:|']
+  lines += [f"| {p['setting']} | {p['scheme']} | {p['server']} | {p['n']} | {ms(p['t_iter'])} "
+            f"| {ms(p['t_grad_own'])} | {ms(p['t_other'])} | {ms(p['t_overlap'])} "
+            f"| {ms(p['t_collective_traced'])} | {ms(p['t_collective_calibrated'])} |"
+            for p in points if p['t_overlap'] is not None]
+  return '\n'.join(lines)
+
+
 def markdown(results, points) -> str:
   lines = ['# Predicted against measured', '',
            'Every network and setting at a glance (held out as in the sections below; the '
@@ -418,13 +470,20 @@ def markdown(results, points) -> str:
       lines.append(f"| {p['setting']} | {p['scheme']} | {p['server']} | {p['n']}"
                    f"{'' if p['held_out'] else '†'} | {t_iter} | {p['speedup']:.2f}{reps} "
                    f"| {cells} |")
-    lines += ['', '† calibrates the non-gradient work of the parts model: not held out. An '
-              'error is t_predicted / t_measured − 1.', '',
+    lines += ['', '† one device: not held out (where the steps were not traced, it '
+              "calibrates the parts model's non-gradient work). An error is t_predicted / "
+              't_measured − 1.', '',
               'Held out (every point but †): median |log(t_predicted / t_measured)| as a '
               'percentage, next to the noise floor (the median spread between repetitions); '
               "Spearman's ρ of predicted against measured time; each model's pick (least "
               'predicted time) and its regret (its measured time ÷ the best measured).', '',
               summary_table(held_out_summary(mine)), '']
+    if any(p['t_collective_traced'] is not None for p in mine):
+      lines += ["The parts of each step from its trace (`analysis.steptime.trace`), in ms: "
+                'the non-gradient work the parts model adds, the overlap it subtracts, and '
+                "the collectives' own time in the trace (waiting for the peer included) next "
+                'to their calibrated cost, which the model uses:', '',
+                parts_table(mine), '']
     penalty = join_penalty(mine)
     if penalty:
       lines += ['What a sync-join step costs beyond the sync-split step of the same server '

@@ -12,6 +12,9 @@ For the configured network and input size, after warm-up, repeated:
            (`analysis.steptime.calibrate`); t_comm is the permute of the network's weights;
   t_iter   a train step of every synchronous scheme × server at N = 1, 2, 4, ...;
   t_train  D pushes of the asynchronous scheme (Downpour) on N workers;
+  trace    outside the emulated setting, each t_grad and step profiled after its timing
+           (--trace_calls calls): its compute, its collectives and their overlap
+           (`analysis.steptime.trace`): the step's non-gradient work and overlap;
   volume   every collective of each step's lowered program, its bytes per device next
            to the method's analytic volume and its own `sent_bytes` (`analysis.steptime.volume`).
 
@@ -100,6 +103,9 @@ def define_flags():
   flags.DEFINE_float('calibrate_up_to', 10.0, 'The largest calibrated collective, in multiples '
                      'of the network\'s weights.')
   flags.DEFINE_integer('warmup', 2, 'Untimed calls first (the first compiles).')
+  flags.DEFINE_integer('trace_calls', 3, 'Processes and link settings: after the timing, each '
+                       't_grad and step profiled for this many calls, its compute, collectives '
+                       'and their overlap recorded (`analysis.steptime.trace`; 0: none).')
   flags.DEFINE_integer('async_repeats', 2, 'Timed runs of D async pushes.')
   flags.DEFINE_string('compilation_cache', 'off', "Where the children keep compiled programs "
                       "(JAX's persistent compilation cache): 'off' (every child compiles its "
@@ -129,8 +135,9 @@ def check_args(args):
                               ('repetitions', args.repetitions, 1),
                               ('calibrate_up_to', args.calibrate_up_to, 1),
                               ('calibration_sizes', args.calibration_sizes, 2),
-                              ('warmup', args.warmup, 1), ('async_repeats',
-                                                             args.async_repeats, 1)):
+                              ('warmup', args.warmup, 1),
+                              ('async_repeats', args.async_repeats, 1),
+                              ('trace_calls', args.trace_calls, 0)):
     if value < lowest:
       raise app.UsageError(f'--{name}={value}: must be at least {lowest}.')
   if not (args.workers or args.processes):
@@ -386,15 +393,21 @@ def _run_children(setting, processes, fields, common, folder, emulated, module, 
 
 def _merge(results: list) -> dict:
   """One repetition of a setting from its runs (one per process count): t_grad of the
-  one-process run (alone), `t_grad_contended` {P: {batch: samples}} of the others."""
+  one-process run (alone), `t_grad_contended` {P: {batch: samples}} of the others; their
+  traces likewise (`t_grad_trace`, `t_grad_trace_contended`)."""
   merged = {'processes': max(r['processes'] for r in results),
             'pinned_cores': results[-1]['pinned_cores'], 't_grad': {}, 't_grad_contended': {},
+            't_grad_trace': {}, 't_grad_trace_contended': {},
             'calls': {}, 'steps': [], 'async': [], 'volume': []}
   for r in results:
+    traced = r.get('t_grad_trace', {})
     if r['processes'] > 1 and r['setting'] != 'emulated':
       merged['t_grad_contended'][str(r['processes'])] = r['t_grad']
+      if traced:
+        merged['t_grad_trace_contended'][str(r['processes'])] = traced
     else:
       merged['t_grad'].update(r['t_grad'])
+      merged['t_grad_trace'].update(traced)
     merged['calls'].update(r['calls'])
     for key in ('steps', 'async', 'volume'):
       merged[key] += r[key]
@@ -423,6 +436,15 @@ def combine(repetitions: list) -> dict:
   for key in ('steps', 'async'):
     out[key] = [{**cell, **joined([r[key][i]['samples'] for r in repetitions])}
                 for i, cell in enumerate(first[key])]
+  # Traces: each repetition's, in a list (`analysis.steptime.trace`'s summaries).
+  out['t_grad_trace'] = {b: [r['t_grad_trace'][b] for r in repetitions]
+                         for b in first.get('t_grad_trace', {})}
+  out['t_grad_trace_contended'] = {
+      p: {b: [r['t_grad_trace_contended'][p][b] for r in repetitions] for b in batches}
+      for p, batches in first.get('t_grad_trace_contended', {}).items()}
+  for i, cell in enumerate(out['steps']):
+    if 'trace' in cell:
+      cell['trace'] = [r['steps'][i]['trace'] for r in repetitions]
   return out
 
 
@@ -466,7 +488,7 @@ def measure(cfg, argv) -> dict:
   common = {'config': cfg.to_dict(), 'meta': meta, 'repeats': FLAGS.repeats,
             'warmup': FLAGS.warmup, 'batches': FLAGS.batches, 'rounds': FLAGS.rounds,
             'steps_per_round': FLAGS.steps_per_round, 'param_bytes': param_bytes,
-            'async_repeats': FLAGS.async_repeats}
+            'async_repeats': FLAGS.async_repeats, 'trace_calls': FLAGS.trace_calls}
   for note in skipped:
     print(f'[measure] skipped {note}', file=sys.stderr)
   settings = {}
@@ -495,7 +517,8 @@ def measure(cfg, argv) -> dict:
           'batch': {'sync-split': cfg.global_batch, 'sync-join': cfg.per_device_batch,
                     'async': cfg.per_device_batch},
           'batches': FLAGS.batches, 'central_schedule': cfg.central_schedule,
-          'repeats': FLAGS.repeats, 'warmup': FLAGS.warmup, 'rounds': FLAGS.rounds,
+          'repeats': FLAGS.repeats, 'warmup': FLAGS.warmup, 'trace_calls': FLAGS.trace_calls,
+          'rounds': FLAGS.rounds,
           'steps_per_round': FLAGS.steps_per_round, 'repetitions': FLAGS.repetitions,
           'compilation_cache': FLAGS.compilation_cache, 'skipped': skipped,
           'settings': settings}

@@ -19,6 +19,9 @@ calls (compilation is in the first):
             inside a compiled program is the slope of t(k) (`analysis.steptime.calibrate`).
   t_train   D pushes applied by the asynchronous loop (Downpour) on N workers: threads
             (emulated setting) or Ray's actors (processes setting).
+  trace     with `trace_calls` > 0, outside the emulated setting: after a group's rounds,
+            each of its cells profiled for that many calls (`analysis.steptime.trace`):
+            the seconds of its compute, of its collectives and of their overlap.
 
 t_grad and t_iter are measured in rounds: every cell (a step program or a t_grad) is
 compiled first, then each round runs every cell once untimed and `steps_per_round` times
@@ -93,7 +96,8 @@ def gradient_cell(cfg, meta, batch: int):
       grads(variables['params'], variables.get('batch_stats', {}), data, rng))
 
 
-CALIBRATED = ('collective_permute', 'all_reduce', 'all_gather', 'reduce_scatter')
+CALIBRATED = ('collective_permute', 'collective_permute_one_way', 'all_reduce', 'all_gather',
+              'reduce_scatter')
 CHAINS = (1, 2, 8, 32)
 CHAIN_BUDGET = 0.3  # seconds: the next chain is timed only while its k·t(1) stays under this
 
@@ -101,14 +105,18 @@ CHAIN_BUDGET = 0.3  # seconds: the next chain is timed only while its k·t(1) st
 def _chain(op: str, k: int):
   """k calls of collective `op` on axis 'pair', each on the previous one's result, so that
   none can merge with or overlap another. Between calls only what keeps the buffer's size:
-  all-reduce ×½; all-gather's two pieces summed; reduce-scatter's half repeated."""
+  all-reduce ×½; all-gather's two pieces summed; reduce-scatter's half repeated. A
+  permute is an exchange (both devices send); a one-way permute sends from one device,
+  the direction alternating (a central server's transfers)."""
   import jax.numpy as jnp
   from jax import lax
 
   def body(x):
-    for _ in range(k):
+    for i in range(k):
       if op == 'collective_permute':
         x = lax.ppermute(x, 'pair', [(0, 1), (1, 0)])
+      elif op == 'collective_permute_one_way':
+        x = lax.ppermute(x, 'pair', [(0, 1)] if i % 2 == 0 else [(1, 0)])
       elif op == 'all_reduce':
         x = lax.psum(x, 'pair') * 0.5
       elif op == 'all_gather':
@@ -170,7 +178,8 @@ def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
 def step_cell(cfg, meta) -> dict:
   """The config's synchronous step on its mesh (the first N devices), compiled: `run` makes
   one step (and keeps its state), `volume()` its volume row (lowered program, analytic,
-  reported), `compiled` the collectives of the compiled program (`analysis.steptime.hlo`)."""
+  reported), `compiled` the collectives of the compiled program (`analysis.steptime.hlo`),
+  `hlo` its text."""
   import jax
   from analysis.steptime import hlo, volume
   from jaxpar import build
@@ -197,9 +206,10 @@ def step_cell(cfg, meta) -> dict:
     abstract = build.abstract_variables(cfg, model, meta['channels'])
     return volume.row(cfg, stablehlo, abstract['params'], abstract.get('batch_stats', {}),
                       reported=float(box['metrics']['sent_bytes']))
-  found = hlo.compiled_collectives(compiled.as_text())
-  return {'run': run, 'volume': volume_row,
-          'compiled': volume.program_collectives(found, jax.device_count())}
+  text = compiled.as_text()
+  return {'run': run, 'volume': volume_row, 'hlo': text,
+          'compiled': volume.program_collectives(hlo.compiled_collectives(text),
+                                                 jax.device_count())}
 
 
 def time_step(cfg, meta, repeats: int, warmup: int) -> dict:
@@ -321,6 +331,7 @@ def run(spec) -> dict:
   import jax
   import ml_collections
 
+  from analysis.steptime import trace
   from jaxpar import mesh as mesh_lib
   from jaxpar import multihost
   from jaxpar.host_memory import keep_freed_memory
@@ -339,7 +350,8 @@ def run(spec) -> dict:
 
   out = {'setting': spec['setting'], 'processes': jax.process_count(),
          'devices': jax.device_count(), 'pinned_cores': spec.get('pinned_cores'),
-         't_grad': {}, 'calls': {}, 'steps': [], 'async': [], 'volume': []}
+         't_grad': {}, 't_grad_trace': {}, 'calls': {}, 'steps': [], 'async': [],
+         'volume': []}
   # The cells of the rounds: t_grad of each batch, then every step; grouped by memory.
   weights = spec['param_bytes']
   cells = ([('grad', b, 3 * weights) for b in spec['grad_batches']]
@@ -348,10 +360,9 @@ def run(spec) -> dict:
   done = 0
   for g, group in enumerate(groups([cost for _, _, cost in cells])):
     mine = [cells[i] for i in group]
-    compiled = {}
+    compiled, calls = {}, []
 
-    def make(mine=mine, compiled=compiled):
-      calls = []
+    def make(mine=mine, compiled=compiled, calls=calls):
       for j, (kind, what, _) in enumerate(mine):
         if kind == 'grad':
           calls.append(gradient_cell(cell(ONE_DEVICE), meta, what))
@@ -361,17 +372,27 @@ def run(spec) -> dict:
       return calls
     samples = time_in_rounds(make, spec['rounds'], spec['steps_per_round'], warmup,
                              lambda name, g=g: multihost.barrier(f'cells {g} {name}'))
+    traced = {}
+    if spec.get('trace_calls') and spec['setting'] != 'emulated':
+      # After the timing, not during it: the profiler's own work would slow the samples.
+      for j, call in enumerate(calls):
+        multihost.barrier(f'cells {g} trace {j}')
+        traced[j] = trace.trace_calls(call, compiled[j]['hlo'] if j in compiled else '',
+                                      spec['trace_calls'])
     for j, (kind, what, _) in enumerate(mine):
+      extra = {'trace': traced[j]} if j in traced else {}
       if kind == 'grad':
         out['t_grad'][str(what)] = samples[j]
+        if extra:
+          out['t_grad_trace'][str(what)] = traced[j]
         _log(spec, f't_grad, batch {what}: {_summary(samples[j])}')
       else:
         done += 1
         out['steps'].append({**what, 'samples': samples[j], 'volume': compiled[j]['volume'](),
-                             'compiled': compiled[j]['compiled']})
+                             'compiled': compiled[j]['compiled'], **extra})
         _log(spec, f"[{done}/{len(spec['steps'])}] t_iter {what['scheme']} {what['server']} "
                    f"N={what['n']}: {_summary(samples[j])}")
-    del compiled, mine
+    del compiled, mine, calls
   if spec['call_sizes']:
     out['calls'] = time_calls(spec['call_sizes'], repeats, warmup)
     for op, points in out['calls'].items():
