@@ -42,8 +42,8 @@ per step), async the measured time of D pushes. Predictions of t_train:
              link's rate: the parts model with loopback's t_grad, non-gradient work and
              per-call costs, each collective adding the bytes its busiest device sends ÷
              the rate. Nothing measured across the link enters it.
-The N = 1 steps calibrate `parts` and are not held out; every other point is judged by
-every model, and no fitted number has seen it.
+The N = 1 steps are not held out (untraced, they calibrate `parts`' non-gradient work);
+every other point is judged by every model, and no fitted number has seen it.
 """
 import argparse
 import csv
