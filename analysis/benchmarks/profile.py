@@ -9,13 +9,9 @@ profiler and sums the events' durations by category. Emulated devices run on thr
 one process: the sums add every device's thread, so they are CPU time, not wall time.
 """
 import collections
-import re
 
 from analysis.steptime import trace
 
-_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*? ([a-z][a-z\-]*)\(')
-_CALLS = re.compile(r'(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-, %]+)\}?')
-_COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'collective-permute', 'all-to-all')
 # What a computation does, by the most telling op it holds, in this order.
 _KINDS = (('convolution', 'convolution'), ('dot', 'dot'), ('reduce-window', 'pooling'),
           ('select-and-scatter', 'pooling'), ('reduce', 'reduction'), ('scatter', 'gather/scatter'),
@@ -25,25 +21,9 @@ _KINDS = (('convolution', 'convolution'), ('dot', 'dot'), ('reduce-window', 'poo
           ('transpose', 'copy/transpose'), ('copy', 'copy/transpose'))
 
 
-def _computations(hlo_text: str) -> dict:
-  """{computation name: [(instruction name, opcode, called computations)]}, and ENTRY's
-  under the key None."""
-  comps, current = {}, None
-  for line in hlo_text.splitlines():
-    if not line.startswith(' ') and line.rstrip().endswith('{'):
-      head = line.split('(')[0].split()
-      current = None if head[0] == 'ENTRY' else head[-1].lstrip('%')
-      comps[current] = []
-    elif (m := _INSTRUCTION.match(line)) and current in comps:
-      called = [c.strip().lstrip('%') for found in _CALLS.findall(line)
-                for c in found.split(',')]
-      comps[current].append((m.group(1), m.group(2), called))
-  return comps
-
-
 def categories(hlo_text: str) -> dict:
   """{name of a top-level (ENTRY) instruction of a compiled program: what it does}."""
-  comps = _computations(hlo_text)
+  comps = trace.instructions(hlo_text)
 
   def ops(name, seen):
     if name in seen or name not in comps:
@@ -63,7 +43,7 @@ def categories(hlo_text: str) -> dict:
     inside = {opcode}
     for c in called:
       inside |= ops(c, set())
-    if any(o.startswith(_COLLECTIVES) for o in inside):
+    if any(o.startswith(trace.COLLECTIVES) for o in inside):
       out[name] = 'collective'
     else:
       out[name] = next((kind for op, kind in _KINDS if op in inside), 'elementwise')

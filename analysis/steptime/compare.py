@@ -130,20 +130,28 @@ def traced(s, setting, c):
           'collective': _mean(t['collective'] for t in cell['trace'])}
 
 
+def step_parts(s, setting, c):
+  """`traced` where setting `s`'s steps were traced; else the N = 1 step's non-gradient
+  work (`_non_gradient`), with no overlap or traced collectives (None)."""
+  return traced(s, setting, c) or {
+      'other': _non_gradient(s, setting, c['scheme'], c['server']), 'overlap': None,
+      'collective': None}
+
+
 def _parts(s, setting, c, costs, extra=lambda x: 0.0):
   """One synchronous step by the parts model from setting `s`'s measurements (None if a
   part is missing); `extra(collective)` adds to each collective's cost."""
   own = _grad(s, c['per_device_batch'], c['n'], setting)
-  found = traced(s, setting, c)
-  other = found['other'] if found else _non_gradient(s, setting, c['scheme'], c['server'])
+  parts = step_parts(s, setting, c)
+  other = parts['other'] or 0.0
   if own is None:
     return None
   if c['n'] == 1:
-    return own + (other or 0.0)
+    return own + other
   if costs is None or 'compiled' not in c:
     return None
   program = [volume.from_row(x) for x in c['compiled']]
-  return (own + (other or 0.0) - (found['overlap'] if found else 0.0)
+  return (own + other - (parts['overlap'] or 0.0)
           + hlo.step_total(program, lambda x: costs.cost(x) + extra(x)))
 
 
@@ -176,7 +184,7 @@ def rows(result) -> list:
             equations.semaphore_training_time(scheme, t_grad, t_comm, n, d)
             if server == 'central' and serial else predicted['thesis'])
       own = _grad(s, c.get('per_device_batch', batch), n, setting)
-      found = traced(s, setting, c) if kind == 'sync' else None
+      found = step_parts(s, setting, c) if kind == 'sync' else {}
       if kind == 'sync':
         step = _parts(s, setting, c, costs)
         predicted['parts'] = None if step is None else iterations * step
@@ -190,10 +198,8 @@ def rows(result) -> list:
           'setting': setting, 'scheme': scheme, 'server': server, 'n': n,
           'held_out': not (kind == 'sync' and n == 1),
           't_grad': t_grad, 't_grad_own': own,
-          't_other': None if kind != 'sync' else found['other'] if found
-          else _non_gradient(s, setting, scheme, server),
-          't_overlap': found['overlap'] if found else None,
-          't_collective_traced': found['collective'] if found else None,
+          't_other': found.get('other'), 't_overlap': found.get('overlap'),
+          't_collective_traced': found.get('collective'),
           't_collective_calibrated': None if kind != 'sync' or costs is None or n == 1
           else costs.step([volume.from_row(x) for x in c.get('compiled', [])]),
           't_comm': t_comm,

@@ -23,15 +23,33 @@ import json
 import re
 import tempfile
 
-_COLLECTIVE = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*? (?:all-reduce|all-gather|'
-                         r'reduce-scatter|collective-permute|all-to-all)(?:-start|-done)?\(')
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*? ([a-z][a-z\-]*)\(')
+_CALLS = re.compile(r'(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-, %]+)\}?')
+COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'collective-permute', 'all-to-all')
 _SKIPPED = ('ThunkExecutor', '$')  # the runtime's own spans; Python's (`$file:line fn`)
+
+
+def instructions(hlo_text: str) -> dict:
+  """{computation name: [(instruction name, opcode, called computations)]} of a compiled
+  program's HLO text, ENTRY's under the key None."""
+  comps, current = {}, None
+  for line in hlo_text.splitlines():
+    if not line.startswith(' ') and line.rstrip().endswith('{'):
+      head = line.split('(')[0].split()
+      current = None if head[0] == 'ENTRY' else head[-1].lstrip('%')
+      comps[current] = []
+    elif (m := _INSTRUCTION.match(line)) and current in comps:
+      called = [c.strip().lstrip('%') for found in _CALLS.findall(line)
+                for c in found.split(',')]
+      comps[current].append((m.group(1), m.group(2), called))
+  return comps
 
 
 def collective_names(hlo_text: str) -> set:
   """The names of every collective instruction of a compiled program's HLO text, in any of
-  its computations (a conditional's branches, loop bodies)."""
-  return {m.group(1) for line in hlo_text.splitlines() if (m := _COLLECTIVE.match(line))}
+  its computations (a conditional's branches, loop bodies; `-start`/`-done` halves too)."""
+  return {name for found in instructions(hlo_text).values() for name, opcode, _ in found
+          if opcode.startswith(COLLECTIVES)}
 
 
 def record(run, calls: int, threads: str = 'tf_XLA') -> list:
@@ -100,11 +118,10 @@ def summarize(events, collectives: set, calls: int) -> dict:
   the events of `calls` calls; `collectives`: the instruction names that are collectives."""
   seconds = collections.Counter({'compute': 0.0, 'collective': 0.0})
   leaves = collections.defaultdict(list)  # (kind, thread): intervals of the innermost events
-  nested = {id(e) for e, own in exclusive(events) if own < e['dur']}
   for e, own in exclusive(events):
     kind = 'collective' if e['name'] in collectives else 'compute'
     seconds[kind] += own * 1e-6 / calls
-    if id(e) not in nested:
+    if own == e['dur']:  # nothing nested in it: an instruction, not a conditional or loop
       leaves[(kind, (e['pid'], e['tid']))].append((e['ts'], e['ts'] + e['dur']))
   overlap = 0.0
   for (kind, thread), intervals in leaves.items():
