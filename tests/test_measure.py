@@ -17,8 +17,8 @@ from absl import app
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from analysis.steptime import (calibrate, collectives, compare, hlo, link, measure, timing,
-                               trace)
+from analysis.steptime import (calibrate, collectives, compare, gaps, hlo, link, measure,
+                               timing, trace)
 from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
 from runs import ROOT, config_file, process_env
@@ -58,6 +58,25 @@ def test_per_call_cost_is_the_slope_of_the_chains_not_one_calls_time():
   assert np.mean(chains['1']) > 20 * c  # what timing one call alone would report
   with pytest.raises(ValueError, match='two lengths'):
     calibrate.per_call({'1': [1.0]})
+
+
+def test_gaps_count_each_cycle_in_ticks_of_the_back_to_back_call():
+  """Calls that end on q-ticks: after g of compute one costs ⌈(g + l)/q⌉·q − g; `ticks`
+  takes q from the row without compute and finds every cycle on a whole tick; a cycle
+  that is not (a call that ignored the ticks) is reported off by its fraction."""
+  q, latency = 4e-3, 1e-4
+  rows = [{'matmuls': m, 'gap_s': g, 'call_s': np.ceil((g + latency) / q) * q - g}
+          for m, g in [(64, 2.5e-3), (0, 0.0), (8, 0.6e-3), (200, 9.1e-3)]]
+  found = gaps.ticks(rows)
+  assert found['tick_s'] == pytest.approx(q)
+  assert [r['matmuls'] for r in found['rows']] == [0, 8, 64, 200]
+  assert [round(r['ticks']) for r in found['rows']] == [1, 1, 1, 3]
+  assert max(r['off'] for r in found['rows']) < 1e-9
+  assert [r['call_s'] for r in found['rows']][1] == pytest.approx(q - 0.6e-3)
+  untimed = gaps.ticks(rows + [{'matmuls': 300, 'gap_s': 11e-3, 'call_s': latency}])
+  assert untimed['rows'][-1]['off'] == pytest.approx(abs(11.1 / 4 - 3))
+  with pytest.raises(ValueError, match='without compute'):
+    gaps.ticks(rows[:1])
 
 
 def test_call_costs_interpolate_and_scale_to_the_group():

@@ -1,0 +1,160 @@
+"""What a small collective costs after compute, between two real processes (gloo's small
+calls end near ticks of the kernel's timer).
+
+The calibration (`analysis.steptime.timing`) times chains of back-to-back calls. Here
+each of K all-reduces of a small buffer follows g seconds of compute (a loop of
+16×256 · 256×256 matmuls, its length varied); the same program without the all-reduces
+gives g. Per call,
+
+  t_call(g) = (t_program(g, with) − t_program(g, without)) / K,   cycle = g + t_call.
+
+On this machine (gloo over loopback or an emulated 1 Gb/s link; Linux, CONFIG_HZ = 250)
+a back-to-back call of 4 KB takes q ≈ 3.6–3.9 ms, and with both processes computing the
+same g before it the cycle's mean lies near whole ticks,
+
+  cycle(g) ≈ ⌈(g + l) / q⌉ · q,   l ≈ 2 ms
+
+(analysis/report/measured/collective_gaps.json): a call after compute costs what is left
+of its tick, 2.3–4.7 ms here against the chain's q; means between whole ticks mix
+neighbouring counts. Inside a training step small calls can cost less still (SqueezeNet's
+scalar all-reduces: well under 1 ms each in its trace), so this is a diagnosis of the
+calibration's small-call costs, not yet a model of them (docs/measuring.md).
+`ticks(rows)` reads q off the back-to-back row and counts each cycle in ticks.
+
+  python -m analysis.steptime.gaps --out gaps.json                 # loopback
+  python -m analysis.steptime.gaps --links=1gbit --out gaps.json   # and an emulated link (root)
+"""
+import os
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+MATMULS = (0, 8, 32, 64, 96, 128, 160, 200, 240, 280, 320, 400, 480, 560)
+CALLS = 8  # K: all-reduces per program
+
+
+def ticks(rows) -> dict:
+  """{'tick_s': q, 'rows': [row + {'cycle_s', 'ticks', 'off'}]}: q is the call time of the
+  row without compute (the back-to-back call); each row's cycle g + t_call in ticks, and
+  how far that is from the nearest whole number of ticks (0: on a tick; 0.5: midway)."""
+  rows = sorted(rows, key=lambda r: r['gap_s'])
+  if not rows or rows[0]['matmuls'] != 0:
+    raise ValueError('ticks needs the row without compute (matmuls = 0)')
+  q = rows[0]['call_s']
+  out = []
+  for r in rows:
+    cycle = r['gap_s'] + r['call_s']
+    n = cycle / q
+    out.append({**r, 'cycle_s': cycle, 'ticks': n, 'off': abs(n - round(n))})
+  return {'tick_s': q, 'rows': out}
+
+
+def run(spec) -> dict:
+  """One child process: each matmul count's program with and without its all-reduces,
+  timed in turn (every process at once: both compute on their own cores)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax import lax
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from analysis.steptime import timing
+  from jaxpar import multihost
+  from jaxpar.mesh import make_mesh
+  multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none', 120, 60)
+  mesh = make_mesh((2,), ('pair',), jax.devices()[:2])
+  elements = max(2, spec['bytes'] // 4)
+
+  def program(m, reduce):
+    def body(x, w):
+      for _ in range(CALLS):
+        y = jnp.broadcast_to(x[:, :1], (16, 256)) * w[:16]
+        y = lax.fori_loop(0, m, lambda _, y: jnp.tanh(y @ w), y)
+        x = x + 1e-9 * y.sum()
+        if reduce:
+          x = lax.psum(x, 'pair') * 0.5
+      return x
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P('pair'), P()),
+                                 out_specs=P('pair'), check_vma=False))
+
+  x = jax.jit(lambda: jnp.ones((2, elements), jnp.float32),
+              out_shardings=NamedSharding(mesh, P('pair')))()
+  w = jax.jit(lambda: jnp.eye(256, dtype=jnp.float32) * 0.5,
+              out_shardings=NamedSharding(mesh, P()))()
+  rows = []
+  for m in spec['matmuls']:
+    t = {}
+    for reduce in (False, True):
+      f = program(m, reduce)
+      multihost.barrier(f'gaps {m} {reduce}')
+      t[reduce] = timing._timed(lambda f=f: jax.block_until_ready(f(x, w)), spec['repeats'],
+                                spec['warmup'])
+    gap = float(np.mean(t[False])) / CALLS
+    call = (float(np.mean(t[True])) - float(np.mean(t[False]))) / CALLS
+    rows.append({'matmuls': m, 'gap_s': gap, 'call_s': call,
+                 'samples_without': t[False], 'samples_with': t[True]})
+    timing._log(spec, f'{m} matmuls: gap {gap * 1e3:.2f} ms, call {call * 1e3:.2f} ms')
+  return {'setting': spec['setting'], 'bytes': elements * 4, 'calls': CALLS, 'rows': rows}
+
+
+def main(argv) -> int:
+  import datetime
+  import json
+
+  from analysis.steptime import link
+  from analysis.steptime import measure
+  if len(argv) > 1:
+    print(f'unexpected arguments: {argv[1:]}', file=sys.stderr)
+    return 2
+  for name, value, least in (('bytes', FLAGS.bytes, 8), ('repeats', FLAGS.repeats, 1),
+                             ('warmup', FLAGS.warmup, 0)):
+    if value < least:
+      print(f'--{name}={value}: must be at least {least}', file=sys.stderr)
+      return 2
+  out = {'tool': 'analysis.steptime.gaps', 'created': datetime.datetime.now().isoformat(
+      timespec='seconds'), 'command': 'python -m analysis.steptime.gaps ' + ' '.join(
+          sys.argv[1:]), 'machine': measure.machine(), 'settings': {}}
+  common = {'bytes': FLAGS.bytes, 'matmuls': list(MATMULS), 'repeats': FLAGS.repeats,
+            'warmup': FLAGS.warmup}
+  links = FLAGS.links
+  if links and (why_not := link.unavailable()):
+    print(f'skipping the emulated links {",".join(links)}: {why_not}', file=sys.stderr)
+    links = []
+  with tempfile.TemporaryDirectory() as folder:
+    for setting in ['processes'] + [f'link-{r}' for r in links]:
+      found = measure.run_setting(setting, 2, {}, common, folder, module='analysis.steptime.gaps')
+      summary = ticks(found['rows'])
+      out['settings'][setting] = {**found, **summary}
+      print(f'\n{setting}: a back-to-back all-reduce of {found["bytes"]:,} B takes '
+            f'q = {summary["tick_s"] * 1e3:.2f} ms\n\n| matmuls | gap (ms) | call (ms) | '
+            'gap + call (ms) | in ticks |\n|---:|---:|---:|---:|---:|')
+      for r in summary['rows']:
+        print(f"| {r['matmuls']} | {r['gap_s'] * 1e3:.2f} | {r['call_s'] * 1e3:.2f} | "
+              f"{r['cycle_s'] * 1e3:.2f} | {r['ticks']:.2f} |")
+  if FLAGS.out:
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+    with open(FLAGS.out, 'w') as f:
+      json.dump(out, f, indent=1)
+    print(f'\nwrote {FLAGS.out}')
+  return 0
+
+
+def child_main(argv) -> None:
+  from analysis.steptime import timing
+  timing.child(argv[1], run)
+
+
+if __name__ == '__main__':
+  if len(sys.argv) == 2 and sys.argv[1].endswith('.spec.json'):
+    child_main(sys.argv)
+  else:
+    flags.DEFINE_string('out', '', 'Also write the results as JSON here.')
+    flags.DEFINE_list('links', [], 'Also across emulated links of these rates (tc syntax; root).')
+    flags.DEFINE_integer('bytes', 4096, 'The all-reduced buffer.')
+    flags.DEFINE_integer('repeats', 10, 'Timed runs of each program.')
+    flags.DEFINE_integer('warmup', 3, 'Untimed runs first (the first compiles).')
+    app.run(main)
