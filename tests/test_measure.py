@@ -323,6 +323,22 @@ def test_a_one_way_permute_is_costed_as_the_calibrated_one_way_permute():
   assert costs.cost(exchange) == pytest.approx(1e-4 + MB / 1e9)
 
 
+def test_a_scalar_all_reduce_is_costed_as_the_calibrated_scalar():
+  """One element (a loss's mean) at the scalar kind's cost; two elements, and every
+  all-reduce of files without the scalar kind, at the all-reduce's (below its smallest
+  size: the smallest's)."""
+  calls = {'all_reduce': [{'bytes': b, 'chains': _chains(4e-3 + b / 1e9)} for b in (4096, MB)]}
+  scalar, pair = (hlo.Collective('all_reduce', shape, 'f32', group=2) for shape in ((), (2,)))
+  without = calibrate.from_calls(calls)
+  assert without.cost(scalar) == pytest.approx(4e-3 + 4096 / 1e9)
+  calls[calibrate.SCALAR] = [{'bytes': 4, 'chains': _chains(1e-4)}]
+  costs = calibrate.from_calls(calls)
+  assert costs.cost(scalar) == pytest.approx(1e-4)
+  assert costs.cost(pair) == pytest.approx(4e-3 + 4096 / 1e9)
+  assert calibrate.SCALAR not in costs.fits  # one size: no α-β fit
+  assert timing.SCALAR in timing.CALIBRATED
+
+
 def test_compare_overview_has_a_row_per_network_and_setting_by_hand():
   """The report's (and README's) table of every network: t_comm/t_grad, the measured best and
   best parallel point, each model's held-out error, pick and regret."""
@@ -424,8 +440,9 @@ def check_setting(result, name, repetitions):
           for c in setting['steps']] == [(n, 2 * repetitions, [2] * repetitions)
                                          for n in (1, 2)]
   assert sorted(setting['calls']) == sorted(timing.CALIBRATED)  # every kind, one-way permute too
-  for points in setting['calls'].values():
-    assert [p['bytes'] for p in points][-1] == result['network']['param_bytes'] // 8 * 8
+  for kind, points in setting['calls'].items():
+    largest = 4 if kind == timing.SCALAR else result['network']['param_bytes'] // 8 * 8
+    assert [p['bytes'] for p in points][-1] == largest  # the scalar: 4 bytes only
     assert all({'1', '2'} <= set(p['chains']) for p in points)
   two = setting['steps'][1]
   assert two['volume']['program_bytes'] == pytest.approx(two['volume']['analytic_bytes'],

@@ -47,6 +47,7 @@ def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
   assert all(g[0]['compute'] > 0 for g in setting['t_grad_trace_contended']['2'].values())
   assert len(setting['calls']['collective_permute_one_way']) == len(
       setting['calls']['collective_permute'])
+  assert [p['bytes'] for p in setting['calls'][calibrate.SCALAR]] == [4]  # one float32
   assert '| processes | sync-join | allreduce | 2 |' in text.split('non-gradient work the parts '
                                                                   'model adds')[1]
   if why_not:

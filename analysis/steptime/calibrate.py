@@ -9,7 +9,10 @@ step pays its slow calls too) — never one call's time, which contains t_0.
 
 Between calibrated sizes c is interpolated linearly in bytes (a piecewise α-β model, so a
 runtime that switches algorithm at some size is followed, not averaged); below the smallest
-it is the smallest's cost (latency); beyond the largest it follows the last segment. The
+it is the smallest's cost (latency); beyond the largest it follows the last segment. An
+all-reduce of one element (a loss's or metric's mean) has its own kind, `SCALAR`,
+calibrated at 4 bytes: across processes gloo reduces a scalar in ~0.1 ms where 16 bytes
+already take a ~4 ms tick (`analysis.steptime.gaps`). The
 calibration runs on two devices; for a group of n > 2 devices c is scaled by the ratio of
 the ring model at n and at 2 (`analysis.steptime.collectives`) with the kind's α-β fit.
 
@@ -74,6 +77,9 @@ def per_call(chains) -> tuple:
 # The calibrated kind a program's collective is costed as; a permute of one pair, as
 # `ONE_WAY` where that was calibrated (files before it: as the exchange).
 ONE_WAY = 'collective_permute_one_way'
+# An all-reduce of one element, as `SCALAR` where that was calibrated (files before it: as
+# any all-reduce, at the smallest calibrated size's cost).
+SCALAR = 'all_reduce_scalar'
 KIND = {'collective_permute': 'collective_permute', 'all_reduce': 'all_reduce',
         'all_gather': 'all_gather', 'reduce_scatter': 'reduce_scatter',
         'all_to_all': 'reduce_scatter'}
@@ -109,6 +115,8 @@ class CallCosts:
     kind = KIND[c.op]
     if c.op == 'collective_permute' and c.pairs == 1 and ONE_WAY in self.points:
       kind = ONE_WAY  # one device sends, one receives (a central server's transfer)
+    if c.op == 'all_reduce' and c.size == 1 and SCALAR in self.points:
+      kind = SCALAR  # a loss's or metric's mean: gloo reduces one element far faster
     if kind not in self.points:
       kind = 'all_reduce' if c.op != 'collective_permute' else kind
     full = c.nbytes * c.group if c.op == 'all_gather' else c.nbytes

@@ -9,17 +9,18 @@ gives g. Per call,
   t_call(g) = (t_program(g, with) − t_program(g, without)) / K,   cycle = g + t_call.
 
 On this machine (gloo over loopback or an emulated 1 Gb/s link; Linux, CONFIG_HZ = 250)
-a back-to-back call of 4 KB takes q ≈ 3.6–3.9 ms, and with both processes computing the
+a back-to-back call of 4 KB takes q ≈ 3.6–4.2 ms, and with both processes computing the
 same g before it the cycle's mean lies near whole ticks,
 
   cycle(g) ≈ ⌈(g + l) / q⌉ · q,   l ≈ 2 ms
 
 (analysis/report/measured/collective_gaps.json): a call after compute costs what is left
-of its tick, 2.3–4.7 ms here against the chain's q; means between whole ticks mix
-neighbouring counts. Inside a training step small calls can cost less still (SqueezeNet's
-scalar all-reduces: well under 1 ms each in its trace), so this is a diagnosis of the
-calibration's small-call costs, not yet a model of them (docs/measuring.md).
-`ticks(rows)` reads q off the back-to-back row and counts each cycle in ticks.
+of its tick, 2.3–4.4 ms here against the chain's q; means between whole ticks mix
+neighbouring counts: a diagnosis of the calibration's small-call costs, not yet a model
+of them (docs/measuring.md). `ticks(rows)` reads q off the back-to-back row and counts
+each cycle in ticks. Back to back by size (`timing.time_calls`, as the calibration runs
+it): a scalar (4 B) all-reduce takes ~0.1 ms, 16 B to 4 KB a tick each — hence the
+calibration's scalar kind (`calibrate.SCALAR`).
 
   python -m analysis.steptime.gaps --out gaps.json                 # loopback
   python -m analysis.steptime.gaps --links=1gbit --out gaps.json   # and an emulated link (root)
@@ -34,6 +35,7 @@ from absl import flags
 FLAGS = flags.FLAGS
 MATMULS = (0, 8, 32, 64, 96, 128, 160, 200, 240, 280, 320, 400, 480, 560)
 CALLS = 8  # K: all-reduces per program
+SIZES = (16, 64, 256, 1024, 4096, 1 << 20)  # bytes of the back-to-back chains (and a scalar)
 
 
 def ticks(rows) -> dict:
@@ -98,15 +100,18 @@ def run(spec) -> dict:
     rows.append({'matmuls': m, 'gap_s': gap, 'call_s': call,
                  'samples_without': t[False], 'samples_with': t[True]})
     timing._log(spec, f'{m} matmuls: gap {gap * 1e3:.2f} ms, call {call * 1e3:.2f} ms')
-  return {'setting': spec['setting'], 'bytes': elements * 4, 'calls': CALLS, 'rows': rows}
+  # Back to back by size, as the calibration times them: the scalar apart.
+  sizes = timing.time_calls(list(SIZES), spec['repeats'], spec['warmup'],
+                            ops=('all_reduce', timing.SCALAR))
+  return {'setting': spec['setting'], 'bytes': elements * 4, 'calls': CALLS, 'rows': rows,
+          'sizes': sizes}
 
 
 def main(argv) -> int:
   import datetime
   import json
 
-  from analysis.steptime import link
-  from analysis.steptime import measure
+  from analysis.steptime import calibrate, link, measure, timing
   if len(argv) > 1:
     print(f'unexpected arguments: {argv[1:]}', file=sys.stderr)
     return 2
@@ -135,6 +140,10 @@ def main(argv) -> int:
       for r in summary['rows']:
         print(f"| {r['matmuls']} | {r['gap_s'] * 1e3:.2f} | {r['call_s'] * 1e3:.2f} | "
               f"{r['cycle_s'] * 1e3:.2f} | {r['ticks']:.2f} |")
+      costs = calibrate.from_calls(found['sizes'])
+      print('\nback to back, per call: ' + ', '.join(
+          f'{b:,} B {c * 1e3:.2f} ms' for kind in (timing.SCALAR, 'all_reduce')
+          for b, c in costs.points[kind]))
   if FLAGS.out:
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
     with open(FLAGS.out, 'w') as f:

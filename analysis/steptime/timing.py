@@ -36,6 +36,8 @@ import os
 import sys
 import time
 
+from analysis.steptime import calibrate
+
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 ONE_DEVICE = {'mesh.shape': (1,), 'mesh.axes': ('data',), 'bn_group_size': 0,
@@ -96,8 +98,9 @@ def gradient_cell(cfg, meta, batch: int):
       grads(variables['params'], variables.get('batch_stats', {}), data, rng))
 
 
-CALIBRATED = ('collective_permute', 'collective_permute_one_way', 'all_reduce', 'all_gather',
-              'reduce_scatter')
+SCALAR = calibrate.SCALAR  # one float32, one size (see time_calls)
+CALIBRATED = ('collective_permute', calibrate.ONE_WAY, 'all_reduce', 'all_gather',
+              'reduce_scatter', SCALAR)
 CHAINS = (1, 2, 8, 32)
 CHAIN_BUDGET = 0.3  # seconds: the next chain is timed only while its k·t(1) stays under this
 
@@ -105,9 +108,9 @@ CHAIN_BUDGET = 0.3  # seconds: the next chain is timed only while its k·t(1) st
 def _chain(op: str, k: int):
   """k calls of collective `op` on axis 'pair', each on the previous one's result, so that
   none can merge with or overlap another. Between calls only what keeps the buffer's size:
-  all-reduce ×½; all-gather's two pieces summed; reduce-scatter's half repeated. A
-  permute is an exchange (both devices send); a one-way permute sends from one device,
-  the direction alternating (a central server's transfers)."""
+  all-reduce ×½ (a scalar's too); all-gather's two pieces summed; reduce-scatter's half
+  repeated. A permute is an exchange (both devices send); a one-way permute sends from one
+  device, the direction alternating (a central server's transfers)."""
   import jax.numpy as jnp
   from jax import lax
 
@@ -117,7 +120,7 @@ def _chain(op: str, k: int):
         x = lax.ppermute(x, 'pair', [(0, 1), (1, 0)])
       elif op == 'collective_permute_one_way':
         x = lax.ppermute(x, 'pair', [(0, 1)] if i % 2 == 0 else [(1, 0)])
-      elif op == 'all_reduce':
+      elif op in ('all_reduce', SCALAR):
         x = lax.psum(x, 'pair') * 0.5
       elif op == 'all_gather':
         x = lax.all_gather(x, 'pair', tiled=True).reshape(2, -1).sum(0)
@@ -141,8 +144,10 @@ def _agreed(value: float) -> float:
 def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
   """{op: [{'bytes': b, 'chains': {k: samples}}]}: the programs of k chained calls of each
   collective kind on devices 0 and 1, for each size b (the buffer an all-reduce or permute
-  moves, an all-gather's result, a reduce-scatter's input). Chains grow 1, 2, 8, 32 while
-  the next k times the single call's mean time stays under CHAIN_BUDGET (at least 1, 2)."""
+  moves, an all-gather's result, a reduce-scatter's input; `SCALAR`: one float32 only, the
+  loss's and metrics' all-reduces — 4 bytes took ~0.1 ms across processes here where
+  16 bytes to 1 MB took a ~4 ms tick). Chains grow 1, 2, 8, 32 while the next k times the
+  single call's mean time stays under CHAIN_BUDGET (at least 1, 2)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -155,8 +160,9 @@ def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
   results = {}
   for op in ops:
     results[op] = []
-    for size in sizes:
-      elements = max(2, size // 4 // 2 * 2)  # float32, even: a reduce-scatter halves it
+    for size in ([4] if op == SCALAR else sizes):
+      # float32; even (a reduce-scatter halves it) but the scalar
+      elements = 1 if op == SCALAR else max(2, size // 4 // 2 * 2)
       per_device = elements // 2 if op == 'all_gather' else elements
       buffer = jax.jit(lambda n=per_device: jnp.ones((2, n), jnp.float32),
                        out_shardings=NamedSharding(mesh, P('pair')))()
