@@ -53,12 +53,20 @@ def defaults() -> ml_collections.ConfigDict:
   c.host_memory = 'keep'
 
   c.dataset = ml_collections.ConfigDict()
-  c.dataset.name = 'sklearn_digits'  # a TFDS name, or 'image_folder'
+  c.dataset.name = 'sklearn_digits'  # a TFDS name, 'image_folder' or 'synthetic'
   c.dataset.data_dir = ''            # TFDS data_dir ('' = TFDS default)
   c.dataset.train_split = 'train'
   c.dataset.test_split = 'test'
   c.dataset.path = ''                # image_folder: root with one sub-folder per class
   c.dataset.test_percent = 20        # image_folder: share of files held out for test
+  # synthetic: random size² images with random labels (benchmarks without a dataset,
+  # as PyTorch's FakeData); the pipeline resizes them to image_size as any dataset's.
+  c.dataset.synthetic = ml_collections.ConfigDict()
+  c.dataset.synthetic.classes = 10
+  c.dataset.synthetic.channels = 3
+  c.dataset.synthetic.size = 32
+  c.dataset.synthetic.train_examples = 1024
+  c.dataset.synthetic.test_examples = 256
   c.dataset.cache = True             # cache decoded train examples in memory
   c.dataset.shuffle_buffer = 50_000
   # A TFDS dataset not yet prepared in data_dir is downloaded and prepared, after a 3 s

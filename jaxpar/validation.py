@@ -13,7 +13,6 @@ import importlib.util
 import math
 import os
 
-import tensorflow_datasets as tfds
 from absl import logging
 
 from jaxpar import optim
@@ -83,14 +82,23 @@ def validate(c) -> None:
             f'an image file ({", ".join(sources.IMAGE_EXTENSIONS)})')
     if not 0 < c.dataset.test_percent < 100:
       _fail('dataset.test_percent', c.dataset.test_percent, 'expected 1..99')
+  elif c.dataset.name == sources.SYNTHETIC:
+    synthetic = c.dataset.synthetic
+    for field in ('classes', 'size', 'train_examples', 'test_examples'):
+      if not isinstance(synthetic[field], int) or synthetic[field] < 1:
+        _fail(f'dataset.synthetic.{field}', synthetic[field], 'expected a positive integer')
+    if synthetic.classes < 2:
+      _fail('dataset.synthetic.classes', synthetic.classes, 'expected at least 2')
+    if synthetic.channels not in (1, 3):
+      _fail('dataset.synthetic.channels', synthetic.channels, 'expected 1 or 3')
   else:
     try:
-      tfds.builder_cls(c.dataset.name)
+      sources.tfds_registered().builder_cls(c.dataset.name)
     except Exception:  # tfds raises DatasetNotFoundError with a long listing
       _fail('dataset.name', c.dataset.name,
             f"not a TFDS dataset; use 'sklearn_digits' (bundled), a name from "
-            f"tfds.list_builders() such as 'cifar10', or '{sources.IMAGE_FOLDER}' with "
-            f"config.dataset.path")
+            f"tfds.list_builders() such as 'cifar10', '{sources.IMAGE_FOLDER}' with "
+            f"config.dataset.path, or '{sources.SYNTHETIC}' (random images)")
 
   if isinstance(c.image_size, int) and c.image_size < MIN_IMAGE_SIZE[c.model]:
     _fail('image_size', c.image_size, f'{c.model} needs at least {MIN_IMAGE_SIZE[c.model]}')

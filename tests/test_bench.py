@@ -115,3 +115,28 @@ def test_bench_table_bad_arguments_are_one_line(tmp_path, capsys):
   bad.write_text('{not json')
   with pytest.raises(SystemExit, match='bad.json: not a JSON written by analysis.benchmarks'):
     bench_table.main([str(bad)])
+
+
+def test_on_a_gpu_the_table_takes_the_steps_flops_from_the_peer():
+  # XLA's GPU cost analysis leaves out the cuDNN convolutions: the committed H200 run of
+  # VGG16E counted 44 GFLOP where PyTorch counts 7,528 for the same step.
+  result = json.loads((ROOT / 'analysis/report/bench/gpu/vgg16e_224_bfloat16_gpu.json').read_text())
+  assert result['backend'] == 'gpu'
+  jaxpar, _, peer = result['steps']
+  assert jaxpar['flops_per_device'] < peer['flops_per_device'] / 100
+  text = bench_table.table([result])
+  expected = peer['flops_per_device'] / jaxpar['median_s'] / 1e9
+  assert text.splitlines()[2].endswith(f'| {expected:,.0f}* |')
+  assert text.splitlines()[-1] == bench_table.PEER_FLOPS
+  on_cpu = dict(result, backend='cpu')  # there XLA's count is the step's
+  counted = jaxpar['flop_per_s_per_device'] / 1e9
+  assert counted >= 1000 and bench_table.table([on_cpu]).splitlines()[-1].endswith(
+      f'| {counted:,.0f} |')
+
+
+def test_the_torch_peer_on_jaxs_gpu_needs_a_cuda_torch(data_dir, monkeypatch):
+  torch = pytest.importorskip('torch')
+  monkeypatch.setattr(bench, '_torch_device', lambda: 'cuda')
+  monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+  with pytest.raises(config_lib.ConfigError, match=r"^--torch on JAX's GPU backend needs"):
+    bench.check(_config(data_dir, batch_norm=False), with_torch=True)

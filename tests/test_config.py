@@ -147,6 +147,13 @@ def test_defaults_are_valid():
      'config.grad_accum_steps', 'divisor of it'),
     ({'optimizer.schedule': 'step'}, 'config.optimizer.schedule', 'poly'),
     ({'optimizer.trust_coefficient': 0.0}, 'config.optimizer.trust_coefficient', '> 0'),
+    ({'dataset.name': 'synthetic', 'dataset.synthetic.classes': 1},
+     'config.dataset.synthetic.classes', 'at least 2'),
+    ({'dataset.name': 'synthetic', 'dataset.synthetic.channels': 4},
+     'config.dataset.synthetic.channels', '1 or 3'),
+    ({'dataset.name': 'synthetic', 'dataset.synthetic.train_examples': 0},
+     'config.dataset.synthetic.train_examples', 'positive'),
+    ({'dataset.name': 'mnist_typo'}, 'config.dataset.name', "'synthetic' (random images)"),
 ])
 def test_static_errors_name_the_field(overrides, field, hint):
   with pytest.raises(config_lib.ConfigError) as e:

@@ -1,12 +1,16 @@
-"""Input: the bundled TFDS dataset, image folders, a resumable train stream, exhaustive eval."""
+"""Input: the bundled TFDS dataset, image folders, synthetic images, a resumable train stream,
+exhaustive eval; and the step's and the benchmarks' modules importing without TensorFlow."""
 import itertools
 import os
+import subprocess
+import sys
 
 import ml_collections
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from jaxpar import config as config_lib
 from jaxpar.config import ConfigError
 from jaxpar.data import pipeline, sources
 
@@ -172,3 +176,59 @@ def test_prefetch_to_device_places_batches_ahead_in_order():
   assert isinstance(first['x'], jax.Array) and len(first['x'].sharding.device_set) == 8
   rest = [int(b['x'][0, 0]) for b in stream]
   assert int(first['x'][0, 0]) == 0 and rest == [1, 2, 3, 4]
+
+
+def _synthetic(**overrides):
+  c = config_lib.defaults().dataset
+  c.name = 'synthetic'
+  c.synthetic.update(overrides)
+  return c
+
+
+def test_synthetic_images_are_fixed_by_split_and_index_and_shared_out_whole():
+  c = _synthetic(classes=5, channels=1, size=12, train_examples=10, test_examples=3)
+  whole = sources.open_source(c, shard=(0, 1))
+  assert (whole.num_classes, whole.channels, whole.num_train, whole.num_test) == (5, 1, 10, 3)
+  train = list(whole.train().as_numpy_iterator())
+  images = [tf.io.decode_png(ex['image']).numpy() for ex in train]
+  assert all(i.shape == (12, 12, 1) and i.dtype == np.uint8 for i in images)
+  assert len({i.tobytes() for i in images}) == 10  # random, not one image repeated
+  assert {int(ex['label']) for ex in train} <= set(range(5))
+  again = [ex['image'] for ex in whole.train().as_numpy_iterator()]
+  assert again == [ex['image'] for ex in train]  # every epoch the same examples
+  test = [ex['image'] for ex in whole.test().as_numpy_iterator()]
+  assert not set(test) & set(again)  # the splits are drawn apart
+  # Two processes' shares: disjoint, together the whole split, each counted.
+  shares = [sources.open_source(c, shard=(k, 2)) for k in range(2)]
+  assert [s.num_train for s in shares] == [5, 5]
+  assert all(s.num_train_global == 10 for s in shares)
+  split = [ex['image'] for s in shares for ex in s.train().as_numpy_iterator()]
+  assert sorted(split) == sorted(again)
+
+
+def test_synthetic_images_train_through_the_pipeline():
+  source = sources.open_source(_synthetic(classes=3, size=20, train_examples=8), shard=(0, 1))
+  batch = next(pipeline.train_batches(source, batch=4, start=0, seed=0, **TRAIN))
+  assert batch['image'].shape == (4, 16, 16, 3) and batch['image'].dtype == np.float32
+  assert -1.0 <= batch['image'].min() < batch['image'].max() <= 1.0
+
+
+def test_the_step_and_benchmarks_import_without_tensorflow():
+  # A GPU machine with JAX and PyTorch only: the bench opens synthetic data, validates and
+  # builds without TensorFlow or TFDS (they are imported where a split is read).
+  code = """
+import sys
+sys.modules['tensorflow'] = sys.modules['tensorflow_datasets'] = None  # import fails
+from analysis.benchmarks import bench
+from analysis.steptime import measure
+from jaxpar import build, config, validation
+from jaxpar.data import sources
+c = config.defaults()
+c.dataset.name = 'synthetic'
+validation.validate(c)
+print(sources.open_source(c.dataset, shard=(0, 1)).num_classes)
+"""
+  done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                        cwd=os.path.dirname(os.path.dirname(__file__)), timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split()[-1] == '10'

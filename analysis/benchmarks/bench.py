@@ -14,7 +14,9 @@ min, max); images/s; FLOPs per device from the compiled program's cost analysis 
 FLOP/s achieved; peak memory per device from its memory analysis; the collectives of the
 compiled program and their bytes per device and step (`analysis.steptime.hlo.compiled_collectives`:
 every branch of a conditional counts, and on CPU bfloat16 sums show as float32). Ratios are taken side by side
-in this one run; nothing here is asserted in tests.
+in this one run; nothing here is asserted in tests. On a GPU (`bench_gpu.sh`) the PyTorch peer runs on
+CUDA, and XLA's FLOP count leaves out the convolutions, which run as cuDNN custom calls
+(`bench_table` then uses PyTorch's count).
 """
 import json
 import os
@@ -122,6 +124,17 @@ def check(cfg, with_torch: bool):
   if with_torch and not torch_peer.available():
     raise config_lib.ConfigError(
         "--torch needs PyTorch and torchvision: pip install -e '.[bench]'")
+  if with_torch and _torch_device() == 'cuda':
+    import torch
+    if not torch.cuda.is_available():
+      raise config_lib.ConfigError(
+          "--torch on JAX's GPU backend needs PyTorch built with CUDA; torch.cuda.is_available() "
+          "is False here: install a CUDA build of torch, or leave out --torch")
+
+
+def _torch_device() -> str:
+  """The PyTorch peer runs where JAX does: a GPU of this process or the CPU."""
+  return 'cuda' if jax.default_backend() == 'gpu' else 'cpu'
 
 
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False) -> dict:
@@ -151,7 +164,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   if with_torch:
     runners.append(torch_peer.TorchRunner(
         cfg, source.num_classes, local_batch, optim.peak_learning_rate(cfg.optimizer, global_batch),
-        jax.process_count(), jax.process_index()))
+        jax.process_count(), jax.process_index(), _torch_device()))
   for _ in range(warmup):
     for r in runners:
       r(timed=False)
@@ -166,7 +179,12 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
       result['profile'] = r.profile(profile_steps)
   for r in runners[2:]:
     r.close()
-  return {'tool': 'analysis.benchmarks.bench', 'machine': machine(), 'versions': versions(),
+  found = versions()
+  if with_torch:
+    import torch
+    found['torch'] = torch.__version__
+  return {'tool': 'analysis.benchmarks.bench', 'machine': machine(), 'versions': found,
+          'backend': jax.default_backend(), 'device_kind': jax.devices()[0].device_kind,
           'config': cfg.to_dict(), 'command': ' '.join(['python -m analysis.benchmarks.bench']
                                                        + sys.argv[1:]),
           'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
@@ -195,6 +213,9 @@ def markdown(r) -> str:
                  f"| {_shown(s['peak_memory_bytes_per_device'], 1e6, 1)} "
                  f"| {_shown(s['collectives'], 1, 0)} "
                  f"| {_shown(s['collective_bytes_per_device'], 1e6, 2)} |")
+  if r.get('backend', 'cpu') != 'cpu':
+    lines.append("\nOn this GPU XLA's GFLOP count of the JAX steps leaves out the convolutions "
+                 "(cuDNN custom calls).")
   lines.append(f"\njaxpar's throughput / auto-sharded jit's: "
                f"{r['shard_map_over_jit_throughput']:.3f}×")
   if 'shard_map_over_torch_throughput' in r:

@@ -7,7 +7,10 @@
 A row per run: network, input size, compute dtype, devices, global batch, the devices
 jaxpar's BatchNorm shares statistics over (jit's always: all; PyTorch's: each process),
 each step's median time, jaxpar's throughput over the auto-sharded jit's (and PyTorch's, when the run
-had the peer), and jaxpar's GFLOP/s per device.
+had the peer), and jaxpar's GFLOP/s per device. On a GPU XLA's cost analysis leaves out the
+convolutions (they run as cuDNN custom calls: of VGG16E's 7,528 GFLOP a step at 224², batch
+64, it counted the fully connected layers' 44): there the step's FLOPs are PyTorch's count of
+the same network and batch (`torch.utils.flop_counter`), marked *.
 """
 import json
 import math
@@ -25,12 +28,31 @@ def row(r) -> str:
   bn = ('no BN' if r['network'] != 'resnet34' and not r['config']['batch_norm']
         else 'all devices' if group in (0, devices)
         else 'each device' if group == 1 else f'groups of {group}')
-  cells = [r['network'], f"{r['image_size']}²", r['dtype'], where, str(r['global_batch']), bn, f"{jaxpar['median_s']:.3f}", f"{jit['median_s']:.3f}",
+  cells = [r['network'], f"{r['image_size']}²", r['dtype'], where, str(r['global_batch']), bn, _seconds(jaxpar), _seconds(jit),
            f"{r['shard_map_over_jit_throughput']:.3f}×",
-           f"{peer['median_s']:.3f}" if peer else '–',
+           _seconds(peer) if peer else '–',
            f"{r['shard_map_over_torch_throughput']:.2f}×" if peer else '–',
-           f"{jaxpar['flop_per_s_per_device'] / 1e9:.1f}"]
+           _gflops(r, jaxpar, peer)]
   return '| ' + ' | '.join(cells) + ' |'
+
+
+def _seconds(step) -> str:
+  """A median step time: three decimals, four below 0.1 s (a GPU's steps take milliseconds)."""
+  return f"{step['median_s']:.{4 if step['median_s'] < 0.1 else 3}f}"
+
+
+PEER_FLOPS = ('* FLOPs as PyTorch counts the same step: on a GPU XLA\'s cost analysis leaves out '
+              'the convolutions (cuDNN calls).')
+
+
+def _gflops(r, jaxpar, peer) -> str:
+  if r.get('backend', 'cpu') == 'cpu':
+    value, mark = jaxpar['flop_per_s_per_device'] / 1e9, ''
+  elif peer:
+    value, mark = peer['flops_per_device'] / jaxpar['median_s'] / 1e9, '*'
+  else:
+    return 'n/a'
+  return (f'{value:,.0f}' if value >= 1000 else f'{value:.1f}') + mark
 
 
 def table(results) -> str:
@@ -42,7 +64,8 @@ def table(results) -> str:
       + [row(r) for r in sorted(results, key=lambda r: (
           r['network'], r['image_size'], math.prod(r['mesh']),
           r['config']['distributed']['num_processes'], r['config']['bn_group_size'],
-          r['dtype'] != 'float32'))])
+          r['dtype'] != 'float32'))]
+      + (['', PEER_FLOPS] if any(r.get('backend', 'cpu') != 'cpu' for r in results) else []))
 
 
 def method_row(r) -> str:

@@ -1,5 +1,5 @@
 """The PyTorch peer of `analysis.benchmarks.bench`: the configured network trained on the same batch
-with the same optimizer, on the CPU, in eager mode — what a PyTorch user writes.
+with the same optimizer, in eager mode — what a PyTorch user writes.
 
 The networks are torchvision's (`torchvision.models`), with the input channels and the
 classes of the run, changed where jaxpar's published network differs:
@@ -21,11 +21,13 @@ analysis counts the taps inside the input only: at small inputs, where the last 
 are 1×1 or 2×2, the two counts differ several-fold.
 
 Optional (`pip install -e '.[bench]'`); `available()` says whether torch and
-torchvision are importable. One process: the step uses every core
+torchvision are importable. On the device JAX runs on: the CPU, or one CUDA GPU when JAX's
+backend is the GPU (`cudnn.benchmark` on, as PyTorch's ImageNet example sets it; the loss's
+`.item()` waits for the step). One CPU process: the step uses every core
 (`torch.set_num_threads`, as XLA's CPU runtime does). Several processes (a jaxpar run
 across processes): each process trains its share of the batch in
-`DistributedDataParallel` over gloo, the collective library jaxpar's CPU processes use,
-rendezvousing at the coordinator's host. The optimizer is SGD with jaxpar's momentum,
+`DistributedDataParallel` over the collective library jaxpar's processes use (gloo on CPUs,
+NCCL on GPUs), rendezvousing at the coordinator's host. The optimizer is SGD with jaxpar's momentum,
 Nesterov flag and weight decay on kernels only; the learning rate is the schedule's peak
 (a schedule is a few scalar operations per step: it does not change the time).
 """
@@ -156,22 +158,31 @@ class TorchRunner:
   """`analysis.benchmarks.bench.Runner`'s interface for a PyTorch train step."""
 
   def __init__(self, cfg, num_classes: int, batch: dict, peak_lr: float, process_count: int,
-               process_index: int):
+               process_index: int, device: str = 'cpu'):
     import torch
 
     torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count() if process_count == 1 else 1)
+    self.device = torch.device(device)
+    if self.device.type == 'cuda':
+      torch.backends.cudnn.benchmark = True
+    else:
+      torch.set_num_threads(os.cpu_count() if process_count == 1 else 1)
     image = batch['image']
     model = network(cfg.model, num_classes, image.shape[-1], image.shape[1])
     materialise(model, image.shape[-1], image.shape[1])
     self.parameters = sum(p.numel() for p in model.parameters())
+    model = model.to(self.device)
+    suffix = ' (CUDA)' if self.device.type == 'cuda' else ''
     if process_count > 1:
       host = cfg.distributed.coordinator.rsplit(':', 1)[0]
       port = int(cfg.distributed.coordinator.rsplit(':', 1)[1]) + 1
-      torch.distributed.init_process_group('gloo', init_method=f'tcp://{host}:{port}',
+      backend = 'nccl' if self.device.type == 'cuda' else 'gloo'
+      torch.distributed.init_process_group(backend, init_method=f'tcp://{host}:{port}',
                                            world_size=process_count, rank=process_index)
       model = torch.nn.parallel.DistributedDataParallel(model)
-    self.name = 'PyTorch DDP (gloo)' if process_count > 1 else 'PyTorch eager'
+      self.name = f'PyTorch DDP ({backend})'
+    else:
+      self.name = 'PyTorch eager' + suffix
     c = cfg.optimizer
     kernels = [p for p in model.parameters() if p.ndim > 1]
     others = [p for p in model.parameters() if p.ndim <= 1]
@@ -181,15 +192,16 @@ class TorchRunner:
         lr=peak_lr, momentum=c.momentum, nesterov=c.nesterov)
     self.model, self.torch = model.train(), torch
     self.autocast = cfg.dtype == 'bfloat16'
-    self.images = torch.from_numpy(np.ascontiguousarray(batch['image'].transpose(0, 3, 1, 2)))
-    self.labels = torch.from_numpy(batch['label'].astype(np.int64))
+    self.images = torch.from_numpy(
+        np.ascontiguousarray(batch['image'].transpose(0, 3, 1, 2))).to(self.device)
+    self.labels = torch.from_numpy(batch['label'].astype(np.int64)).to(self.device)
     self.flops = self._count_flops()  # this process's share of the batch
     self.times = []
 
   def _step(self):
     torch = self.torch
     self.optimizer.zero_grad(set_to_none=True)
-    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=self.autocast):
+    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
       value = loss(self.model(self.images), self.labels)
     value.backward()
     self.optimizer.step()

@@ -1,9 +1,12 @@
-"""Where examples come from: a TFDS dataset by name, or an image folder by path.
+"""Where examples come from: a TFDS dataset by name, an image folder by path, or random
+images (`synthetic`, for benchmarks: PyTorch's `--dummy`/`FakeData`).
 
 A source yields this process's (or an asynchronous worker's) share of a split, in a fixed order, as
 {'image': the encoded image (JPEG, PNG, …) as a string, 'label': int64};
 `pipeline.py` decodes (for JPEG, only the crop window), shuffles, augments and
-batches.
+batches. TensorFlow and TFDS are imported where a split is read or prepared, not with the
+module: opening a source (its classes and channels) needs neither for an image folder
+or synthetic images, so the benchmarks run where TensorFlow is not installed.
 """
 import contextlib
 import dataclasses
@@ -14,18 +17,19 @@ import json
 import os
 import socket
 import zlib
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import jax
-import tensorflow as tf
-import tensorflow_datasets as tfds
 from absl import logging
 
-from jaxpar.data.sklearn_digits import SklearnDigits  # registers the bundled builder
 from jaxpar import multihost
 from jaxpar.config import ConfigError
 
+if TYPE_CHECKING:
+  import tensorflow as tf
+
 IMAGE_FOLDER = 'image_folder'
+SYNTHETIC = 'synthetic'
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
 
 
@@ -37,8 +41,8 @@ class Source:
   num_test: int             # examples of the test split in this process's share
   num_train_global: int     # ... and of each split in all processes' shares together
   num_test_global: int
-  train: Callable[[], tf.data.Dataset]
-  test: Callable[[], tf.data.Dataset]
+  train: Callable[[], 'tf.data.Dataset']
+  test: Callable[[], 'tf.data.Dataset']
   unreadable: tuple = ()    # files left out because they could not be decoded
 
 
@@ -48,6 +52,8 @@ def open_source(dataset_config, shard=None) -> Source:
   shard = shard or (jax.process_index(), jax.process_count())
   if dataset_config.name == IMAGE_FOLDER:
     return _image_folder(dataset_config.path, dataset_config.test_percent, shard)
+  if dataset_config.name == SYNTHETIC:
+    return _synthetic(dataset_config.synthetic, shard)
   return _tfds(dataset_config, shard)
 
 
@@ -94,8 +100,19 @@ def _prepared(cfg):
     return _prepare(cfg)
 
 
+def tfds_registered():
+  """TFDS, imported here rather than with the module, with the bundled digits' builder
+  ('sklearn_digits') registered."""
+  import tensorflow_datasets as tfds
+
+  from jaxpar.data.sklearn_digits import SklearnDigits
+  del SklearnDigits  # imported for its side effect: the class registers itself with TFDS
+  return tfds
+
+
 def _prepare(cfg):
-  builder = tfds.builder(cfg.name, data_dir=cfg.data_dir or None)
+  from jaxpar.data.sklearn_digits import SklearnDigits
+  builder = tfds_registered().builder(cfg.name, data_dir=cfg.data_dir or None)
   # The bundled digits build locally, and a dataset downloaded by hand (ImageNet) says
   # which files to fetch; another dataset not prepared yet needs a download, which on a
   # machine without internet retries for minutes before failing.
@@ -118,6 +135,7 @@ def _prepare(cfg):
 
 
 def _tfds(cfg, shard) -> Source:
+  tfds = tfds_registered()
   # Process 0 first (a no-op without a joined run), then the others, each host's one at a
   # time: two processes building into one data_dir at once failed (FileExistsError, or an
   # empty dataset), and one building for minutes broke the run's first collective.
@@ -178,6 +196,7 @@ def _image_folder(root: str, test_percent: int, shard) -> Source:
 
   def reader(items):
     def dataset():
+      import tensorflow as tf
       paths, labels = zip(*items) if items else ((), ())
       ds = tf.data.Dataset.from_tensor_slices((list(paths), tf.constant(labels, tf.int64)))
       return ds.map(lambda p, y: {'image': tf.io.read_file(p), 'label': y},
@@ -187,6 +206,32 @@ def _image_folder(root: str, test_percent: int, shard) -> Source:
   return Source(len(classes), 3, len(shard['train']), len(shard['test']), len(files['train']),
                 len(files['test']), reader(shard['train']), reader(shard['test']),
                 tuple(unreadable))
+
+
+def _synthetic(cfg, shard) -> Source:
+  """`cfg.train_examples` and `cfg.test_examples` random `cfg.size`² images (uniform pixels,
+  PNG-encoded as a stored dataset's are) with uniform labels among `cfg.classes`, each drawn
+  from its split and index alone: every process's share, and every epoch, sees the same
+  examples. For timing the input pipeline and the step without a dataset."""
+  index, count = shard
+
+  def split(seed: int, total: int):
+    def dataset():
+      import tensorflow as tf
+
+      def example(i):
+        key = tf.stack([tf.constant(seed, tf.int64), i])
+        pixels = tf.random.stateless_uniform((cfg.size, cfg.size, cfg.channels), key,
+                                             maxval=256, dtype=tf.int32)
+        label = tf.random.stateless_uniform((), key[::-1], maxval=cfg.classes, dtype=tf.int64)
+        return {'image': tf.io.encode_png(tf.cast(pixels, tf.uint8)), 'label': label}
+      return tf.data.Dataset.range(index, total, count).map(example)
+    return dataset, len(range(index, total, count))
+
+  train, num_train = split(0, cfg.train_examples)
+  test, num_test = split(1, cfg.test_examples)
+  return Source(cfg.classes, cfg.channels, num_train, num_test, cfg.train_examples,
+                cfg.test_examples, train, test)
 
 
 def _unreadable_files(root: str, relpaths: list) -> list:
@@ -204,6 +249,7 @@ def _unreadable_files(root: str, relpaths: list) -> list:
   if os.path.exists(cache):
     with open(cache) as f:
       return json.load(f)
+  import tensorflow as tf
   logging.info('Checking that the %d image files under %s decode (once; the result is cached).',
                len(relpaths), root)
   ds = tf.data.Dataset.from_tensor_slices(list(relpaths) or tf.zeros((0,), tf.string)).enumerate()
