@@ -48,6 +48,7 @@ def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
   assert len(setting['calls']['collective_permute_one_way']) == len(
       setting['calls']['collective_permute'])
   assert [p['bytes'] for p in setting['calls'][calibrate.SCALAR]] == [4]  # one float32
+  assert 'all-reduce-scalar: ' in text and ' ms a call (4 B)' in text  # no fit: its call
   assert '| processes | sync-join | allreduce | 2 |' in text.split('non-gradient work the parts '
                                                                   'model adds')[1]
   if why_not:

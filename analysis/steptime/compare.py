@@ -448,7 +448,8 @@ def markdown(results, points) -> str:
               f"{result.get('repetitions', 1)} repetitions of {result.get('rounds', '?')} rounds "
               f"× {result.get('steps_per_round', '?')} steps per point.", '',
               '| setting | t_grad alone (s) | t_grad contended (s) | t_comm (s) '
-              '| calibrated kind: α (s), β (GB/s), fit residuals |', '|---|---:|---:|---:|---|']
+              '| calibrated kind: α (s), β (GB/s), fit residuals; a kind of one size: its call |',
+              '|---|---:|---:|---:|---|']
     for setting, s in result['settings'].items():
       batch = str(result['batch']['sync-split'])
       t_grad = _median(s['t_grad'][batch]) if batch in s['t_grad'] else None
@@ -456,9 +457,12 @@ def markdown(results, points) -> str:
                             for p, bs in s.get('t_grad_contended', {}).items()
                             for b, v in bs.items()) or '—'
       t_comm, costs = calibrate.setting_inputs(s, net['param_bytes'])
-      fits = '; '.join(f"{kind.replace('_', '-')}: {f.alpha:.2e}, {f.beta / 1e9:.2f}, "
-                       + ' '.join(f'{r:+.0%}' for r in f.relative_residuals)
-                       for kind, f in costs.fits.items()) if costs else '—'
+      fits = '; '.join([f"{kind.replace('_', '-')}: {f.alpha:.2e}, {f.beta / 1e9:.2f}, "
+                        + ' '.join(f'{r:+.0%}' for r in f.relative_residuals)
+                        for kind, f in costs.fits.items()]
+                       + [f"{kind.replace('_', '-')}: {pts[0][1] * 1e3:.2f} ms a call "
+                          f"({pts[0][0]:,} B)" for kind, pts in costs.points.items()
+                          if kind not in costs.fits]) if costs else '—'
       lines.append(f"| {setting} | {_fmt(t_grad, '.4f')} | {contended} | {_fmt(t_comm, '.4f')} "
                    f"| {fits} |")
     mine = [p for p in points if p['network'] == net['model']
