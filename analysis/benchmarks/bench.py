@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis.benchmarks import profile, torch_peer  # noqa: E402
+from analysis.benchmarks import bench_table, profile, torch_peer  # noqa: E402
 from analysis.steptime import hlo  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
@@ -213,7 +213,7 @@ def markdown(r) -> str:
                  f"| {_shown(s['peak_memory_bytes_per_device'], 1e6, 1)} "
                  f"| {_shown(s['collectives'], 1, 0)} "
                  f"| {_shown(s['collective_bytes_per_device'], 1e6, 2)} |")
-  if r.get('backend', 'cpu') != 'cpu':
+  if not bench_table.xla_counts_convolutions(r):
     lines.append("\nOn this GPU XLA's GFLOP count of the JAX steps leaves out the convolutions "
                  "(cuDNN custom calls).")
   lines.append(f"\njaxpar's throughput / auto-sharded jit's: "

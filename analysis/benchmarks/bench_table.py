@@ -45,8 +45,15 @@ PEER_FLOPS = ('* FLOPs as PyTorch counts the same step: on a GPU XLA\'s cost ana
               'the convolutions (cuDNN calls).')
 
 
+def xla_counts_convolutions(r) -> bool:
+  """Whether XLA's cost analysis of the run's programs counted their convolutions: on the
+  CPU it does (files before `backend` was recorded are CPU runs); on a GPU they are cuDNN
+  custom calls it leaves out."""
+  return r.get('backend', 'cpu') == 'cpu'
+
+
 def _gflops(r, jaxpar, peer) -> str:
-  if r.get('backend', 'cpu') == 'cpu':
+  if xla_counts_convolutions(r):
     value, mark = jaxpar['flop_per_s_per_device'] / 1e9, ''
   elif peer:
     value, mark = peer['flops_per_device'] / jaxpar['median_s'] / 1e9, '*'
@@ -65,7 +72,7 @@ def table(results) -> str:
           r['network'], r['image_size'], math.prod(r['mesh']),
           r['config']['distributed']['num_processes'], r['config']['bn_group_size'],
           r['dtype'] != 'float32'))]
-      + (['', PEER_FLOPS] if any(r.get('backend', 'cpu') != 'cpu' for r in results) else []))
+      + (['', PEER_FLOPS] if not all(map(xla_counts_convolutions, results)) else []))
 
 
 def method_row(r) -> str:
