@@ -41,6 +41,20 @@ jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)  # unoptimise
 assert jax.device_count() == 8, jax.devices()
 
 
+def pytest_report_header(config):
+  """The versions this run tests (CI runs the suite on the oldest and the newest supported)."""
+  import importlib.metadata
+  import platform
+  found = []
+  for name in ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'tensorflow-cpu',
+               'tensorflow-datasets', 'ray'):
+    try:
+      found.append(f'{name} {importlib.metadata.version(name)}')
+    except importlib.metadata.PackageNotFoundError:
+      found.append(f'{name} absent')
+  return f"jaxpar on Python {platform.python_version()}: {', '.join(found)}"
+
+
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory):
   """A TFDS data_dir holding the bundled digits, built once per session. Where TensorFlow

@@ -23,6 +23,14 @@ def _per_device_tree(n, seed=0):
   return tree
 
 
+def _psum(tree, axes):
+  """lax.psum of every leaf but the empty ones, whose sum is an empty array: jaxlib 0.11.2
+  crashes compiling a psum of an empty array under shard_map (Shardy's
+  ManualComputationUnusedInputsPattern; 0.10 and 0.12 compile it)."""
+  return jax.tree.map(lambda v: jax.lax.psum(v, axes) if v.size else jnp.zeros(v.shape, v.dtype),
+                      tree)
+
+
 def _compare(mesh, axes, reduce):
   """Runs `reduce` and lax.psum over `axes` on per-device values; returns both."""
   tree = _per_device_tree(mesh.size)
@@ -30,7 +38,7 @@ def _compare(mesh, axes, reduce):
 
   def body(t):
     t = jax.tree.map(lambda v: v[0], t)
-    return reduce(t), jax.lax.psum(t, axes)
+    return reduce(t), _psum(t, axes)
   # out_specs=P(): the result must be typed replicated, as psum's is.
   got, want = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=P()))(tree)
   return got, want
@@ -58,7 +66,7 @@ def test_ring_psum_along_one_axis_equals_psum(shape):
 
   def body(t):
     t = jax.tree.map(lambda v: v[0], t)
-    return jax.tree.map(lambda v: v[None], (ring_psum(t, 'y'), jax.lax.psum(t, 'y')))
+    return jax.tree.map(lambda v: v[None], (ring_psum(t, 'y'), _psum(t, 'y')))
   spec = P(('x', 'y'))
   got, want = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))(tree)
   _assert_tree_equal(got, want)
@@ -118,3 +126,22 @@ def test_spanning_skips_axes_of_one_device():
   axes = jax.jit(jax.shard_map(lambda: jnp.int32(len(spanning(('x', 'y')))), mesh=mesh,
                                in_specs=(), out_specs=P()))()
   assert axes == 1
+
+
+def test_empty_leaves_alone_are_returned_empty_and_replicated():
+  """A dtype whose every leaf is empty sends nothing; the leaves come back with their shapes,
+  typed replicated as psum's are (out_specs=P())."""
+  mesh = make_mesh((8,), ('d',))
+
+  def body(t):
+    t = jax.tree.map(lambda v: v[0], t)
+    return fused_psum(t, 'd'), replicate(t), ring_psum(t, 'd')
+  tree = {'empty': np.zeros((8, 0, 4), np.float32), 'f': np.ones((8, 3), np.int32),
+          'b': np.zeros((8, 2, 0), jnp.bfloat16)}
+  summed, averaged, ring = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P('d'),
+                                                 out_specs=P()))(tree)
+  for out in (summed, averaged, ring):
+    assert out['empty'].shape == (0, 4) and out['b'].shape == (2, 0)
+    assert out['b'].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(summed['f'], 8)
+  np.testing.assert_array_equal(ring['f'], 8)

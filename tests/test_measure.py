@@ -156,6 +156,39 @@ def test_step_bytes_counts_the_costliest_branch_of_each_conditional():
   assert hlo.step_bytes(found, 4) == pytest.approx(36 + 36)
 
 
+
+def test_group_sizes_of_both_stablehlo_replica_group_forms():
+  """jax < 0.11 lowers a collective's groups as a dense device list, jax >= 0.11 (under
+  `jax_use_rgv3`) as mesh axes named against an `sdy.mesh` declared once: both give the devices
+  in a group, whichever JAX runs the suite."""
+  dense = ('  sdy.mesh @mesh = <["x"=2, "y"=4]>\n'
+           '    %1 = "stablehlo.all_reduce"(%a) <{replica_groups = dense<[[0, 4], [1, 5], [2, 6], '
+           '[3, 7]]> : tensor<4x2xi64>, use_global_device_ids}> ({\n'
+           '    }) : (tensor<8xf32>) -> tensor<8xf32>\n')
+  axes = ('  sdy.mesh @mesh_0 = <["x"=2, "y"=4]> {stablehlo.mesh = {axes = [{name = "x"}]}}\n'
+          '    %1 = "stablehlo.all_reduce"(%a) <{replica_groups = #stablehlo.replica_group_mesh_axes'
+          '<mesh = @mesh_0, axes = [#stablehlo.axis_ref<name = "x">, #stablehlo.axis_ref<name = '
+          '"y">]>, use_global_device_ids}> ({\n'
+          '    }) : (tensor<8xf32>) -> tensor<8xf32>\n'
+          '    %2 = "stablehlo.all_gather"(%a) <{all_gather_dim = 0 : i64, replica_groups = '
+          '#stablehlo.replica_group_mesh_axes<mesh = @mesh_0, axes = [#stablehlo.axis_ref<name = '
+          '"y">]>, use_global_device_ids}> : (tensor<8xf32>) -> tensor<32xf32>\n')
+  assert [(c.op, c.group) for c in hlo.collectives(dense)] == [('all_reduce', 2)]
+  assert [(c.op, c.group) for c in hlo.collectives(axes)] == [('all_reduce', 8), ('all_gather', 4)]
+
+
+def test_lowered_group_sizes_are_the_mesh_axes_sizes():
+  """Whichever form the running JAX lowers to, a psum over one axis of a 2×4 mesh has groups of
+  that axis' size, and one over both axes groups of 8."""
+  mesh = make_mesh((2, 4), ('x', 'y'))
+
+  def f(a):
+    return lax.psum(a, 'x') + lax.psum(a, ('x', 'y')) + lax.psum(a, 'y')
+  text = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P(('x', 'y')), out_specs=P(('x', 'y')),
+                               check_vma=False)).lower(jnp.ones(64)).as_text()
+  assert [c.group for c in hlo.collectives(text)] == [2, 8, 4]
+
+
 MB = 1_000_000
 
 

@@ -20,6 +20,11 @@ _SIGNATURE = re.compile(r':\s*\(([^()]*)\)\s*->[^()]*$')
 _TENSOR = re.compile(r'tensor<((?:\d+x)*)([a-z]+\d*)>')
 _GROUPS = re.compile(r'replica_groups = dense<[^>]*> : tensor<(\d+)x(\d+)xi64>')
 _PAIRS = re.compile(r'source_target_pairs = dense<[^>]*> : tensor<(\d+)x2xi64>')
+# jax >= 0.11 lowers shard_map's collectives with mesh-axis replica groups (`jax_use_rgv3`):
+# `replica_groups = #stablehlo.replica_group_mesh_axes<mesh = @mesh_0, axes = [#stablehlo.axis_ref
+# <name = "x">, ...]>`, the axes' sizes declared once at the top, `sdy.mesh @mesh_0 = <["x"=2, ...]>`.
+_MESH_GROUPS = re.compile(r'replica_group_mesh_axes<mesh = @([\w.]+), axes = \[(.*?)\]>')
+_MESH = re.compile(r'sdy\.mesh @([\w.]+) = <\[(.*?)\]')
 _CASE = re.compile(r'"stablehlo\.case"\(.*\(\{\s*$')
 BYTES = {'f64': 8, 'f32': 4, 'bf16': 2, 'f16': 2, 'i64': 8, 'i32': 4, 'i8': 1, 'i1': 1,
          'ui32': 4, 'ui8': 1, 's64': 8, 's32': 4, 's8': 1, 'u32': 4, 'u8': 1, 'pred': 1}
@@ -51,6 +56,8 @@ def collectives(stablehlo: str) -> list:
   """
   found = []
   lines = stablehlo.splitlines()
+  meshes = {name: {a: int(n) for a, n in re.findall(r'"(\w+)"=(\d+)', axes)}
+            for name, axes in _MESH.findall(stablehlo)}
   open_cases = []  # (indent, case number, branch index) of the conditionals around this line
   cases = 0
   for i, line in enumerate(lines):
@@ -75,13 +82,27 @@ def collectives(stablehlo: str) -> list:
       if lines[j].lstrip().startswith('})'):
         signature = _SIGNATURE.search(lines[j])
         break
-    groups, pairs = _GROUPS.search(line), _PAIRS.search(line)
+    pairs = _PAIRS.search(line)
+    group = _stablehlo_group_size(line, meshes)
     for dims, dtype in _TENSOR.findall(signature.group(1)):
       found.append(Collective(op.group(1), tuple(int(d) for d in dims.split('x') if d), dtype,
-                              group=int(groups.group(2)) if groups else 0,
+                              group=group,
                               pairs=int(pairs.group(1)) if pairs else 0,
                               branch=tuple((c, b) for _, c, b in open_cases)))
   return found
+
+
+def _stablehlo_group_size(line: str, meshes: dict) -> int:
+  """Devices in each replica group of a StableHLO collective's line: the groups' second
+  dimension (`dense<...> : tensor<GxNxi64>`), or the product of the named mesh axes' sizes."""
+  groups = _GROUPS.search(line)
+  if groups:
+    return int(groups.group(2))
+  axes = _MESH_GROUPS.search(line)
+  if axes:
+    sizes = meshes[axes.group(1)]
+    return math.prod(sizes[a] for a in re.findall(r'axis_ref<name = "(\w+)"', axes.group(2)))
+  return 0
 
 
 def bytes_per_device(c: Collective, devices: int) -> float:

@@ -95,8 +95,8 @@ def replicate(tree):
     if not axes:
       continue
     group = [leaves[i] for i in indices]
-    # A lone leaf travels as it is: no buffer to build.
-    averaged = ([lax.pmean(group[0], axes)] if len(group) == 1
+    # A lone leaf travels as it is: no buffer to build (an empty one not at all: `fused`).
+    averaged = ([lax.pmean(group[0], axes)] if len(group) == 1 and jnp.size(group[0])
                 else fused(group, lambda b, axes=axes: lax.pmean(b, axes)))
     for i, leaf in zip(indices, averaged):
       out[i] = leaf
@@ -129,7 +129,16 @@ def fused(tree, reduce):
   for i, leaf in enumerate(leaves):
     by_dtype[jnp.result_type(leaf)].append(i)
   out = list(leaves)
+  for i, leaf in enumerate(leaves):
+    if not math.prod(jnp.shape(leaf)):
+      # An empty leaf: nothing to reduce, typed replicated as a reduction's result is, and
+      # kept out of the buffer (jaxlib 0.11.2 crashes compiling a shard_map whose empty input
+      # reaches a psum, even through a concatenation).
+      out[i] = jnp.zeros(jnp.shape(leaf), jnp.result_type(leaf))
+      by_dtype[jnp.result_type(leaf)].remove(i)
   for indices in by_dtype.values():
+    if not indices:
+      continue
     reduced = reduce(jnp.concatenate([jnp.ravel(leaves[i]) for i in indices]))
     offset = 0
     for i in indices:
