@@ -2,20 +2,56 @@
 
 The whole `TrainState` is saved, its `examples_seen` included, so a resumed run
 continues the data stream where the interrupted one stopped.
+
+The faults a cluster delivers, each ending in one line rather than a traceback:
+- **A damaged checkpoint** (files truncated by a full disk or a copy that died): on
+  restore, a step that fails to read is named with what failed, moved aside within the
+  checkpoint folder (`<step>.damaged`, never deleted) and the previous step is tried; when
+  none is left, a `ConfigError` names the folder (`train` exits with status 2).
+- **A full file system**: before each save the checkpoint's size (its arrays' bytes, plus
+  metadata) is compared with the space free in the folder; a save that cannot fit, or that
+  fails while it is written (the disk filled meanwhile, the folder became unwritable), is a
+  `CheckpointError` naming the folder, sizes and cause. orbax deletes an old checkpoint only after
+  a new one is complete, so the last good one stays.
 """
 import os
+import shutil
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
 from orbax.checkpoint import checkpoint_managers as policies
+
+from jaxpar.config import ConfigError, RunError
+
+# Beyond the arrays' bytes: orbax's metadata (JSON of the tree, OCDBT manifests), ~100 KB
+# for ResNet34's state; the margin also covers the file system's own blocks.
+MARGIN_BYTES, MARGIN_FRACTION = 2**20, 0.02
+
+
+class CheckpointError(RunError):
+  """A checkpoint could not be written. orbax's signalling threads of the failed save keep
+  waiting for it, so the process must leave with `os._exit` after saying so (`train.main`)."""
+
+
+def _without_traceback(record) -> bool:
+  """orbax logs each failure of a background save from every thread it touched, traceback
+  and all; the line stays, the traceback goes (`CheckpointError` says what failed)."""
+  if '/orbax/' in record.pathname:
+    record.exc_info = record.exc_text = None
+  return True
 
 
 class Checkpoints:
   def __init__(self, workdir: str, every: int, keep: int):
+    if _without_traceback not in logging.get_absl_handler().filters:
+      logging.get_absl_handler().addFilter(_without_traceback)
     # orbax wants an absolute path; a bucket (gs://...) already is one.
     root = workdir if '://' in workdir else os.path.abspath(workdir)
+    self.directory = os.path.join(root, 'checkpoints')
+    self._in_flight = None  # the step of the last save started (written in the background)
     self.manager = ocp.CheckpointManager(
-        os.path.join(root, 'checkpoints'),
+        self.directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             # Every `every` steps, and when JAX signals preemption; not orbax's
@@ -24,25 +60,102 @@ class Checkpoints:
                 policies.FixedIntervalPolicy(every), policies.PreemptionCheckpointingPolicy()])))
 
   def restore_latest(self, state):
-    """The latest saved state (shaped and placed like `state`), or `state` if none."""
-    step = self.manager.latest_step()
-    if step is None:
-      return state
+    """The latest readable saved state (shaped and placed like `state`), or `state` if none
+    was ever saved. A step that fails to read is moved aside and the one before is tried."""
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-    return self.manager.restore(step, args=ocp.args.StandardRestore(target))
+    damaged = []
+    while (step := self.manager.latest_step()) is not None:
+      try:
+        return self.manager.restore(step, args=ocp.args.StandardRestore(target))
+      except Exception as e:  # noqa: BLE001 — orbax raises what its readers raise
+        aside = self._move_aside(step)
+        damaged.append(step)
+        logging.warning('Checkpoint of step %d cannot be read (%s: %s); moved aside to %s, '
+                        'trying the one before.', step, type(e).__name__, _first_line(e),
+                        aside)
+        self.manager.reload()
+    if damaged:
+      raise ConfigError(f'--workdir holds no readable checkpoint in {self.directory}: step(s) '
+                        f"{', '.join(map(str, damaged))} failed to read and were moved aside "
+                        f'(<step>.damaged). Remove them (or choose another --workdir) to start '
+                        f'afresh.')
+    return state
+
+  def _move_aside(self, step: int) -> str:
+    """Renames step `step`'s folder to `<step>.damaged` (numbered if taken): orbax lists only
+    folders named by a step, and the files stay for whoever wants to look."""
+    path = os.path.join(self.directory, str(step))
+    aside = f'{path}.damaged'
+    if jax.process_index() == 0 and '://' not in path:
+      n = 1
+      while os.path.exists(aside):
+        n += 1
+        aside = f'{path}.damaged-{n}'
+      os.rename(path, aside)
+    return aside
 
   def due(self, step: int) -> bool:
     """Whether `save(step, ...)` would save (the interval, or a preemption)."""
     return self.manager.should_save(step)
 
   def save(self, step: int, state, force: bool = False):
-    """Saves if `step` is on the save interval (or `force`); asynchronous."""
-    self.manager.save(step, args=ocp.args.StandardSave(state), force=force)
+    """Saves if `step` is on the save interval (or `force`); asynchronous. Raises
+    `CheckpointError` when the checkpoint cannot fit or the previous save failed."""
+    self._check_space(step, state)
+    try:
+      saved = self.manager.save(step, args=ocp.args.StandardSave(state), force=force)
+    except Exception as e:  # noqa: BLE001 — this save failed, or the one before it, still
+      # in the background (orbax waits for it first): blame the one not complete.
+      previous_done = self._in_flight is None or self._in_flight in self.manager.all_steps()
+      raise self._failed(step if previous_done else self._in_flight, e) from None
+    if saved:
+      self._in_flight = step
+
+  def _check_space(self, step: int, state):
+    if '://' in self.directory:
+      return
+    needed = (sum(getattr(x, 'nbytes', 8) for x in jax.tree.leaves(state)) * (1 + MARGIN_FRACTION)
+              + MARGIN_BYTES)
+    os.makedirs(self.directory, exist_ok=True)
+    free = shutil.disk_usage(self.directory).free
+    if free < needed:
+      raise CheckpointError(f'cannot save the checkpoint of step {step} in {self.directory}: it needs '
+                     f'about {_mb(needed)} and the file system has {_mb(free)} free. Free '
+                     f'space there (older checkpoints: config.keep_checkpoints) or choose '
+                     f'another --workdir, then run the same command to resume from the last '
+                     f'checkpoint.')
+
+  def _failed(self, step: int, e: Exception) -> CheckpointError:
+    free = (f', {_mb(shutil.disk_usage(self.directory).free)} free now'
+            if '://' not in self.directory and os.path.isdir(self.directory) else '')
+    return CheckpointError(f'saving the checkpoint of step {step} in {self.directory} failed: '
+                           f'{type(e).__name__}: {_first_line(e)}{free}. The last complete '
+                           f'checkpoint there is kept; fix the folder, then run the same command '
+                           f'to resume.')
 
   def reached_preemption(self, step: int) -> bool:
     """True once a preemption checkpoint is saved: the run should exit and resume later."""
     return self.manager.reached_preemption(step)
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Waits for the save in flight; `CheckpointError` if it failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001
+      raise self._failed(self._in_flight, e) from None
+    finally:
+      self.manager.close()
+
+  def latest(self) -> str:
+    """The latest step's folder (for messages); '' before the first save."""
+    step = self.manager.latest_step()
+    return '' if step is None else os.path.join(self.directory, str(step))
+
+
+def _first_line(e: Exception) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0][:300] if text else ''
+
+
+def _mb(n: float) -> str:
+  return f'{n / 2**20:,.1f} MiB'

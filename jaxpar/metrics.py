@@ -26,7 +26,13 @@ class Reporter:
 
   def __init__(self, workdir: str, total_steps: int, first_step: int, global_batch: int):
     self.is_main = jax.process_index() == 0
-    self.writer = tensorboard.SummaryWriter(workdir) if self.is_main else None
+    self.workdir = workdir
+    self.writer = None
+    if self.is_main:
+      try:
+        self.writer = tensorboard.SummaryWriter(workdir)
+      except Exception as e:  # noqa: BLE001 — as in `_summaries`
+        self._give_up_summaries(e)
     self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit='step', dynamic_ncols=True,
                          disable=not (self.is_main and sys.stderr.isatty()))
     self.total_steps = total_steps
@@ -71,19 +77,38 @@ class Reporter:
       logging.info('%s', message)
     else:
       self.bar.write(message)
-    for k, v in values.items():
-      self.writer.scalar(f'{prefix}/{k}', v, step)
-    self.writer.flush()
+    def write(writer):
+      for k, v in values.items():
+        writer.scalar(f'{prefix}/{k}', v, step)
+      writer.flush()
+    self._summaries(write)
 
   def histograms(self, step: int, values: dict):
     """Distributions over the run (e.g. async staleness) to TensorBoard."""
-    if self.is_main:
+    def write(writer):
       for k, v in values.items():
         if len(v):
-          self.writer.histogram(f'train/{k}', v, step)
-      self.writer.flush()
+          writer.histogram(f'train/{k}', v, step)
+      writer.flush()
+    self._summaries(write)
 
   def close(self):
     self.bar.close()
-    if self.writer:
-      self.writer.close()
+    self._summaries(lambda writer: writer.close())
+
+  def _summaries(self, write):
+    """Runs `write` on the TensorBoard writer, if there still is one: summaries that cannot be
+    written (a full disk, an unwritable workdir) are warned about once and given up, and
+    training goes on; checkpoints say for themselves when they cannot be saved."""
+    if self.writer is None:  # not process 0, or given up
+      return
+    try:
+      write(self.writer)
+    except Exception as e:  # noqa: BLE001 — TensorFlow raises what its file system raises
+      self._give_up_summaries(e)
+
+  def _give_up_summaries(self, e: Exception):
+    logging.warning('TensorBoard summaries in %s cannot be written (%s: %s); training goes on '
+                    'without them.', self.workdir, type(e).__name__,
+                    str(e).strip().splitlines()[0] if str(e).strip() else '')
+    self.writer = None

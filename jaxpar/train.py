@@ -5,11 +5,15 @@
 
 Reads top to bottom: config → mesh → data → model and optimizer → state →
 checkpoint restore → loop (log, eval, checkpoint) → final eval.
+
+SIGTERM or SIGINT ends the step in flight, saves it and exits with status 75 (jaxpar.preemption:
+what a scheduler reads as "requeue"); a bad config is status 2, a run that cannot go on 1.
 """
 import dataclasses
 import math
 import os
 import sys
+import threading
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TensorFlow loads: no C++ INFO lines
@@ -20,10 +24,11 @@ from ml_collections import config_flags
 
 from jaxpar import build, metrics, validation
 from jaxpar import config as config_lib
-from jaxpar.checkpoint import Checkpoints
+from jaxpar.checkpoint import CheckpointError, Checkpoints
 from jaxpar.data import sources
 from jaxpar.evaluation import evaluate
 from jaxpar.metrics import Reporter
+from jaxpar.preemption import EXIT_RESUMABLE, StopSignals
 from jaxpar.step import make_eval_step
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].',
@@ -38,15 +43,27 @@ class Result:
   step: int             # the step training stopped at
   examples_seen: int    # the data position reached
   wall_time: float      # seconds, from the config check to the end (compilation included)
+  stopped_by: str = ''  # the signal that stopped the run early (SIGTERM, SIGINT), if one did
+  checkpoint: str = ''  # the folder of the last checkpoint saved
 
 
 def train_and_evaluate(cfg, workdir: str) -> Result:
+  stop = StopSignals()
+  try:
+    return _train_and_evaluate(cfg, workdir, stop)
+  finally:
+    stop.restore()
+
+
+def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   started = time.perf_counter()
   # ------------------------------------------------------------------ config
   validation.validate(cfg)
   _check_workdir(workdir)
   # ------------------------------------------------------------------ mesh
   mesh = build.mesh(cfg)
+  if _main_thread():  # after joining the other processes: their preemption service is known
+    stop.install()
 
   # ------------------------------------------------------------------ data
   source = sources.open_source(cfg.dataset)
@@ -88,20 +105,26 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
                     rng_dropout)
   eval_step = make_eval_step(model, mesh)
   reporter = Reporter(workdir, total_steps, first_step, global_batch)
-  step = first_step
+  step, stopped_by = first_step, ''
   while step < last_step:
     state, metrics = loop(state)
     step += 1
+    if step == first_step + 1 and _main_thread():  # again: the asynchronous loop on Ray
+      stop.install()  # starts Ray in its first step, and Ray's driver takes SIGTERM
     reporter.step(step, metrics)
     if step % cfg.log_every == 0 or step == last_step:
       reporter.report(step, float(schedule(step - 1)))
     if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
       state = loop.synced(state)
       reporter.evaluation(step, evaluate(eval_step, strategy.variables(state), mesh, source, cfg))
-    if checkpoints.due(step) or step == last_step:
-      checkpoints.save(step, loop.synced(state), force=step == last_step)
-    if checkpoints.reached_preemption(step):
-      logging.warning('Preempted: saved step %d; run again to resume.', step)
+    # One process stops at the step a signal finds in flight; several stop together at the
+    # step JAX's preemption service agrees on (`due` is true there, then `reached_preemption`).
+    stopping = stop.requested()
+    if checkpoints.due(step) or step == last_step or stopping:
+      checkpoints.save(step, loop.synced(state), force=step == last_step or stopping)
+    if stopping or checkpoints.reached_preemption(step):
+      stopped_by = stop.received or 'SIGTERM'  # JAX's preemption service is told by SIGTERM
+      logging.warning('%s: saved step %d; run the same command to resume.', stopped_by, step)
       break
 
   state = loop.synced(state)
@@ -110,7 +133,7 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
 
   # ------------------------------------------------------------------ final eval
   results = {}
-  if step == total_steps:
+  if step == total_steps and not stopped_by:  # stopped at the last step: evaluated on resuming
     results = evaluate(eval_step, strategy.variables(state), mesh, source, cfg)
     reporter.evaluation(step, results)
   checkpoints.close()
@@ -118,7 +141,13 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
   wall_time = time.perf_counter() - started
   logging.info('Wall time %.1f s for steps %d-%d.', wall_time, first_step, step)
   return Result(eval=results, train_loss=reporter.history, step=step,
-                examples_seen=int(state.examples_seen), wall_time=wall_time)
+                examples_seen=int(state.examples_seen), wall_time=wall_time,
+                stopped_by=stopped_by, checkpoint=checkpoints.latest())
+
+
+def _main_thread() -> bool:
+  """Signal handlers can only be set from the main thread (a test may train from another)."""
+  return threading.current_thread() is threading.main_thread()
 
 
 def _check_workdir(workdir: str) -> None:
@@ -147,9 +176,17 @@ def main(argv):
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
+  except CheckpointError as e:
+    print(f'jaxpar: {e}', file=sys.stderr)
+    _leave(1)
   except config_lib.RunError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(1)
+  if result.stopped_by:
+    print(f'jaxpar: {result.stopped_by}: stopped after step {result.step}, checkpoint saved in '
+          f'{result.checkpoint}; run the same command to resume (exit status '
+          f'{EXIT_RESUMABLE}).', file=sys.stderr)
+    sys.exit(EXIT_RESUMABLE)
   if result.eval:
     skipped = result.eval['unreadable_files']
     print(f"test accuracy: top-1 {result.eval['top1']:.2%}, top-5 {result.eval['top5']:.2%} "
@@ -158,6 +195,15 @@ def main(argv):
           + f'; wall time {result.wall_time:.1f} s')
   else:
     print(f'stopped at step {result.step}; run again with the same --workdir to resume.')
+
+
+def _leave(status: int):
+  """Exits now, without waiting for library threads that never end (orbax's, after a failed
+  save: `CheckpointError`); what was printed or logged is flushed first."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  logging.flush()
+  os._exit(status)
 
 
 def _parse_flags(argv):

@@ -11,7 +11,8 @@
 # Logs: WORKDIR/process_<i>.log; process 0's output is also shown. Exits non-zero if any
 # process fails, naming it. If one dies, the others stop within
 # --config.distributed.heartbeat_timeout seconds (exit status 3); run the same command
-# again to resume from the last checkpoint.
+# again to resume from the last checkpoint. SIGTERM or SIGINT (Ctrl-C) to this script or to
+# any process: all save the same step and exit with status 75 (so does this script).
 set -euo pipefail
 . "$(dirname "$0")/processes.sh"
 if [ $# -lt 1 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
@@ -47,4 +48,5 @@ for ((i = 0; i < n; i++)); do
   fi
   pids+=($!)
 done
+forward_stop_signals "${pids[@]}"
 wait_all "$workdir" "${pids[@]}"

@@ -30,6 +30,19 @@ def process_env(share_compiled: bool = False) -> dict:
   return env
 
 
+def train_losses(workdir) -> dict:
+  """step → [train loss of every run that logged it in `workdir`], from the TensorBoard
+  summaries (a resumed run adds its own events file beside the first run's)."""
+  import tensorflow as tf
+  losses = {}
+  for path in sorted(workdir.glob('events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for v in event.summary.value:
+        if v.tag == 'train/loss':
+          losses.setdefault(event.step, []).append(float(tf.make_ndarray(v.tensor)))
+  return losses
+
+
 def config_file(name: str, arg: str | None = None):
   """`configs/<name>.py`'s get_config(arg) (its default without one), as --config runs it."""
   spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'configs', f'{name}.py'))

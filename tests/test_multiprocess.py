@@ -12,7 +12,7 @@ import pytest
 
 import multiprocess_checks as checks
 from jaxpar.mesh import make_mesh
-from runs import ROOT, process_env, random_batches
+from runs import ROOT, process_env, random_batches, train_losses
 
 ENV = process_env()
 PROCESS_TIMEOUT = 600  # seconds: no real-process run may hang the suite
@@ -163,18 +163,6 @@ def _launch(workdir, data_dir, port, fake_ssh=None):
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def _train_losses(workdir) -> dict:
-  """step → [train loss of every run that logged it], from the TensorBoard summaries."""
-  import tensorflow as tf
-  losses = {}
-  for path in sorted(workdir.glob('events.out.tfevents.*')):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
-      for v in event.summary.value:
-        if v.tag == 'train/loss':
-          losses.setdefault(event.step, []).append(float(tf.make_ndarray(v.tensor)))
-  return losses
-
-
 @pytest.mark.slow
 def test_a_lost_process_stops_the_other_and_a_restart_resumes_the_run(tmp_path, data_dir):
   """Kill -9 process 1 of 2 (launched by gpu_cluster.sh) after step 6, the step-4 checkpoint
@@ -203,7 +191,7 @@ def test_a_lost_process_stops_the_other_and_a_restart_resumes_the_run(tmp_path, 
   assert 'process 1 failed (killed by signal 9)' in err
   saved = max(int(d) for d in os.listdir(workdir / 'checkpoints') if d.isdigit())
   assert saved == 4 and 'test accuracy' not in log0.read_text()
-  before = _train_losses(workdir)
+  before = train_losses(workdir)
   assert {5, 6} <= set(before), sorted(before)
 
   again = _launch(workdir, data_dir, _port())
@@ -215,9 +203,45 @@ def test_a_lost_process_stops_the_other_and_a_restart_resumes_the_run(tmp_path, 
   assert re.search(r'Process 1 of 2: 4 cpu devices \(emulated\) on core \d+ of', log1)
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['12', '4', '8']
 
-  losses = _train_losses(workdir)
+  losses = train_losses(workdir)
   assert sorted(losses) == list(range(1, 13))
   for step in range(1, 13):  # the steps both runs took: twice, equal; the others once
     assert len(losses[step]) == (2 if step in before and step > saved else 1), step
     assert losses[step] == pytest.approx([losses[step][0]] * len(losses[step]), rel=1e-6), step
   assert losses[12] != losses[1]
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_at_one_saved_step_and_the_run_resumes(tmp_path,
+                                                                                  data_dir):
+  """SIGTERM to process 1 of 2 (launched by local.sh) after step 5: JAX's preemption service
+  tells process 0, both save the same step and exit 75 (so does local.sh); started again,
+  both resume from that step with the losses the first run logged, and finish."""
+  workdir = tmp_path / 'stopped'
+  run = _launch(workdir, data_dir, _port())
+  deadline = time.monotonic() + PROCESS_TIMEOUT
+  log0, log1 = workdir / 'process_0.log', workdir / 'process_1.log'
+  while not (log0.exists() and '[train] step 5/12' in log0.read_text()):
+    assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+    time.sleep(0.05)
+  subprocess.run(['pkill', '-TERM', '-f', '--', f'--workdir {workdir} .*process_id=1'], check=True)
+  out, err = run.communicate(timeout=PROCESS_TIMEOUT)
+  assert run.returncode == 75, out[-3000:] + err[-3000:]
+  for i in (0, 1):
+    assert f'process {i} stopped on a signal after saving a checkpoint' in err
+  steps = sorted(int(d) for d in os.listdir(workdir / 'checkpoints'))
+  assert steps[0] == 4 and len(steps) == 2 and 5 <= steps[1] < 12, steps
+  saved = steps[1]
+  for log in (log0, log1):
+    assert f'jaxpar: SIGTERM: stopped after step {saved}, checkpoint saved in' in log.read_text()
+  before = train_losses(workdir)
+  assert set(before) == set(range(1, saved + 1)), sorted(before)
+
+  again = _launch(workdir, data_dir, _port())
+  out, err = again.communicate(timeout=PROCESS_TIMEOUT)
+  assert again.returncode == 0, out[-3000:] + err[-3000:]
+  assert f'Resumed from step {saved}' in log0.read_text()
+  assert 'on 360 examples' in out and 'on 360 examples' in log1.read_text()
+  losses = train_losses(workdir)
+  assert sorted(losses) == list(range(1, 13))
+  assert all(len(v) == 1 for v in losses.values())  # no step run twice: it resumed where it saved

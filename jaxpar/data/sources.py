@@ -191,6 +191,19 @@ def _image_folder(root: str, test_percent: int, shard) -> Source:
     if rel not in skip:
       split = 'test' if zlib.crc32(rel.encode()) % 100 < test_percent else 'train'
       files[split].append((os.path.join(root, rel), label))
+  if not files['train'] and not files['test']:
+    raise ConfigError(f'config.dataset.path={root!r} holds no readable image: all {len(listed)} '
+                      f'image files tried failed to decode and were skipped (e.g. '
+                      f'{", ".join(unreadable[:3])}); point dataset.path at a folder of '
+                      f'images that decode')
+  for split, fix in (('train', 'lower dataset.test_percent'),
+                     ('test', 'raise dataset.test_percent')):
+    if not files[split]:
+      raise ConfigError(
+          f'config.dataset.path={root!r}: its {split} split is empty (dataset.test_percent='
+          f'{test_percent} sends the {len(listed) - len(unreadable)} readable of {len(listed)} '
+          f'image files elsewhere; {len(unreadable)} skipped as undecodable): add images or '
+          f'{fix}')
   index, count = shard
   shard = {k: v[index::count] for k, v in files.items()}
 
