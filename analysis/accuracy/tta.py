@@ -379,6 +379,36 @@ def steps_by_case(result) -> dict:
   return table
 
 
+_FAMILIES = (  # family → (the scheme it stands for, the setting's name)
+    ('batch', 'sync-join (serial at b)', 'global batch B'),
+    ('async', 'async (Downpour)', 'workers N'),
+    ('period', 'Local SGD', 'averaging period τ'),
+    ('staleness', 'staleness simulator', 'staleness s'),
+    ('capacity', 'gossip', 'fraction sent q'),
+)
+
+
+def summary_table(results) -> str:
+  """One row per family of cases: each setting's steps K to the target (the mean over seeds
+  at the best rate factor; — where not every seed reached it). A family measured in several
+  results is taken from the last (e.g. a longer staleness run) — the README's table."""
+  families = {}
+  for result in results:
+    cases = steps_by_case(result)
+    for family in {f for f, _ in cases}:
+      families[family] = (result, {x: e for (f, x), e in cases.items() if f == family})
+  lines = ['| scheme | setting | steps K to the target, by setting |', '|---|---|---|']
+  for family, scheme, setting in _FAMILIES:
+    if family not in families:
+      continue
+    result, cases = families[family]
+    cells = ' · '.join(f"{x:g}: {'—' if e['K'] is None else round(e['K'])}"
+                       for x, e in sorted(cases.items()))
+    across = f", N = {result['workers']}" if family in ('period', 'capacity') else ''
+    lines.append(f'| {scheme}{across} | {setting} | {cells} |')
+  return '\n'.join(lines)
+
+
 def fits(result) -> list[dict]:
   """Each family's model fitted on its fit_on settings (every seed's K at each setting's
   best factor) and judged on the others."""

@@ -324,7 +324,13 @@ def _fmt(x, spec='.3f'):
 
 def _pct(x):
   """A log error as the percent it multiplies by: +25 % is 1.25× the measured time."""
-  return '—' if x is None else f'{math.exp(x) - 1:+.0%}'
+  return '—' if x is None else _signed_pct(math.exp(x) - 1)
+
+
+def _signed_pct(x: float) -> str:
+  """`x` as a signed whole percentage; one that rounds to 0 is '+0%' whatever its sign (a fit
+  residual of -1e-9 prints as -0% on one machine's BLAS and +0% on another's)."""
+  return '+0%' if round(x * 100) == 0 else f'{x:+.0%}'
 
 
 def _percent(x):
@@ -458,7 +464,7 @@ def markdown(results, points) -> str:
                             for b, v in bs.items()) or '—'
       t_comm, costs = calibrate.setting_inputs(s, net['param_bytes'])
       fits = '; '.join([f"{kind.replace('_', '-')}: {f.alpha:.2e}, {f.beta / 1e9:.2f}, "
-                        + ' '.join(f'{r:+.0%}' for r in f.relative_residuals)
+                        + ' '.join(_signed_pct(r) for r in f.relative_residuals)
                         for kind, f in costs.fits.items()]
                        + [f"{kind.replace('_', '-')}: {pts[0][1] * 1e3:.2f} ms a call "
                           f"({pts[0][0]:,} B)" for kind, pts in costs.points.items()

@@ -106,7 +106,7 @@ def replicate(tree):
 def fused_psum(tree, axis_name):
   """`lax.psum` of a pytree as one all-reduce per dtype (`fused`), as PyTorch DDP and
   Horovod bucket gradients: across processes each all-reduce call costs a fixed latency
-  (~4 ms on gloo here, README "Measuring your hardware"), and a step of one call per
+  (~4 ms on gloo here, docs/step-times.md), and a step of one call per
   tensor (ResNet34: 110) pays it 110 times."""
   return fused(tree, lambda buffer: lax.psum(buffer, axis_name))
 

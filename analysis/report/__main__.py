@@ -1,0 +1,157 @@
+"""Regenerates every results table from the JSON committed under analysis/report/.
+
+  python -m analysis.report           # rewrite the tables that differ, list them
+  python -m analysis.report --check   # exit 1 naming each table that differs (tests run it)
+
+Two kinds of target:
+- whole files under analysis/report/ (`FILES`): the reports and tables the analysis tools
+  write (`analysis.steptime.compare`'s report.md, `analysis.benchmarks.bench_table`'s
+  table.md), from the JSON beside them;
+- tables inside README.md and docs/*.md, between marker comments (`TABLES`):
+
+      <!-- generated: NAME (python -m analysis.report) -->
+      | ... |
+      <!-- end: NAME -->
+
+A re-measured JSON, or a change to the code that formats it, is then one command away from
+every table that shows it; a table typed by hand cannot drift unseen (tests/test_report.py).
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPORT = os.path.join(ROOT, 'analysis', 'report')
+
+
+def _load(*patterns) -> list:
+  """The JSON files matching `patterns` (under analysis/report/), in the order given (each
+  pattern's matches sorted)."""
+  found = []
+  for pattern in patterns:
+    paths = sorted(glob.glob(os.path.join(REPORT, pattern)))
+    if not paths:
+      raise FileNotFoundError(f'analysis/report/{pattern}: no file')
+    for path in paths:
+      with open(path) as f:
+        found.append(json.load(f))
+  return found
+
+
+def _bench(pattern):
+  from analysis.benchmarks import bench_table
+  return bench_table.table(_load(pattern))
+
+
+def _methods():
+  from analysis.benchmarks import bench_table
+  return bench_table.methods_table(_load('bench/methods/*.json'))
+
+
+def _compare(*patterns):
+  from analysis.steptime import compare
+  results = _load(*patterns)
+  return compare.markdown(results, [p for r in results for p in compare.rows(r)])
+
+
+def _overview(*patterns):
+  from analysis.steptime import compare
+  results = _load(*patterns)
+  return compare.overview_table(results, [p for r in results for p in compare.rows(r)])
+
+
+FOUR_NETWORKS = ('measured/squeezenet.json', 'measured/vgg16e.json', 'measured/resnet34.json',
+                 'measured/googlenet.json')
+
+# analysis/report/<file> ← what generates it.
+FILES = {
+    'measured/report.md': lambda: _compare(*FOUR_NETWORKS),
+    'gossip/report.md': lambda: _compare('gossip/one_buffer.json'),
+    'host_memory/keep/report.md': lambda: _compare('host_memory/keep.json'),
+    'host_memory/system/report.md': lambda: _compare('host_memory/system.json'),
+    'bench/table.md': lambda: _bench('bench/*.json'),
+    'bench/gpu/table.md': lambda: _bench('bench/gpu/*.json'),
+    'bench/methods/table.md': _methods,
+}
+
+def _tta(*patterns):
+  from analysis.accuracy import tta
+  return tta.summary_table(_load(*patterns))
+
+
+def _configs():
+  from analysis.benchmarks import config_runs
+  return config_runs.table(_load('configs/digits.json')[0],
+                           ('resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'))
+
+
+# A table named in README.md or docs/*.md ← what generates it.
+TABLES = {
+    'configs-digits': _configs,
+    'tta-squeezenet16': lambda: _tta('accuracy/squeezenet16.json',
+                                     'accuracy/squeezenet16_staleness.json'),
+    'four-networks': lambda: _overview(*FOUR_NETWORKS),
+    'bench-cpu': lambda: _bench('bench/*.json'),
+    'bench-gpu': lambda: _bench('bench/gpu/*.json'),
+    'bench-methods': _methods,
+}
+
+_MARKED = re.compile(r'(<!-- generated: (?P<name>[\w-]+) \(python -m analysis\.report\) -->\n)'
+                     r'(?P<body>.*?)(<!-- end: (?P=name) -->)', re.S)
+_START = re.compile(r'<!-- generated: ([\w-]+) ')
+
+
+def documents() -> list:
+  return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
+
+
+def regenerate() -> dict:
+  """{path: (committed text, regenerated text)} of every target."""
+  out = {}
+  for name, make in FILES.items():
+    path = os.path.join(REPORT, name)
+    with open(path) as f:
+      committed = f.read()
+    text = make()
+    out[path] = (committed, text if committed.endswith('\n') is text.endswith('\n')
+                 else text + '\n')
+  for path in documents():
+    with open(path) as f:
+      committed = f.read()
+
+    def fill(m):
+      if m.group('name') not in TABLES:
+        raise KeyError(f"{os.path.relpath(path, ROOT)}: no generator for table "
+                       f"{m.group('name')!r}; known: {', '.join(TABLES)}")
+      return m.group(1) + TABLES[m.group('name')]() + '\n' + m.group(4)
+    if len(_START.findall(committed)) != len(_MARKED.findall(committed)):
+      raise ValueError(f'{os.path.relpath(path, ROOT)}: a "<!-- generated: NAME" marker without '
+                       f'its "<!-- end: NAME -->"')
+    out[path] = (committed, _MARKED.sub(fill, committed))
+  return out
+
+
+def main(argv) -> int:
+  check = argv == ['--check']
+  if argv and not check:
+    print(__doc__, file=sys.stderr)
+    return 2
+  stale = []
+  for path, (committed, text) in regenerate().items():
+    if committed != text:
+      stale.append(os.path.relpath(path, ROOT))
+      if not check:
+        with open(path, 'w') as f:
+          f.write(text)
+  if check and stale:
+    print('tables that differ from what the committed JSON gives (run python -m '
+          f"analysis.report): {', '.join(stale)}", file=sys.stderr)
+    return 1
+  print(('rewrote: ' + ', '.join(stale)) if stale and not check else 'every table is current')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
