@@ -56,6 +56,11 @@ def _compare(*patterns):
   return compare.markdown(results, [p for r in results for p in compare.rows(r)])
 
 
+def _held_out(pattern):
+  from analysis.steptime import compare
+  return compare.summary_table(compare.held_out_summary(compare.rows(_load(pattern)[0])))
+
+
 def _overview(*patterns):
   from analysis.steptime import compare
   results = _load(*patterns)
@@ -93,6 +98,7 @@ TABLES = {
     'tta-squeezenet16': lambda: _tta('accuracy/squeezenet16.json',
                                      'accuracy/squeezenet16_staleness.json'),
     'four-networks': lambda: _overview(*FOUR_NETWORKS),
+    'held-out-squeezenet': lambda: _held_out('measured/squeezenet.json'),
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
     'bench-methods': _methods,
