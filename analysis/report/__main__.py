@@ -67,6 +67,21 @@ def _overview(*patterns):
   return compare.overview_table(results, [p for r in results for p in compare.rows(r)])
 
 
+def _tta_report(result, steps=None):
+  from analysis.accuracy import tta
+  return tta.report(_load(result)[0], _load(steps)[0] if steps else None)
+
+
+def _end_to_end(pattern):
+  from analysis.accuracy import end_to_end
+  return end_to_end.report(_load(pattern)[0])
+
+
+def _config_runs(*names):
+  from analysis.benchmarks import config_runs
+  return config_runs.table(_load('configs/digits.json')[0], names)
+
+
 FOUR_NETWORKS = ('measured/squeezenet.json', 'measured/vgg16e.json', 'measured/resnet34.json',
                  'measured/googlenet.json')
 
@@ -79,6 +94,14 @@ FILES = {
     'bench/table.md': lambda: _bench('bench/*.json'),
     'bench/gpu/table.md': lambda: _bench('bench/gpu/*.json'),
     'bench/methods/table.md': _methods,
+    'accuracy/squeezenet16.md': lambda: _tta_report('accuracy/squeezenet16.json',
+                                                    'accuracy/squeezenet16_steps.json'),
+    'accuracy/squeezenet16_staleness.md': lambda: _tta_report(
+        'accuracy/squeezenet16_staleness.json'),
+    'accuracy/resnet34_16.md': lambda: _tta_report('accuracy/resnet34_16.json',
+                                                   'accuracy/resnet34_16_steps.json'),
+    'accuracy/squeezenet16_end_to_end.md': lambda: _end_to_end(
+        'accuracy/squeezenet16_end_to_end.json'),
 }
 
 def _tta(*patterns):
@@ -86,15 +109,13 @@ def _tta(*patterns):
   return tta.summary_table(_load(*patterns))
 
 
-def _configs():
-  from analysis.benchmarks import config_runs
-  return config_runs.table(_load('configs/digits.json')[0],
-                           ('resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'))
-
-
 # A table named in README.md or docs/*.md ← what generates it.
 TABLES = {
-    'configs-digits': _configs,
+    'configs-digits': lambda: _config_runs('resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'),
+    'configs-thesis-grid': lambda: _config_runs(
+        'thesis:squeezenet,async,central,4', 'thesis:squeezenet,sync-split,distributed,4',
+        'thesis:resnet34,sync-join,distributed,4', 'thesis:googlenet,sync-join,distributed,4',
+        'thesis:vgg16e,sync-join,distributed,2'),
     'tta-squeezenet16': lambda: _tta('accuracy/squeezenet16.json',
                                      'accuracy/squeezenet16_staleness.json'),
     'four-networks': lambda: _overview(*FOUR_NETWORKS),
