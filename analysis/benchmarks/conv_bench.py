@@ -117,17 +117,25 @@ def main(argv):
     total['auto'] = sum(r['count'] * r[f"{r['auto']}_s"] for r in group)
     total['best'] = sum(r['count'] * min(r['xla_s'], r['taps_s']) for r in group)
     summary.append(dict(net=net, size=size, batch=batch, **{f'{k}_s': v for k, v in total.items()}))
-  print('\n| network | input | batch | XLA (s) | taps (s) | auto (s) | best per shape (s) | auto speedup |')
-  print('|---|---|---:|---:|---:|---:|---:|---:|')
-  for s in summary:
-    print(f"| {s['net']} | {s['size']}² | {s['batch']} | {s['xla_s']:.3f} | {s['taps_s']:.3f} | "
-          f"{s['auto_s']:.3f} | {s['best_s']:.3f} | {s['xla_s'] / s['auto_s']:.2f}× |")
+  print('\n' + table(summary))
   if _OUT.value:
     os.makedirs(os.path.dirname(_OUT.value) or '.', exist_ok=True)
     with open(_OUT.value, 'w') as f:
       json.dump(dict(machine=machine(), versions=versions(), dtype=_DTYPE.value,
                      rounds=_ROUNDS.value, rule_max_positions=TAPS_MAX_OUTPUT_POSITIONS,
                      rows=rows, summary=summary), f, indent=1)
+
+
+def table(summary) -> str:
+  """Per network, size and batch: the convolutions' forward + backward time summed, by each
+  lowering, by `auto`'s choice and by the faster of the two per shape (docs/performance.md)."""
+  lines = ['| network | input | batch | XLA (s) | taps (s) | `auto` (s) | best of the two per '
+           'shape (s) | `auto` speedup |', '|---|---|---:|---:|---:|---:|---:|---:|']
+  for s in summary:
+    lines.append(f"| {s['net']} | {s['size']}² | {s['batch']} | {s['xla_s']:.3f} | "
+                 f"{s['taps_s']:.3f} | {s['auto_s']:.3f} | {s['best_s']:.3f} | "
+                 f"{s['xla_s'] / s['auto_s']:.2f}× |")
+  return '\n'.join(lines)
 
 
 def _group(rows):

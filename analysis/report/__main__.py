@@ -82,6 +82,11 @@ def _config_runs(*names):
   return config_runs.table(_load('configs/digits.json')[0], names)
 
 
+def _conv():
+  from analysis.benchmarks import conv_bench
+  return conv_bench.table(_load('conv/conv_bench.json')[0]['summary'])
+
+
 FOUR_NETWORKS = ('measured/squeezenet.json', 'measured/vgg16e.json', 'measured/resnet34.json',
                  'measured/googlenet.json')
 
@@ -111,6 +116,7 @@ def _tta(*patterns):
 
 # A table named in README.md or docs/*.md ← what generates it.
 TABLES = {
+    'conv-small-maps': _conv,
     'configs-digits': lambda: _config_runs('resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'),
     'configs-thesis-grid': lambda: _config_runs(
         'thesis:squeezenet,async,central,4', 'thesis:squeezenet,sync-split,distributed,4',
