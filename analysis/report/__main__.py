@@ -87,6 +87,11 @@ def _conv():
   return conv_bench.table(_load('conv/conv_bench.json')[0]['summary'])
 
 
+def _gaps():
+  from analysis.steptime import gaps
+  return gaps.table(_load('measured/collective_gaps.json')[0])
+
+
 FOUR_NETWORKS = ('measured/squeezenet.json', 'measured/vgg16e.json', 'measured/resnet34.json',
                  'measured/googlenet.json')
 
@@ -117,6 +122,7 @@ def _tta(*patterns):
 # A table named in README.md or docs/*.md ← what generates it.
 TABLES = {
     'conv-small-maps': _conv,
+    'calls-after-compute': _gaps,
     'configs-digits': lambda: _config_runs('resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'),
     'configs-thesis-grid': lambda: _config_runs(
         'thesis:squeezenet,async,central,4', 'thesis:squeezenet,sync-split,distributed,4',

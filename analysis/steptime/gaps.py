@@ -54,6 +54,20 @@ def ticks(rows) -> dict:
   return {'tick_s': q, 'rows': out}
 
 
+def table(out: dict) -> str:
+  """A written file's calls after compute, one column per gap g (loopback's), one row per
+  setting: each call's cost in ms (docs/measuring.md)."""
+  names = {'processes': 'loopback', 'link-1gbit': '1 Gb/s', 'link-100mbit': '100 Mb/s'}
+  settings = out['settings']
+  first = settings['processes']['rows']
+  lines = ['| g (ms) | ' + ' | '.join(f"{r['gap_s'] * 1e3:.1f}" for r in first) + ' |',
+           '|---|' + '---:|' * len(first)]
+  for name, setting in settings.items():
+    lines.append(f'| call, {names.get(name, name)} (ms) | '
+                 + ' | '.join(f"{r['call_s'] * 1e3:.2f}" for r in setting['rows']) + ' |')
+  return '\n'.join(lines)
+
+
 def run(spec) -> dict:
   """One child process: each matmul count's program with and without its all-reduces,
   timed in turn (every process at once: both compute on their own cores)."""
