@@ -14,6 +14,7 @@ SCHEMES = ('sync-split', 'sync-join', 'async')
 SERVERS = ('allreduce', 'central', 'distributed', 'gossip')
 # JAX's cluster detectors (jax.distributed.initialize's names), plus auto and none.
 CLUSTERS = ('auto', 'none', 'slurm', 'ompi', 'mpi4py', 'gketpu', 'gcetpu', 'k8s')
+COLLECTIVE_THREADS = ('idle', 'normal')  # gloo's event-loop threads' priority
 DTYPES = ('float32', 'bfloat16', 'float16')
 REDUCE_DTYPES = ('float32', 'bfloat16')
 LOSS_SCALINGS = ('auto', 'dynamic', 'none')
@@ -149,6 +150,9 @@ def defaults() -> ml_collections.ConfigDict:
   # second (killed, crashed, out of memory, hung) ends all others with its name.
   c.distributed.initialization_timeout = 300
   c.distributed.heartbeat_timeout = 100
+  # gloo's TCP event-loop threads at idle priority (multihost.IdleGlooLoops: a small collective
+  # across processes then takes ~0.1 ms, not a 4 ms timer tick) | 'normal'
+  c.distributed.collective_threads = 'idle'
 
   # [T] ch. 3: sync-split divides `global_batch` among the devices (= sequential
   # training); sync-join gives each device `per_device_batch` (global = N × per-device);

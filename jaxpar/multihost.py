@@ -37,14 +37,16 @@ _LOST_PEER_SIGNS = ('Connection closed by peer', 'Connection reset by peer', 'Br
 
 
 def join(coordinator: str, num_processes: int, process_id: int, cluster: str,
-         initialization_timeout: int, heartbeat_timeout: int) -> int:
+         initialization_timeout: int, heartbeat_timeout: int,
+         collective_threads: str = 'idle') -> int:
   """Joins this process to a multi-process run and starts watching its peers; returns the
   number of processes (1: nothing to join, nothing started).
 
   An explicit `coordinator` (host:port of process 0) wins; otherwise `cluster` says which
   of JAX's cluster environments to read the coordinator, process count and id from
   ('auto': whichever is present, 'none': run alone). Must run before JAX starts its
-  backend.
+  backend. `collective_threads='idle'`: gloo's TCP event-loop threads run at idle priority
+  (`IdleGlooLoops`), 'normal' leaves them.
   """
   if coordinator:
     how, kwargs = f'coordinator {coordinator}', dict(
@@ -63,7 +65,82 @@ def join(coordinator: str, num_processes: int, process_id: int, cluster: str,
   state = jax_distributed.global_state
   logging.info('Process %d of %d joined (%s).', state.process_id, state.num_processes, how)
   _Watchdog(state.client, state.process_id, state.num_processes, heartbeat_timeout).start()
+  if collective_threads == 'idle' and state.num_processes > 1:
+    IdleGlooLoops().start()
   return state.num_processes
+
+
+# x86_64 epoll_wait and epoll_pwait, aarch64 epoll_pwait (/proc/<tid>/syscall's first field)
+_EPOLL_SYSCALLS = {'x86_64': ('232', '281'), 'aarch64': ('22',)}
+
+
+class IdleGlooLoops(threading.Thread):
+  """Puts gloo's TCP event-loop threads at idle priority (SCHED_IDLE) as they appear.
+
+  A cross-process collective on CPU goes through gloo over TCP, whose event loop
+  (`gloo::transport::tcp::Loop::run`, one thread per process) calls `epoll_wait(fd, events,
+  64, 10 ms)` and, while a collective is in flight, finds events ready on every call: it
+  spins. When the process is pinned to one core (launch/local.sh, `measure`), the spinning
+  loop holds the core the thread that must take the next step of the collective is waiting
+  for, until the scheduler's tick preempts it: every small collective then takes one tick,
+  4 ms at CONFIG_HZ = 250 (measured: 98 % of a pinned process's samples in that thread,
+  `perf`; 16-float psum 4.00 ms a call). At SCHED_IDLE the loop runs only when nothing else
+  on its core can, and is preempted at once when another thread wakes: the same psum takes
+  0.08 ms (nice 19 is not enough: 3.92 ms). docs/performance.md has the measurements.
+
+  The loop thread is found by its system call: an epoll wait for 64 events with a 10 ms
+  timeout (gRPC's pollers, the other epoll threads of a JAX process, wait for 100). Polled
+  every 0.1 s for the first minute (the loop starts with the first collective), then every
+  2 s; each thread found is logged once. Linux only; elsewhere it does nothing.
+  """
+
+  def __init__(self):
+    super().__init__(name='jaxpar-idle-gloo', daemon=True)
+    self.done = set()
+
+  def run(self):
+    if not os.path.isdir('/proc/self/task') or not hasattr(os, 'SCHED_IDLE'):
+      return
+    started = time.monotonic()
+    while True:
+      self.poll()
+      time.sleep(0.1 if time.monotonic() - started < 60 else 2.0)
+
+  def poll(self) -> list:
+    """Sets every gloo loop thread not yet done to SCHED_IDLE; returns those it set."""
+    found = []
+    for tid in gloo_loop_threads():
+      if tid in self.done:
+        continue
+      try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+      except OSError as e:
+        logging.warning('gloo\'s TCP loop thread %d could not be set to idle priority (%s); '
+                        'small collectives across processes may wait for a timer tick.', tid, e)
+      else:
+        logging.info('gloo\'s TCP loop thread %d runs at idle priority (SCHED_IDLE): a '
+                     'small collective across processes no longer waits for a timer tick '
+                     '(distributed.collective_threads=normal leaves it).', tid)
+      self.done.add(tid)
+      found.append(tid)
+    return found
+
+
+def gloo_loop_threads(tasks: str = '/proc/self/task') -> list:
+  """This process's threads waiting in gloo's TCP event loop now (see `IdleGlooLoops`)."""
+  import platform
+  calls = _EPOLL_SYSCALLS.get(platform.machine(), ())
+  found = []
+  for tid in os.listdir(tasks):
+    try:
+      with open(f'{tasks}/{tid}/syscall') as f:
+        fields = f.read().split()
+    except OSError:  # the thread ended
+      continue
+    if len(fields) > 4 and fields[0] in calls and int(fields[3], 16) == 64 \
+        and int(fields[4], 16) == 10:
+      found.append(int(tid))
+  return found
 
 
 def _cluster_env(cluster: str):

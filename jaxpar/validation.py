@@ -17,8 +17,8 @@ from absl import logging
 
 from jaxpar import optim
 from jaxpar import config as config_lib
-from jaxpar.config import (CLUSTERS, DTYPES, LOSS_SCALINGS, REDUCE_DTYPES, SCHEMES, SERVERS,
-                           ConfigError, num_devices)
+from jaxpar.config import (CLUSTERS, COLLECTIVE_THREADS, DTYPES, LOSS_SCALINGS, REDUCE_DTYPES,
+                           SCHEMES, SERVERS, ConfigError, num_devices)
 from jaxpar.data import sources
 from jaxpar.data.pipeline import AUGMENTATIONS
 from jaxpar.host_memory import HOST_MEMORY
@@ -63,7 +63,8 @@ def validate(c) -> None:
                          ('fc_parallel', FC_PARALLEL),
                          ('optimizer.name', OPTIMIZERS), ('optimizer.schedule', SCHEDULES),
                          ('optimizer.lr_scaling', LR_SCALINGS),
-                         ('augment.kind', AUGMENTATIONS), ('distributed.cluster', CLUSTERS)):
+                         ('augment.kind', AUGMENTATIONS), ('distributed.cluster', CLUSTERS),
+                         ('distributed.collective_threads', COLLECTIVE_THREADS)):
     if _get(c, field) not in choices:
       _fail(field, _get(c, field), f'choose one of {list(choices)}')
   settle(c)

@@ -12,6 +12,7 @@ strategy. Process 0 saves every result.
 """
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,6 +122,15 @@ def main(out):
   batches = local_rows(random_batches(3, batch=32), process_id, num_processes)
   for name in STRATEGIES:
     results.update({f'{name}/{k}': v for k, v in train(name, mesh, batches).items()})
+  # gloo's TCP loop thread(s), found by their system call (read while they wait: a few tries),
+  # and their scheduling policy: multihost.join set them to SCHED_IDLE.
+  loops = []
+  for _ in range(50):
+    loops = multihost.gloo_loop_threads()
+    if loops:
+      break
+    time.sleep(0.1)
+  results['gloo_loop_policies'] = np.array([os.sched_getscheduler(t) for t in loops], np.int64)
   if process_id == 0:
     np.savez(out, **results)
 

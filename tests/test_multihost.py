@@ -53,3 +53,19 @@ def test_the_process_line_says_what_this_process_has():
   assert multihost._ranges(cores) in line
   assert multihost._ranges([0, 1, 2, 5, 7, 8]) == '0-2,5,7-8'
   assert multihost._ranges([3]) == '3'
+
+
+def test_gloos_loop_thread_is_told_by_its_system_call(tmp_path, monkeypatch):
+  """/proc/<tid>/syscall: gloo's loop waits in epoll for 64 events with a 10 ms timeout;
+  gRPC's pollers wait for 100 (timeout -1 or a day), other threads in futex, one runs."""
+  monkeypatch.setattr('platform.machine', lambda: 'x86_64')
+  lines = {'11': '232 0xe 0x7fa86d7f9b30 0x40 0xa 0x0 0x0 0x7ffd 0x7ffe',   # gloo's loop
+           '12': '232 0x3 0x7fa891973784 0x64 0xffffffff 0x0 0x0 0x1 0x2',  # gRPC
+           '13': '232 0x5 0x559c6524c44c 0x64 0x5265c00 0x0 0x0 0x1 0x2',   # gRPC event engine
+           '14': '202 0x7fa8825e5ae0 0x189 0x0 0x0 0x0 0x0 0x1 0x2',        # futex
+           '15': 'running',
+           '16': '281 0x9 0x7f0000000000 0x40 0xa 0x0 0x8 0x1 0x2'}        # epoll_pwait, gloo's
+  for tid, line in lines.items():
+    (tmp_path / tid).mkdir()
+    (tmp_path / tid / 'syscall').write_text(line + '\n')
+  assert sorted(multihost.gloo_loop_threads(str(tmp_path))) == [11, 16]

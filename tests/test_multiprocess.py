@@ -59,6 +59,14 @@ def test_multi_megabyte_reductions_across_processes_are_exact(two_processes):
   np.testing.assert_array_equal(one['reduce_scatter'], expected[:8000])
 
 
+def test_gloos_event_loop_runs_at_idle_priority_across_processes(two_processes):
+  """multihost.join set gloo's TCP loop thread to SCHED_IDLE (found by its system call): a
+  small collective no longer waits for a timer tick (docs/performance.md); the reductions and
+  strategies above ran with it so, and equal one process's results."""
+  policies = two_processes['gloo_loop_policies']
+  assert len(policies) >= 1 and all(p == os.SCHED_IDLE for p in policies), policies
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', checks.STRATEGIES)
 def test_strategy_on_two_processes_equals_one_process(two_processes, name):

@@ -92,6 +92,11 @@ def _gaps():
   return gaps.table(_load('measured/collective_gaps.json')[0])
 
 
+def _small_collectives():
+  from analysis.benchmarks import small_collectives
+  return small_collectives.table(_load('collectives/small_collectives.json')[0])
+
+
 FOUR_NETWORKS = ('measured/squeezenet.json', 'measured/vgg16e.json', 'measured/resnet34.json',
                  'measured/googlenet.json')
 
@@ -122,6 +127,8 @@ def _tta(*patterns):
 # A table named in README.md or docs/*.md ← what generates it.
 TABLES = {
     'conv-small-maps': _conv,
+    'small-collectives': _small_collectives,
+    'collectives-resnet34': lambda: _bench('collectives/bench_resnet34_32_2p_*.json'),
     'calls-after-compute': _gaps,
     'configs-digits': lambda: _config_runs('resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'),
     'configs-thesis-grid': lambda: _config_runs(

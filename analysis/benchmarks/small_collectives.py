@@ -1,0 +1,119 @@
+"""Small collectives across 2 processes: a psum's time per call by size, with gloo's TCP event
+loop at normal priority and at idle priority (what jaxpar sets: `multihost.IdleGlooLoops`),
+side by side in one run.
+
+  python -m analysis.benchmarks.small_collectives [--out small_collectives.json]
+
+Starts 2 processes on loopback, each pinned to its own core (as launch/local.sh does), that
+join with `distributed.collective_threads='normal'`; each round times every size back to back
+(`--calls` calls after 3 warm-up ones) with the loop thread at SCHED_OTHER, then at
+SCHED_IDLE; the rounds alternate the two, and the table gives the median over rounds of each
+round's median, with the rounds' range. Prints a markdown table; `--out` writes the JSON.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = (1, 2, 4, 16, 256, 1024, 16384, 262144)  # float32 elements
+
+
+def child(process_id: int, port: str, rounds: int, calls: int, out: str):
+  from jaxpar import multihost
+  multihost.join(f'127.0.0.1:{port}', 2, process_id, 'none', 120, 60, 'normal')
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from jaxpar.mesh import make_mesh
+  mesh = make_mesh((2,), ('d',), jax.devices())
+  step = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, 'd'), mesh=mesh, in_specs=P('d'),
+                               out_specs=P('d')))
+  arrays = {n: jax.make_array_from_process_local_data(
+      NamedSharding(mesh, P('d')), np.full((1, n), process_id + 1, np.float32)) for n in SIZES}
+  for n, x in arrays.items():  # compile, connect, check: 1 + 2 in every element
+    assert float(np.asarray(step(x).addressable_shards[0].data).min()) == 3.0, n
+  time.sleep(0.5)
+  loops = multihost.gloo_loop_threads()
+  times = {policy: {n: [] for n in SIZES} for policy in ('normal', 'idle')}
+  for _ in range(rounds):
+    for policy, sched in (('normal', os.SCHED_OTHER), ('idle', os.SCHED_IDLE)):
+      for tid in loops:
+        os.sched_setscheduler(tid, sched, os.sched_param(0))
+      for n, x in arrays.items():
+        for _ in range(3):
+          step(x).block_until_ready()
+        t = []
+        for _ in range(calls):
+          start = time.perf_counter()
+          step(x).block_until_ready()
+          t.append(time.perf_counter() - start)
+        times[policy][n].append(float(np.median(t)))
+  if process_id == 0:
+    with open(out, 'w') as f:
+      json.dump({'loop_threads': len(loops), 'times': times}, f)
+
+
+def table(result: dict) -> str:
+  """Milliseconds per call by size: the median over rounds (the rounds' range)."""
+  import numpy as np
+  times = result['times']
+  sizes = [int(n) for n in times['normal']]
+  cell = lambda v: f'{np.median(v) * 1e3:.2f} ({min(v) * 1e3:.2f}–{max(v) * 1e3:.2f})'
+  lines = ['| gloo loop thread | ' + ' | '.join(f'{n:,} float{"s" if n > 1 else ""}'
+                                                for n in sizes) + ' |',
+           '|---|' + '---:|' * len(sizes)]
+  for policy, name in (('normal', 'normal priority (before)'),
+                       ('idle', 'idle priority (jaxpar)')):
+    lines.append(f'| {name}, ms | ' + ' | '.join(cell(times[policy][str(n)]) for n in sizes)
+                 + ' |')
+  return '\n'.join(lines)
+
+
+def main(argv):
+  import argparse
+
+  from analysis.steptime.measure import machine
+  from jaxpar.multihost import gloo_loop_threads  # noqa: F401 — fail early if absent
+  p = argparse.ArgumentParser(prog='python -m analysis.benchmarks.small_collectives',
+                              description=__doc__.split('\n\n')[0])
+  p.add_argument('--rounds', type=int, default=5)
+  p.add_argument('--calls', type=int, default=30)
+  p.add_argument('--out', default='')
+  args = p.parse_args(argv)
+  if args.rounds < 1 or args.calls < 1:
+    p.error('--rounds and --calls must be at least 1')
+  port = str(random.randint(20000, 40000))
+  cores = os.cpu_count() or 1
+  with tempfile.TemporaryDirectory() as folder:
+    out = os.path.join(folder, 'result.json')
+    procs = [subprocess.Popen(
+        ['taskset', '-c', str(i % cores), sys.executable, '-m',
+         'analysis.benchmarks.small_collectives', '--child', str(i), port, str(args.rounds),
+         str(args.calls), out]) for i in range(2)]
+    codes = [proc.wait(timeout=1800) for proc in procs]
+    if any(codes):
+      sys.exit(f'small_collectives: a process failed (exit statuses {codes})')
+    with open(out) as f:
+      result = json.load(f)
+  import jax
+  result.update(tool='analysis.benchmarks.small_collectives', machine=machine(),
+                created=time.strftime('%Y-%m-%dT%H:%M:%S'), jax=jax.__version__,
+                rounds=args.rounds, calls=args.calls, pinned=True,
+                command='python -m analysis.benchmarks.small_collectives ' + ' '.join(argv))
+  print(table(result))
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, 'w') as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == '__main__':
+  if sys.argv[1:2] == ['--child']:
+    child(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+  else:
+    main(sys.argv[1:])
