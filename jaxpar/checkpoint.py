@@ -114,16 +114,16 @@ class Checkpoints:
   def _check_space(self, step: int, state):
     if '://' in self.directory:
       return
-    needed = (sum(getattr(x, 'nbytes', 8) for x in jax.tree.leaves(state)) * (1 + MARGIN_FRACTION)
-              + MARGIN_BYTES)
+    arrays = sum(getattr(x, 'nbytes', 8) for x in jax.tree.leaves(state))
+    needed = arrays * (1 + MARGIN_FRACTION) + MARGIN_BYTES
     os.makedirs(self.directory, exist_ok=True)
     free = shutil.disk_usage(self.directory).free
     if free < needed:
-      raise CheckpointError(f'cannot save the checkpoint of step {step} in {self.directory}: it needs '
-                     f'about {_mb(needed)} and the file system has {_mb(free)} free. Free '
-                     f'space there (older checkpoints: config.keep_checkpoints) or choose '
-                     f'another --workdir, then run the same command to resume from the last '
-                     f'checkpoint.')
+      raise CheckpointError(f'cannot save the checkpoint of step {step} in {self.directory}: '
+                            f'it needs about {_mb(needed)} and the file system has {_mb(free)} '
+                            f'free. Free space there (older checkpoints: '
+                            f'config.keep_checkpoints) or choose another --workdir, then run '
+                            f'the same command to resume from the last checkpoint.')
 
   def _failed(self, step: int, e: Exception) -> CheckpointError:
     free = (f', {_mb(shutil.disk_usage(self.directory).free)} free now'

@@ -24,6 +24,7 @@ bad config (2) or a kill (137).
 """
 import os
 import signal
+import threading
 
 import jax
 from absl import logging
@@ -41,10 +42,13 @@ class StopSignals:
     self._jax_service = False
 
   def install(self):
-    """Takes SIGTERM and SIGINT over (main thread only: Python's rule for handlers), after
-    `jax.distributed.initialize` where there is one (its notifier takes SIGTERM then). Call
-    again after a library that sets its own handlers starts (`ray.init`: Ray's driver dies on
-    SIGTERM): the first call's previous handlers are the ones `restore` puts back."""
+    """Takes SIGTERM and SIGINT over, after `jax.distributed.initialize` where there is one
+    (its notifier takes SIGTERM then). Call again after a library that sets its own handlers
+    starts (`ray.init`: Ray's driver dies on SIGTERM): the first call's previous handlers are
+    the ones `restore` puts back. Off the main thread (a test training from another) it does
+    nothing: Python sets handlers from the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+      return self
     self._jax_service = _jax_preemption_service()
     for sig in SIGNALS:
       if sig == signal.SIGTERM and self._jax_service:

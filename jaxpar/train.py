@@ -13,7 +13,6 @@ import dataclasses
 import math
 import os
 import sys
-import threading
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TensorFlow loads: no C++ INFO lines
@@ -62,8 +61,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   _check_workdir(workdir)
   # ------------------------------------------------------------------ mesh
   mesh = build.mesh(cfg)
-  if _main_thread():  # after joining the other processes: their preemption service is known
-    stop.install()
+  stop.install()  # after joining the other processes: their preemption service is known
 
   # ------------------------------------------------------------------ data
   source = sources.open_source(cfg.dataset)
@@ -109,8 +107,8 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   while step < last_step:
     state, metrics = loop(state)
     step += 1
-    if step == first_step + 1 and _main_thread():  # again: the asynchronous loop on Ray
-      stop.install()  # starts Ray in its first step, and Ray's driver takes SIGTERM
+    if step == first_step + 1:  # again: the asynchronous loop on Ray starts Ray in its
+      stop.install()            # first step, and Ray's driver takes SIGTERM
     reporter.step(step, metrics)
     if step % cfg.log_every == 0 or step == last_step:
       reporter.report(step, float(schedule(step - 1)))
@@ -143,11 +141,6 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   return Result(eval=results, train_loss=reporter.history, step=step,
                 examples_seen=int(state.examples_seen), wall_time=wall_time,
                 stopped_by=stopped_by, checkpoint=checkpoints.latest())
-
-
-def _main_thread() -> bool:
-  """Signal handlers can only be set from the main thread (a test may train from another)."""
-  return threading.current_thread() is threading.main_thread()
 
 
 def _check_workdir(workdir: str) -> None:

@@ -50,10 +50,11 @@ def _methods():
   return bench_table.methods_table(_load('bench/methods/*.json'))
 
 
-def _compare(*patterns):
+def _measured(table, *patterns):
+  """`table(results, points)` of `compare` (markdown, overview_table) on measure's files."""
   from analysis.steptime import compare
   results = _load(*patterns)
-  return compare.markdown(results, [p for r in results for p in compare.rows(r)])
+  return getattr(compare, table)(results, [p for r in results for p in compare.rows(r)])
 
 
 def _held_out(pattern):
@@ -61,10 +62,9 @@ def _held_out(pattern):
   return compare.summary_table(compare.held_out_summary(compare.rows(_load(pattern)[0])))
 
 
-def _overview(*patterns):
-  from analysis.steptime import compare
-  results = _load(*patterns)
-  return compare.overview_table(results, [p for r in results for p in compare.rows(r)])
+def _tta(*patterns):
+  from analysis.accuracy import tta
+  return tta.summary_table(_load(*patterns))
 
 
 def _tta_report(result, steps=None):
@@ -102,10 +102,10 @@ FOUR_NETWORKS = ('measured/squeezenet.json', 'measured/vgg16e.json', 'measured/r
 
 # analysis/report/<file> ← what generates it.
 FILES = {
-    'measured/report.md': lambda: _compare(*FOUR_NETWORKS),
-    'gossip/report.md': lambda: _compare('gossip/one_buffer.json'),
-    'host_memory/keep/report.md': lambda: _compare('host_memory/keep.json'),
-    'host_memory/system/report.md': lambda: _compare('host_memory/system.json'),
+    'measured/report.md': lambda: _measured('markdown', *FOUR_NETWORKS),
+    'gossip/report.md': lambda: _measured('markdown', 'gossip/one_buffer.json'),
+    'host_memory/keep/report.md': lambda: _measured('markdown', 'host_memory/keep.json'),
+    'host_memory/system/report.md': lambda: _measured('markdown', 'host_memory/system.json'),
     'bench/table.md': lambda: _bench('bench/*.json'),
     'bench/gpu/table.md': lambda: _bench('bench/gpu/*.json'),
     'bench/methods/table.md': _methods,
@@ -118,11 +118,6 @@ FILES = {
     'accuracy/squeezenet16_end_to_end.md': lambda: _end_to_end(
         'accuracy/squeezenet16_end_to_end.json'),
 }
-
-def _tta(*patterns):
-  from analysis.accuracy import tta
-  return tta.summary_table(_load(*patterns))
-
 
 # A table named in README.md or docs/*.md ← what generates it.
 TABLES = {
@@ -137,7 +132,7 @@ TABLES = {
         'thesis:vgg16e,sync-join,distributed,2'),
     'tta-squeezenet16': lambda: _tta('accuracy/squeezenet16.json',
                                      'accuracy/squeezenet16_staleness.json'),
-    'four-networks': lambda: _overview(*FOUR_NETWORKS),
+    'four-networks': lambda: _measured('overview_table', *FOUR_NETWORKS),
     'held-out-squeezenet': lambda: _held_out('measured/squeezenet.json'),
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
@@ -160,18 +155,21 @@ def regenerate() -> dict:
     path = os.path.join(REPORT, name)
     with open(path) as f:
       committed = f.read()
-    text = make()
-    out[path] = (committed, text if committed.endswith('\n') is text.endswith('\n')
-                 else text + '\n')
+    # Ending in a newline as the committed file does (the tools print without one).
+    out[path] = (committed, make().rstrip('\n') + ('\n' if committed.endswith('\n') else ''))
+  made = {}  # a table shown in several documents is generated once
   for path in documents():
     with open(path) as f:
       committed = f.read()
 
     def fill(m):
-      if m.group('name') not in TABLES:
+      name = m.group('name')
+      if name not in TABLES:
         raise KeyError(f"{os.path.relpath(path, ROOT)}: no generator for table "
-                       f"{m.group('name')!r}; known: {', '.join(TABLES)}")
-      return m.group(1) + TABLES[m.group('name')]() + '\n' + m.group(4)
+                       f"{name!r}; known: {', '.join(TABLES)}")
+      if name not in made:
+        made[name] = TABLES[name]()
+      return m.group(1) + made[name] + '\n' + m.group(4)
     if len(_START.findall(committed)) != len(_MARKED.findall(committed)):
       raise ValueError(f'{os.path.relpath(path, ROOT)}: a "<!-- generated: NAME" marker without '
                        f'its "<!-- end: NAME -->"')

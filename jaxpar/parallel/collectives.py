@@ -125,20 +125,17 @@ def fused(tree, reduce):
   """Applies `reduce` (flat buffer → flat buffer of equal size) to one buffer per dtype
   holding every leaf of `tree`, and restores the leaves' shapes."""
   leaves, treedef = jax.tree.flatten(tree)
+  out = list(leaves)
   by_dtype = defaultdict(list)
   for i, leaf in enumerate(leaves):
-    by_dtype[jnp.result_type(leaf)].append(i)
-  out = list(leaves)
-  for i, leaf in enumerate(leaves):
-    if not math.prod(jnp.shape(leaf)):
+    if math.prod(jnp.shape(leaf)):
+      by_dtype[jnp.result_type(leaf)].append(i)
+    else:
       # An empty leaf: nothing to reduce, typed replicated as a reduction's result is, and
       # kept out of the buffer (jaxlib 0.11.2 crashes compiling a shard_map whose empty input
       # reaches a psum, even through a concatenation).
       out[i] = jnp.zeros(jnp.shape(leaf), jnp.result_type(leaf))
-      by_dtype[jnp.result_type(leaf)].remove(i)
   for indices in by_dtype.values():
-    if not indices:
-      continue
     reduced = reduce(jnp.concatenate([jnp.ravel(leaves[i]) for i in indices]))
     offset = 0
     for i in indices:
