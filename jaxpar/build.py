@@ -41,7 +41,12 @@ def mesh(cfg):
     mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg) // processes)
   logging.info('%s', multihost.describe_process())
   validation.validate_devices(cfg, jax.device_count(), jax.process_count())
-  return mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes, bn_group_size=cfg.bn_group_size)
+  n, devices = config_lib.num_devices(cfg), None
+  if n < jax.device_count():  # one process only (validate_devices): the first n
+    logging.info('The mesh uses %d of the %d devices JAX sees (the first).', n, jax.device_count())
+    devices = jax.devices()[:n]
+  return mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes, devices=devices,
+                            bn_group_size=cfg.bn_group_size)
 
 
 def model(cfg, num_classes: int, channels: int, mesh):

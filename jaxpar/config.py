@@ -10,7 +10,7 @@ import math
 import ml_collections
 from ml_collections import config_dict
 
-SCHEMES = ('sync-split', 'sync-join', 'async')
+SCHEMES = ('sync-split', 'sync-join', 'async')  # and 'auto': settled by jaxpar.plan
 SERVERS = ('allreduce', 'central', 'distributed', 'gossip')
 # JAX's cluster detectors (jax.distributed.initialize's names), plus auto and none.
 CLUSTERS = ('auto', 'none', 'slurm', 'ompi', 'mpi4py', 'gketpu', 'gcetpu', 'k8s')
@@ -158,8 +158,22 @@ def defaults() -> ml_collections.ConfigDict:
   # training); sync-join gives each device `per_device_batch` (global = N × per-device);
   # async (Downpour SGD) lets every device train on its own `per_device_batch`
   # batches, the server (central or distributed) applying each gradient as it arrives.
+  # auto: jaxpar.train first runs jaxpar.plan (or reads `plan.file`) and trains with the
+  # scheme, server, N and BN grouping it predicts to reach `plan.target_*` soonest.
   c.scheme = 'sync-split'
   c.global_batch = 128
+  # jaxpar.plan (python -m jaxpar.plan, or scheme='auto'; docs/plan.md).
+  c.plan = ml_collections.ConfigDict()
+  c.plan.file = ''              # a plan.json to train with (scheme='auto'): none = make one
+  c.plan.target_loss = 0.0      # the target: a training-set loss (whole split, unaugmented) ...
+  c.plan.target_accuracy = 0.0  # ... or a test top-1 (0-1); exactly one
+  c.plan.budget_s = 180.0       # seconds the plan may measure for
+  c.plan.eval_every = 20        # the serial run's evaluations (and B_noise readings)
+  c.plan.max_steps = 2000       # the serial run's cap (beyond: K extrapolated)
+  c.plan.noise_batches = 4      # gradients per B_noise reading (0: none, perfect scaling)
+  c.plan.measure_top = 4        # candidates whose steps are timed, fastest predicted first ...
+  c.plan.close = 2.0            # ... among those predicted within this factor of the best
+  c.plan.measure_steps = 10     # timed steps (and t_grad calls) each
   # Downpour (scheme='async'; jaxpar/parallel/async_sgd.py, async_ray.py, docs/async.md).
   c.async_sgd = ml_collections.ConfigDict()
   # threads: a thread per device of this process (one host); ray: a Ray actor (process)

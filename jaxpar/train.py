@@ -27,6 +27,7 @@ from jaxpar.checkpoint import CheckpointError, Checkpoints
 from jaxpar.data import sources
 from jaxpar.evaluation import evaluate
 from jaxpar.metrics import Reporter
+from jaxpar.plan import planner
 from jaxpar.preemption import EXIT_RESUMABLE, StopSignals
 from jaxpar.step import make_eval_step
 
@@ -44,6 +45,8 @@ class Result:
   wall_time: float      # seconds, from the config check to the end (compilation included)
   stopped_by: str = ''  # the signal that stopped the run early (SIGTERM, SIGINT), if one did
   checkpoint: str = ''  # the folder of the last checkpoint saved
+  plan: dict = dataclasses.field(default_factory=dict)  # scheme='auto': time to the plan's
+  # target against its prediction (`planner.TargetClock.outcome`)
 
 
 def train_and_evaluate(cfg, workdir: str) -> Result:
@@ -56,9 +59,12 @@ def train_and_evaluate(cfg, workdir: str) -> Result:
 
 def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   started = time.perf_counter()
-  # ------------------------------------------------------------------ config
-  validation.validate(cfg)
+  # ------------------------------------------------------------------ config (and plan)
   _check_workdir(workdir)
+  plan = None
+  if cfg.scheme == 'auto':  # jaxpar.plan measures, predicts and chooses (or plan.file)
+    cfg, plan = planner.resolve(cfg, workdir)
+  validation.validate(cfg)
   # ------------------------------------------------------------------ mesh
   mesh = build.mesh(cfg)
   stop.install()  # after joining the other processes: their preemption service is known
@@ -103,13 +109,20 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
                     rng_dropout)
   eval_step = make_eval_step(model, mesh)
   reporter = Reporter(workdir, total_steps, first_step, global_batch)
+  clock = planner.TargetClock(plan, cfg.plan.eval_every) if plan and not first_step else None
   step, stopped_by = first_step, ''
   while step < last_step:
     state, metrics = loop(state)
     step += 1
     if step == first_step + 1:  # again: the asynchronous loop on Ray starts Ray in its
       stop.install()            # first step, and Ray's driver takes SIGTERM
+      if clock:
+        clock.started(metrics)
     reporter.step(step, metrics)
+    if clock:
+      clock.check(step, metrics, lambda: evaluate(
+          eval_step, strategy.variables(loop.synced(state)), mesh, source, cfg,
+          split=clock.target.split))
     if step % cfg.log_every == 0 or step == last_step:
       reporter.report(step, float(schedule(step - 1)))
     if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
@@ -140,7 +153,8 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   logging.info('Wall time %.1f s for steps %d-%d.', wall_time, first_step, step)
   return Result(eval=results, train_loss=reporter.history, step=step,
                 examples_seen=int(state.examples_seen), wall_time=wall_time,
-                stopped_by=stopped_by, checkpoint=checkpoints.latest())
+                stopped_by=stopped_by, checkpoint=checkpoints.latest(),
+                plan=clock.outcome(step) if clock else {})
 
 
 def _check_workdir(workdir: str) -> None:
@@ -185,7 +199,8 @@ def main(argv):
     print(f"test accuracy: top-1 {result.eval['top1']:.2%}, top-5 {result.eval['top5']:.2%} "
           f"on {int(result.eval['count'])} examples"
           + (f' ({skipped} unreadable image files skipped)' if skipped else '')
-          + f'; wall time {result.wall_time:.1f} s')
+          + f'; wall time {result.wall_time:.1f} s'
+          + (f"; {result.plan['summary']}" if result.plan else ''))
   else:
     print(f'stopped at step {result.step}; run again with the same --workdir to resume.')
 

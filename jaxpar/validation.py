@@ -52,6 +52,9 @@ def validate(c) -> None:
   """Checks that need no devices (and no compilation), then settles the `auto` fields
   (in place, see `settle`): a value the user set is checked against the method, one left
   `auto` is chosen to fit it."""
+  if c.scheme == 'auto':
+    _fail('scheme', c.scheme, "jaxpar.train settles it with jaxpar.plan before the run; this "
+          f"tool needs one of {list(SCHEMES)}")
   for field, choices in (('model', sorted(MODELS)), ('shortcut', SHORTCUTS), ('dtype', DTYPES),
                          ('grad_reduce_dtype', REDUCE_DTYPES), ('conv_impl', CONV_IMPLS),
                          ('host_memory', HOST_MEMORY),
@@ -366,10 +369,12 @@ def _validate_hybrid(c, axes) -> None:
 
 def validate_devices(c, device_count: int, process_count: int) -> None:
   n = config_lib.driver_devices(c)
-  if n != device_count:
+  if n > device_count or (n < device_count and process_count > 1):
     _fail('mesh.shape', tuple(c.mesh.shape),
-          f'it has {n} devices but JAX sees {device_count}; use a shape whose product is '
-          f'{device_count}, or on CPU leave config.mesh.emulate_cpu_devices=True')
+          f'it has {n} devices but JAX sees {device_count}'
+          f"{' over ' + str(process_count) + ' processes' if process_count > 1 else ''}; use "
+          f'a shape whose product is {device_count}{"" if process_count > 1 else " or less"}, '
+          f'or on CPU leave config.mesh.emulate_cpu_devices=True')
   if c.scheme == 'sync-split' and c.global_batch % n:
     _fail('global_batch', c.global_batch,
           f'sync-split divides it among the {n} data devices; use a multiple of {n}')

@@ -15,7 +15,8 @@ import optax
 import pytest
 from absl import app as absl_app
 
-from analysis.accuracy import noise_scale, staleness, steps_model, tta
+from analysis.accuracy import staleness, tta
+from jaxpar.plan import noise_scale, steps_model
 from runs import ROOT, config_file, process_env
 
 
@@ -185,10 +186,10 @@ def test_capacity_and_staleness_models_by_hand():
 # ----------------------------------------------------------------------------- tta
 def test_reached_interpolates_in_log_loss():
   curve = [(0, 2.0), (10, 1.0), (20, 0.25)]
-  assert tta.reached(curve, 0.5) == pytest.approx(15.0)  # halfway in log: 1 → 0.5 → 0.25
-  assert tta.reached(curve, 1.0) == 10.0
-  assert tta.reached(curve, 3.0) == 0.0
-  assert tta.reached(curve, 0.1) is None
+  assert steps_model.reached(curve, 0.5) == pytest.approx(15.0)  # halfway in log: 1 → 0.5 → 0.25
+  assert steps_model.reached(curve, 1.0) == 10.0
+  assert steps_model.reached(curve, 3.0) == 0.0
+  assert steps_model.reached(curve, 0.1) is None
 
 
 def _result(runs, **extra):

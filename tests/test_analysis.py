@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from analysis.steptime import collectives as cc
+from jaxpar.plan import alpha_beta as cc
 from analysis.theory import equations as eq
 from analysis.theory import estimate, thesis_report
 

@@ -338,8 +338,7 @@ def test_async_on_ray_runs_its_driver_on_one_device():
   validation.validate(c)
   assert config_lib.driver_devices(c) == 1 and config_lib.num_devices(c) == 8
   validation.validate_devices(c, 1, 1)
-  with pytest.raises(config_lib.ConfigError, match='config.mesh.shape'):
-    validation.validate_devices(c, 8, 1)
+  validation.validate_devices(c, 8, 1)  # one process: the driver's mesh is the first device
 
 
 def test_an_unusable_workdir_is_one_line_before_anything_compiles(tmp_path):

@@ -17,8 +17,9 @@ from absl import app
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from analysis.steptime import (calibrate, collectives, compare, gaps, hlo, link, measure,
-                               timing, trace)
+from analysis.steptime import compare, gaps, link, measure, timing, trace
+from jaxpar.plan import alpha_beta as collectives
+from jaxpar.plan import calibrate, hlo
 from jaxpar import config as config_lib
 from jaxpar.mesh import make_mesh
 from runs import ROOT, config_file, process_env

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from analysis.steptime import calibrate, link
+from analysis.steptime import link
+from jaxpar.plan import calibrate
 
 from test_measure import check_setting, measure_and_compare
 

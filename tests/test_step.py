@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from analysis.steptime.hlo import collectives
+from jaxpar.plan.hlo import collectives
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.step import loss_and_logits, make_eval_step, make_train_step, to_global

@@ -47,7 +47,8 @@ import tqdm  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis.accuracy import noise_scale, staleness, steps_model  # noqa: E402
+from analysis.accuracy import staleness  # noqa: E402
+from jaxpar.plan import probe, steps_model  # noqa: E402
 
 FAMILIES = ('batch', 'staleness', 'async', 'period', 'capacity')
 FLAGS = flags.FLAGS
@@ -176,22 +177,6 @@ def case_config(base, case: dict, seed: int, lr_factor: float, max_steps: int):
 
 
 # =============================================================================== one case
-def reached(curve: list, target: float):
-  """The step the loss first reaches `target`, interpolated linearly in log-loss between
-  the evaluation before and the first at or below it; None if it never does."""
-  previous = None
-  for step, loss in curve:
-    if loss <= target:
-      if previous is None or previous[1] <= 0 or loss <= 0:
-        return float(step)
-      (s0, l0), (s1, l1) = previous, (step, loss)
-      if l0 <= l1:
-        return float(step)
-      return s0 + (s1 - s0) * (math.log(l0) - math.log(target)) / (math.log(l0) - math.log(l1))
-    previous = (step, loss)
-  return None
-
-
 def run_case(cfg, case: dict, source, target: float, eval_every: int, noise_batches: int = 0):
   """Trains `cfg` until the training-set loss reaches `target` or `cfg.total_steps`:
   {'curve': [(step, loss)], 'clock': [(step, seconds)], 'K', 'top1', 'top1_stderr',
@@ -214,7 +199,7 @@ def run_case(cfg, case: dict, source, target: float, eval_every: int, noise_batc
   rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
   state = build.initial_state(cfg, model, tx, method, source.channels, mesh, rng_init)
   eval_step = make_eval_step(model, mesh)
-  noise = _noise_probe(cfg, model, source, noise_batches) if noise_batches else None
+  noise = probe.noise_probe(cfg, model, source, noise_batches) if noise_batches else None
 
   def train_loss(variables):
     return evaluate(eval_step, variables, mesh, source, cfg, split='train')['loss']
@@ -252,7 +237,7 @@ def run_case(cfg, case: dict, source, target: float, eval_every: int, noise_batc
     variables = method.variables(state)
   test = evaluate(eval_step, variables, mesh, source, cfg)
   p, count = test['top1'], test['count']
-  out = {'curve': curve, 'clock': clock, 'K': reached(curve, target), 'top1': p,
+  out = {'curve': curve, 'clock': clock, 'K': steps_model.reached(curve, target), 'top1': p,
          'top1_stderr': math.sqrt(max(p * (1 - p), 0.0) / count)}
   if stale:
     out['staleness'] = {'mean': float(np.mean(stale)), 'max': int(max(stale))}
@@ -297,28 +282,6 @@ def _simulate(cfg, model, variables, rng, source, s, eval_every, curve, train_lo
   except Reached:
     pass
   return box['variables']
-
-
-def _noise_probe(cfg, model, source, count: int):
-  """variables → {'b_noise', 'g2', 's'}: `count` gradients of batch b at those weights,
-  from a stream apart from training's (`noise_scale.device_norms` of them)."""
-  from jaxpar import build
-  from jaxpar.step import gradients
-  one = model.clone(bn_axis_name=None)
-  b = cfg.per_device_batch
-  stream = build.train_batches(cfg, source, b, 0)
-  grad = jax.jit(lambda v, batch: gradients(one, v['params'], v['batch_stats'], batch,
-                                            jax.random.key(0))[0])
-
-  def probe(variables):
-    variables = jax.device_get(variables)
-    variables = {'params': variables['params'], 'batch_stats': variables.get('batch_stats', {})}
-    grads = [grad(variables, next(stream)) for _ in range(count)]
-    stacked = jax.tree.map(lambda *g: np.stack(g), *grads)
-    small, big = noise_scale.device_norms(stacked)
-    g2, trace = noise_scale.two_batch_estimates(small, big, b, count * b)
-    return {'g2': g2, 's': trace, 'b_noise': trace / g2 if g2 > 0 else math.nan}
-  return probe
 
 
 # =============================================================================== the whole run

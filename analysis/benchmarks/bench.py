@@ -12,7 +12,7 @@ inserting the collectives — are compiled, then run alternately (one step of ea
 round), so both see the same machine state. Per step: compile time; step time (median,
 min, max); images/s; FLOPs per device from the compiled program's cost analysis and the
 FLOP/s achieved; peak memory per device from its memory analysis; the collectives of the
-compiled program and their bytes per device and step (`analysis.steptime.hlo.compiled_collectives`:
+compiled program and their bytes per device and step (`jaxpar.plan.hlo.compiled_collectives`:
 every branch of a conditional counts, and on CPU bfloat16 sums show as float32). Ratios are taken side by side
 in this one run; nothing here is asserted in tests. On a GPU (`bench_gpu.sh`) the PyTorch peer runs on
 CUDA, and XLA's FLOP count leaves out the convolutions, which run as cuDNN custom calls
@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from analysis.benchmarks import bench_table, profile, torch_peer  # noqa: E402
-from analysis.steptime import hlo  # noqa: E402
+from jaxpar.plan import hlo  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402

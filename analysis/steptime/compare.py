@@ -29,7 +29,7 @@ per step), async the measured time of D pushes. Predictions of t_train:
              predicts: t_grad of the device's own batch under the run's contention (the
              processes computing at once), plus the step's non-gradient work, plus every
              collective of the *compiled* program at its calibrated per-call cost
-             (`analysis.steptime.calibrate`; a permute of one pair as the one-way permute),
+             (`jaxpar.plan.calibrate`; a permute of one pair as the one-way permute),
              less the overlap of collectives and compute. Where the steps were traced
              (`analysis.steptime.trace`), the non-gradient work is the step program's traced
              compute less the traced gradient program's (update, packing the buffers a
@@ -54,8 +54,9 @@ import sys
 
 import numpy as np
 
-from analysis.steptime import calibrate, hlo, link, volume
+from analysis.steptime import link, volume
 from analysis.theory import equations
+from jaxpar.plan import calibrate, hlo
 
 MODELS = ('thesis', 'semaphore', 'parts', 'rate')
 MODEL_NAMES = {'thesis': 'thesis equations', 'semaphore': 'thesis + semaphore',

@@ -125,7 +125,8 @@ def main(argv) -> int:
   import datetime
   import json
 
-  from analysis.steptime import calibrate, link, measure, timing
+  from analysis.steptime import link, measure, timing
+  from jaxpar.plan import calibrate
   if len(argv) > 1:
     print(f'unexpected arguments: {argv[1:]}', file=sys.stderr)
     return 2

@@ -9,7 +9,7 @@ For the configured network and input size, after warm-up, repeated:
            computing at once (t_grad under the run's contention);
   calls    the per-call cost of each collective kind inside a compiled program (chains of
            1, 2, 8, 32 calls), sizes 4 KB to 10× the network
-           (`analysis.steptime.calibrate`); t_comm is the permute of the network's weights;
+           (`jaxpar.plan.calibrate`); t_comm is the permute of the network's weights;
   t_iter   a train step of every synchronous scheme × server at N = 1, 2, 4, ...;
   t_train  D pushes of the asynchronous scheme (Downpour) on N workers;
   trace    outside the emulated setting, each t_grad and step profiled after its timing
@@ -47,7 +47,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import shutil
 import socket
 import subprocess
@@ -64,12 +63,14 @@ from absl import app, flags  # noqa: E402
 from jax.sharding import AbstractMesh  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis.steptime import calibrate, link, volume  # noqa: E402
+from analysis.steptime import link, volume  # noqa: E402
 from analysis.steptime.timing import ONE_DEVICE  # noqa: E402
 from jaxpar import build, models, validation  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
 from jaxpar.parallel.collectives import nbytes  # noqa: E402
+from jaxpar.plan import calibrate  # noqa: E402
+from jaxpar.plan.probe import machine, versions  # noqa: E402,F401 (also for analysis' tools)
 
 SYNC_SCHEMES = ('sync-split', 'sync-join')
 ASYNC_SERVERS = ('central', 'distributed')
@@ -446,23 +447,6 @@ def combine(repetitions: list) -> dict:
     if 'trace' in cell:
       cell['trace'] = [r['steps'][i]['trace'] for r in repetitions]
   return out
-
-
-def machine() -> dict:
-  model = ''
-  if os.path.exists('/proc/cpuinfo'):
-    with open('/proc/cpuinfo') as f:
-      model = next((line.split(':', 1)[1].strip() for line in f
-                    if line.startswith('model name')), '')
-  memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') if hasattr(os, 'sysconf') \
-      else None
-  return {'host': platform.node(), 'system': platform.platform(), 'cpu': model,
-          'cores': os.cpu_count(), 'memory_bytes': memory, 'python': platform.python_version()}
-
-
-def versions() -> dict:
-  from importlib import metadata
-  return {name: metadata.version(name) for name in ('jax', 'jaxlib', 'flax', 'optax', 'numpy')}
 
 
 def call_sizes(param_bytes: int, up_to: float = 10.0, count: int = 6) -> list:

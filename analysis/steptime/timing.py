@@ -16,7 +16,7 @@ calls (compilation is in the first):
   calls     each collective kind of the steps (permute, all-reduce, all-gather,
             reduce-scatter) between devices 0 and 1, as programs of k = 1, 2, 8, 32 calls
             in a chain for sizes from 4 KB to 10× the network's weights: the per-call cost
-            inside a compiled program is the slope of t(k) (`analysis.steptime.calibrate`).
+            inside a compiled program is the slope of t(k) (`jaxpar.plan.calibrate`).
   t_train   D pushes applied by the asynchronous loop (Downpour) on N workers: threads
             (emulated setting) or Ray's actors (processes setting).
   trace     with `trace_calls` > 0, outside the emulated setting: after a group's rounds,
@@ -36,7 +36,7 @@ import os
 import sys
 import time
 
-from analysis.steptime import calibrate
+from jaxpar.plan import calibrate, probe
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -49,145 +49,22 @@ def _log(spec, message):
     print(f"[{spec['setting']}] {message}", file=sys.stderr, flush=True)
 
 
-def _timed(fn, repeats: int, warmup: int) -> list:
-  """Seconds of each of `repeats` calls of `fn` (which blocks), after `warmup` calls."""
-  for _ in range(warmup):
-    fn()
-  samples = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    samples.append(time.perf_counter() - start)
-  return samples
-
-
 def _summary(samples) -> str:
   import numpy as np
   return f'median {np.median(samples):.4g} s (min {min(samples):.4g}, max {max(samples):.4g})'
 
 
-def _synthetic(rows: int, cfg, meta, seed=0):
-  import numpy as np
-  rng = np.random.default_rng(seed)
-  return {'image': rng.normal(size=(rows, cfg.image_size, cfg.image_size, meta['channels']))
-          .astype(np.float32),
-          'label': rng.integers(0, meta['num_classes'], rows).astype(np.int32)}
-
-
-def gradient_cell(cfg, meta, batch: int):
-  """t_grad's cell: a call computing the gradients of one batch on this process's first
-  device, blocking until they are ready."""
-  import jax
-  from jaxpar import build
-  from jaxpar.mesh import make_mesh
-  from jaxpar.parallel.async_sgd import gradient_fn
-  from jaxpar.step import init_compiler_options, init_variables
-
-  device = jax.local_devices()[0]
-  model = build.model(cfg, meta['num_classes'], meta['channels'],
-                      make_mesh(cfg.mesh.shape, cfg.mesh.axes, [device], cfg.bn_group_size))
-  # One program, not an op at a time (ResNet34: 180 small compiles, 6 s).
-  variables = jax.jit(lambda: init_variables(
-      model.clone(bn_axis_name=None), (1, cfg.image_size, cfg.image_size, meta['channels']),
-      jax.random.key(0)), out_shardings=jax.sharding.SingleDeviceSharding(device),
-      compiler_options=init_compiler_options())()
-  grads = gradient_fn(model)
-  data = jax.device_put(_synthetic(batch, cfg, meta), device)
-  rng = jax.random.key(1)
-  return lambda: jax.block_until_ready(
-      grads(variables['params'], variables.get('batch_stats', {}), data, rng))
-
-
-SCALAR = calibrate.SCALAR  # one float32, one size (see time_calls)
-CALIBRATED = ('collective_permute', calibrate.ONE_WAY, 'all_reduce', 'all_gather',
-              'reduce_scatter', SCALAR)
-CHAINS = (1, 2, 8, 32)
-CHAIN_BUDGET = 0.3  # seconds: the next chain is timed only while its k·t(1) stays under this
-
-
-def _chain(op: str, k: int):
-  """k calls of collective `op` on axis 'pair', each on the previous one's result, so that
-  none can merge with or overlap another. Between calls only what keeps the buffer's size:
-  all-reduce ×½ (a scalar's too); all-gather's two pieces summed; reduce-scatter's half
-  repeated. A permute is an exchange (both devices send); a one-way permute sends from one
-  device, the direction alternating (a central server's transfers)."""
-  import jax.numpy as jnp
-  from jax import lax
-
-  def body(x):
-    for i in range(k):
-      if op == 'collective_permute':
-        x = lax.ppermute(x, 'pair', [(0, 1), (1, 0)])
-      elif op == 'collective_permute_one_way':
-        x = lax.ppermute(x, 'pair', [(0, 1)] if i % 2 == 0 else [(1, 0)])
-      elif op in ('all_reduce', SCALAR):
-        x = lax.psum(x, 'pair') * 0.5
-      elif op == 'all_gather':
-        x = lax.all_gather(x, 'pair', tiled=True).reshape(2, -1).sum(0)
-      else:
-        half = lax.psum_scatter(x, 'pair', scatter_dimension=1, tiled=True)
-        x = jnp.concatenate([half, half], axis=1)
-    return x
-  return body
-
-
-def _agreed(value: float) -> float:
-  """Process 0's value on every process: decisions that shape the programs must agree."""
-  import jax
-  import numpy as np
-  if jax.process_count() == 1:
-    return value
-  from jax.experimental import multihost_utils
-  return float(multihost_utils.broadcast_one_to_all(np.float64(value)))
-
-
-def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
-  """{op: [{'bytes': b, 'chains': {k: samples}}]}: the programs of k chained calls of each
-  collective kind on devices 0 and 1, for each size b (the buffer an all-reduce or permute
-  moves, an all-gather's result, a reduce-scatter's input; `SCALAR`: one float32 only, the
-  loss's and metrics' all-reduces — 4 bytes took ~0.1 ms across processes here where
-  16 bytes to 1 MB took a ~4 ms tick). Chains grow 1, 2, 8, 32 while the next k times the
-  single call's mean time stays under CHAIN_BUDGET (at least 1, 2)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  from jaxpar import multihost
-  from jaxpar.mesh import make_mesh
-  mesh = make_mesh((2,), ('pair',), jax.devices()[:2])
-  results = {}
-  for op in ops:
-    results[op] = []
-    for size in ([4] if op == SCALAR else sizes):
-      # float32; even (a reduce-scatter halves it) but the scalar
-      elements = 1 if op == SCALAR else max(2, size // 4 // 2 * 2)
-      per_device = elements // 2 if op == 'all_gather' else elements
-      buffer = jax.jit(lambda n=per_device: jnp.ones((2, n), jnp.float32),
-                       out_shardings=NamedSharding(mesh, P('pair')))()
-      chains = {}
-      for k in CHAINS:
-        fn = jax.jit(jax.shard_map(_chain(op, k), mesh=mesh, in_specs=P('pair'),
-                                   out_specs=P('pair'), check_vma=False))
-        multihost.barrier(f'calls {op} {size} {k}')  # each compiles (or loads) at its pace
-        chains[k] = _timed(lambda b=buffer, f=fn: jax.block_until_ready(f(b)), repeats, warmup)
-        if k == 1:
-          single = _agreed(float(np.mean(chains[1])))
-        following = CHAINS[CHAINS.index(k) + 1:]
-        if k > 1 and (not following or following[0] * single > CHAIN_BUDGET):
-          break
-      results[op].append({'bytes': elements * 4, 'chains': {str(k): v for k, v in chains.items()}})
-  return results
+SCALAR, CALIBRATED, time_calls = calibrate.SCALAR, calibrate.CALIBRATED, calibrate.time_calls
 
 
 def step_cell(cfg, meta) -> dict:
   """The config's synchronous step on its mesh (the first N devices), compiled: `run` makes
   one step (and keeps its state), `volume()` its volume row (lowered program, analytic,
-  reported), `compiled` the collectives of the compiled program (`analysis.steptime.hlo`),
+  reported), `compiled` the collectives of the compiled program (`jaxpar.plan.hlo`),
   `hlo` its text."""
   import jax
-  from analysis.steptime import hlo, volume
+  from analysis.steptime import volume
+  from jaxpar.plan import hlo
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
@@ -197,8 +74,8 @@ def step_cell(cfg, meta) -> dict:
   mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
   model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'], mesh)
   step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps)
-  batch = to_global(mesh, _synthetic(config_lib.global_batch(cfg) // jax.process_count(), cfg,
-                                     meta, seed=jax.process_index()))
+  batch = to_global(mesh, probe.synthetic_batch(config_lib.global_batch(cfg) // jax.process_count(),
+                                                cfg, meta, seed=jax.process_index()))
   rng = jax.random.key(1)
   lowered = step.lower(state, batch, rng)
   stablehlo, compiled = lowered.as_text(), lowered.compile()  # one lowering: read, then run
@@ -221,7 +98,7 @@ def step_cell(cfg, meta) -> dict:
 def time_step(cfg, meta, repeats: int, warmup: int) -> dict:
   """t_iter of the config's step alone (`repeats` calls), with its volume row."""
   cell = step_cell(cfg, meta)
-  samples = _timed(cell['run'], repeats, warmup)
+  samples = calibrate.timed(cell['run'], repeats, warmup)
   return {'samples': samples, 'volume': cell['volume'](), 'compiled': cell['compiled']}
 
 
@@ -266,7 +143,7 @@ def time_in_rounds(make_cells, rounds: int, steps_per_round: int, warmup: int,
     if barrier:
       barrier(f'round {r}')
     for i in round_order(len(calls), r):
-      samples[i] += _timed(calls[i], steps_per_round, 1)
+      samples[i] += calibrate.timed(calls[i], steps_per_round, 1)
   return samples
 
 
@@ -304,7 +181,7 @@ def time_async(cfg, meta, batches: int, repeats: int) -> list:
     mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
     model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'],
                                                   mesh)
-    push = _synthetic(config_lib.device_batch(cfg), cfg, meta)
+    push = probe.synthetic_batch(config_lib.device_batch(cfg), cfg, meta)
     loop = Downpour(model, tx, strategy, itertools.repeat(push), count, jax.random.key(1),
                     cfg.grad_accum_steps)
   for _ in range(warmup):
@@ -371,7 +248,7 @@ def run(spec) -> dict:
     def make(mine=mine, compiled=compiled, calls=calls):
       for j, (kind, what, _) in enumerate(mine):
         if kind == 'grad':
-          calls.append(gradient_cell(cell(ONE_DEVICE), meta, what))
+          calls.append(probe.gradient_call(cell(ONE_DEVICE), meta, what))
         else:
           compiled[j] = step_cell(cell(what['overrides']), meta)
           calls.append(compiled[j]['run'])

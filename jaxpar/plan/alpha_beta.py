@@ -84,7 +84,7 @@ def gossip_round(nbytes: float, alpha: float, beta: float) -> float:
 
 
 def collective_time(op: str, nbytes: float, group: int, alpha: float, beta: float) -> float:
-  """One collective of a lowered program (`analysis.steptime.hlo`: op, operand bytes, devices per
+  """One collective of a lowered program (`jaxpar.plan.hlo`: op, operand bytes, devices per
   group) by the models above: a permute is one message (all pairs at once); all-reduce
   a ring; reduce-scatter and all-to-all N−1 steps of 1/N of the operand; all-gather N−1
   steps of its operand (one device's piece)."""

@@ -126,3 +126,34 @@ def held_out(model: StepsModel, points: Sequence[tuple[float, float]],
   return {'model': model.name, 'formula': model.formula, 'fitted': model.describe(fitted),
           'coefficients': list(fitted), 'fit_on': sorted(fit_on), 'predictions': predictions,
           'median_error': float(np.median(errors)) if errors else math.nan}
+
+
+def reached(curve: list, target: float):
+  """The step the loss first reaches `target`, interpolated linearly in log-loss between
+  the evaluation before and the first at or below it; None if it never does."""
+  previous = None
+  for step, loss in curve:
+    if loss <= target:
+      if previous is None or previous[1] <= 0 or loss <= 0:
+        return float(step)
+      (s0, l0), (s1, l1) = previous, (step, loss)
+      if l0 <= l1:
+        return float(step)
+      return s0 + (s1 - s0) * (math.log(l0) - math.log(target)) / (math.log(l0) - math.log(l1))
+    previous = (step, loss)
+  return None
+
+
+def extrapolate(curve: list, target: float):
+  """Where a curve that has not reached `target` would, by the power law log(metric) =
+  a + p·log(step) fitted to its later half (steps > 0); None if it does not fall."""
+  points = [(s, m) for s, m in curve if s > 0 and m > 0]
+  points = points[len(points) // 2:]
+  if len(points) < 2 or target <= 0:
+    return None
+  x = np.log([s for s, _ in points])
+  y = np.log([m for _, m in points])
+  slope, intercept = np.polyfit(x, y, 1)
+  if slope >= 0:
+    return None
+  return float(math.exp((math.log(target) - intercept) / slope))

@@ -1,0 +1,83 @@
+"""Which scheme, server, number of devices and BatchNorm grouping reach a target soonest here.
+
+  python -m jaxpar.plan --config configs/squeezenet.py --config.image_size=16 \\
+      --target_loss 0.3 [--budget_s 180] [--out plan.json]
+
+Measures on this process's devices (`jaxpar.plan.planner`), prints every candidate ranked
+by predicted time to the target with its range, the methods not ranked and why, and
+writes the plan; `python -m jaxpar.train --config ... --config.scheme=auto
+--config.plan.file=plan.json` trains with its choice (or `scheme=auto` alone plans first).
+"""
+import json
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from jaxpar import config as config_lib  # noqa: E402
+from jaxpar import metrics  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].',
+                                          lock_config=False)
+_LOSS = flags.DEFINE_float('target_loss', None, 'The training-set loss to reach (config.plan.'
+                           'target_loss).')
+_ACCURACY = flags.DEFINE_float('target_accuracy', None, 'The test top-1 to reach, 0-1 '
+                               '(config.plan.target_accuracy).')
+_BUDGET = flags.DEFINE_float('budget_s', None, 'Seconds to measure for (config.plan.budget_s).')
+_OUT = flags.DEFINE_string('out', 'plan.json', 'The plan to write.')
+
+
+def main(argv):
+  from jaxpar import mesh as mesh_lib
+  from jaxpar.plan import planner
+  metrics.quiet_libraries()
+  logging.set_verbosity(logging.WARNING)  # the plan prints its own progress
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  cfg = _CONFIG.value
+  for flag, field in ((_LOSS, 'target_loss'), (_ACCURACY, 'target_accuracy'),
+                      (_BUDGET, 'budget_s')):
+    if flag.value is not None:
+      cfg.plan[field] = flag.value
+  try:
+    if cfg.scheme == 'auto':
+      cfg.scheme = 'sync-join'
+    from jaxpar import host_memory, validation
+    validation.validate(planner.with_overrides(cfg, {}))
+    planner.check(cfg)
+    host_memory.keep_freed_memory(cfg.host_memory)
+    if cfg.mesh.emulate_cpu_devices:
+      mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg))
+    plan = planner.make(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+  except config_lib.ConfigError as e:
+    print(f'jaxpar.plan: {e}', file=sys.stderr)
+    sys.exit(2)
+  except config_lib.RunError as e:
+    print(f'{e}', file=sys.stderr)
+    sys.exit(1)
+  with open(_OUT.value, 'w') as f:
+    json.dump(plan, f, indent=1)
+  print(f"{plan['network']} {plan['image_size']}², {plan['setting']}, target "
+        f"{plan['target']['kind']} {plan['target']['value']:g}:")
+  print(planner.table(plan))
+  print()
+  for e in plan['excluded']:
+    print(f"not ranked: {e['method']}: {e['reason']}")
+  c = plan['choice']
+  error = plan['step_prediction_error']['median_abs_log']
+  print(f"\nchoice: {c['label']} — {c['K'][0]:.0f} steps × {c['t_step'][0] * 1e3:.2f} ms = "
+        f"{c['T'][0]:.2f} s to the target ({c['T'][1]:.2f}–{c['T'][2]:.2f} s); planned in "
+        f"{plan['planning_s']:.0f} s"
+        + (f"; step-time predictions off by {error:.0%} (median, {plan['step_prediction_error']['measured']} measured)"
+           if error is not None else ''))
+  print(f'plan written to {_OUT.value}; train with it: python -m jaxpar.train --config ... '
+        f'--config.scheme=auto --config.plan.file={_OUT.value} --workdir ...')
+  logging.flush()
+
+
+if __name__ == '__main__':
+  flags.mark_flag_as_required('config')
+  app.run(main)

@@ -1,0 +1,367 @@
+"""The plan: measure briefly, predict every candidate's time to the target, time the close
+ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`).
+
+  1. serial run   one device at b = per_device_batch to the target: K_b, t_step(1), and
+                  B_noise near the target (`probe.serial_run`); a run that stops short
+                  (budget, max_steps) extrapolates K_b (`steps_model.extrapolate`), said so.
+  2. t_grad       one device, every device batch a candidate computes.
+  3. calls        each collective kind's per-call cost on two of the devices
+                  (`calibrate.time_calls`, 4 KB and the network's weights).
+  4. predict      each candidate's step from its lowered program (`rank`), K(B) from the
+                  batch model, T = K·t_step.
+  5. measure      the candidates within `close` of the best predicted T (at most
+                  `measure_top`), each step timed; re-ranked with the measured times.
+
+Everything runs on this process's devices (one host: real accelerators or emulated CPU
+devices, `mesh.emulate_cpu_devices`); a plan for several processes is made on one of them
+and read by the run (`plan.file`).
+"""
+import copy
+import datetime
+import json
+import math
+import os
+import time
+
+import jax
+import numpy as np
+from absl import logging
+
+from jaxpar import config as config_lib
+from jaxpar.plan import calibrate, candidates, probe, rank, steps_model
+
+PLAN_FILE = 'plan.json'
+
+
+def with_overrides(cfg, overrides: dict):
+  c = copy.deepcopy(cfg)
+  c.unlock()
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+def target_of(cfg) -> probe.Target:
+  """The config's target (`plan.target_loss` or `plan.target_accuracy`), checked: exactly
+  one, in range."""
+  loss, accuracy = cfg.plan.target_loss, cfg.plan.target_accuracy
+  if bool(loss) == bool(accuracy):
+    raise config_lib.ConfigError(
+        f'config.plan.target_loss={loss!r}, config.plan.target_accuracy={accuracy!r}: set '
+        f'exactly one (a training-set loss such as 0.3, or a test top-1 such as 0.9)')
+  if loss and not (isinstance(loss, (int, float)) and loss > 0):
+    raise config_lib.ConfigError(f'config.plan.target_loss={loss!r} is invalid: a positive '
+                                 f'training-set loss, e.g. 0.3')
+  if accuracy and not (isinstance(accuracy, (int, float)) and 0 < accuracy < 1):
+    raise config_lib.ConfigError(f'config.plan.target_accuracy={accuracy!r} is invalid: a '
+                                 f'test top-1 between 0 and 1, e.g. 0.9')
+  return probe.Target('loss', loss) if loss else probe.Target('accuracy', accuracy)
+
+
+def check(cfg) -> probe.Target:
+  """The plan's fields, one line each, before anything compiles."""
+  p = cfg.plan
+  for field in ('budget_s',):
+    if not isinstance(p[field], (int, float)) or p[field] <= 0:
+      raise config_lib.ConfigError(f'config.plan.{field}={p[field]!r} is invalid: a positive '
+                                   f'number of seconds, e.g. 180')
+  if not isinstance(p.close, (int, float)) or p.close < 1:
+    raise config_lib.ConfigError(f'config.plan.close={p.close!r} is invalid: a factor of at '
+                                 f'least 1 on the best predicted time, e.g. 2')
+  for field in ('eval_every', 'max_steps', 'measure_top', 'measure_steps'):
+    if not isinstance(p[field], int) or p[field] < 1:
+      raise config_lib.ConfigError(f'config.plan.{field}={p[field]!r} is invalid: a positive '
+                                   f'integer')
+  if p.noise_batches != 0 and (not isinstance(p.noise_batches, int) or p.noise_batches < 2):
+    raise config_lib.ConfigError(f'config.plan.noise_batches={p.noise_batches!r} is invalid: '
+                                 f'2 or more gradients per reading of B_noise (0: none)')
+  return target_of(cfg)
+
+
+# =============================================================================== making a plan
+def make(cfg, log=logging.info) -> dict:
+  """Measures, predicts and ranks (see the module docstring); returns the plan as JSON-ready
+  dict, its 'choice' the overrides of the fastest candidate."""
+  from jaxpar import build, validation
+  from jaxpar.data import sources
+
+  target = check(cfg)
+  p = cfg.plan
+  started = time.perf_counter()
+  deadline = started + p.budget_s
+  if jax.process_count() > 1:
+    raise config_lib.ConfigError(
+        'config.scheme=auto across processes: make the plan on one host first (python -m '
+        'jaxpar.plan), then give it to every process with config.plan.file')
+  source = sources.open_source(cfg.dataset)
+  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  # The devices the run would use (its mesh), of those this process sees.
+  available = min(config_lib.num_devices(cfg), jax.device_count())
+  found, excluded = candidates.enumerate_candidates(cfg, available)
+  b = cfg.per_device_batch
+  log(f'Plan: {len(found)} candidates on up to {available} {jax.default_backend()} devices '
+      f'to {target.describe()}, within {p.budget_s:g} s; excluded: '
+      f"{', '.join(e['method'] for e in excluded)}.")
+
+  # --------------------------------------------------------------- 1. the serial run
+  one = with_overrides(cfg, {**probe.one_device_overrides(cfg, b), 'total_steps': p.max_steps})
+  validation.validate(one)
+  log(f'Plan: serial run at batch {b} on one device (B_noise from {p.noise_batches} '
+      f'gradients every {p.eval_every} steps).')
+  serial = probe.serial_run(one, source, target, eval_every=p.eval_every, max_steps=p.max_steps,
+                            deadline=started + p.budget_s / 2, noise_batches=p.noise_batches,
+                            log=log)
+  k_b, how = serial['K'], 'reached'
+  if k_b is None:
+    k_b, how = steps_model.extrapolate(serial['curve'], target.threshold), 'extrapolated'
+  if k_b is None:
+    raise config_lib.RunError(
+        f"jaxpar.plan: the serial run's {target.kind} did not fall towards the target in "
+        f"{serial['curve'][-1][0]} steps (last {serial['curve'][-1][1]:.3g}): raise "
+        f"config.plan.budget_s or config.plan.max_steps, or choose a nearer target")
+  noise = rank.noise_near_target(serial['noise']) if serial['noise'] else (math.inf,) * 3
+  t_one = float(np.median(serial['step_seconds'])) if serial['step_seconds'] else None
+  log(f'Plan [{time.perf_counter() - started:.0f} s]: K_b = {k_b:.0f} steps at b = {b} ({how}), B_noise = {noise[0]:.1f} '
+      f'({noise[1]:.1f}–{noise[2]:.1f}), one-device step {1e3 * (t_one or 0):.2f} ms.')
+
+  # --------------------------------------------------------------- 2. t_grad per device batch
+  # On N devices at once where a candidate computes on N (emulated CPU devices share cores).
+  t_grad = {}
+  for key in sorted({(c.device_batch, c.devices) for c in found} | {(b, 1)}):
+    call = probe.gradient_call(with_overrides(one, {'per_device_batch': key[0]}), meta, *key)
+    t_grad[key] = float(np.median(calibrate.timed(call, p.measure_steps, 2)))
+  overhead = (t_one - t_grad[b, 1]) if t_one else 0.0
+  log(f'Plan [{time.perf_counter() - started:.0f} s]: t_grad ' + ', '.join(
+      f'b={k[0]} on {k[1]}: {v * 1e3:.2f} ms' for k, v in t_grad.items())
+      + f'; non-gradient work of the one-device step {overhead * 1e3:.2f} ms.')
+
+  # --------------------------------------------------------------- 3. the collectives' costs
+  costs, calls = None, None
+  if available > 1:
+    from jaxpar.mesh import make_mesh
+    from jaxpar.parallel.collectives import nbytes
+    params = build.abstract_variables(one, build.model(
+        one, meta['num_classes'], meta['channels'], make_mesh((1,), ('data',), jax.devices()[:1])),
+        meta['channels'])['params']
+    sizes = sorted({4096, max(4096, nbytes(params) // 8 * 8)})
+    calls = calibrate.time_calls(sizes, repeats=5, warmup=1)
+    costs = calibrate.from_calls(calls)
+    log(f'Plan [{time.perf_counter() - started:.0f} s]: per-call costs ' + ', '.join(
+        f"{kind} {pts[-1][0]:,} B {pts[-1][1] * 1e3:.3f} ms" for kind, pts in costs.points.items()))
+
+  # --------------------------------------------------------------- 4. predict every candidate
+  rows, calls_of = [], {}
+  for c in found:
+    row = {'candidate': c}
+    cfg_c = with_overrides(one, c.overrides())
+    validation.validate(cfg_c)
+    collectives, calls_of[c] = probe.step_call(cfg_c, meta)
+    row['collectives'] = len(collectives)
+    comm = costs.step(collectives) if costs else 0.0
+    if c.devices == 1 and c.batch == b and serial['step_seconds']:
+      row['t_measured'] = list(serial['step_seconds'])
+    row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, comm)
+    rows.append(row)
+  log(f'Plan [{time.perf_counter() - started:.0f} s]: {len(rows)} candidates predicted.')
+  ranked = rank.rank(rows, k_b, b, noise)
+
+  # --------------------------------------------------------------- 5. time the close ones
+  best = ranked[0]['T'][0]
+  measured = 0
+  for row in list(ranked):
+    c = row['candidate']
+    if (row.get('t_measured') or c not in calls_of or measured >= p.measure_top
+        or row['T'][0] > p.close * best):
+      continue
+    if time.perf_counter() > deadline and measured:
+      log('Plan: budget spent; the other candidates keep their predicted step times.')
+      break
+    row['t_measured'] = calibrate.timed(calls_of[c], p.measure_steps, 2)
+    measured += 1
+    log(f'Plan [{time.perf_counter() - started:.0f} s]: measured {c.label}: {np.median(row["t_measured"]) * 1e3:.2f} ms a step '
+        f'(predicted {row["t_predicted"] * 1e3:.2f}).')
+  calls_of.clear()
+  ranked = rank.rank(rows, k_b, b, noise)
+  elapsed = time.perf_counter() - started
+  choice = ranked[0]
+  errors = [abs(math.log(r['t_predicted'] / np.median(r['t_measured']))) for r in ranked
+            if r.get('t_measured') and r['candidate'].devices > 1]
+  plan = {
+      'tool': 'jaxpar.plan',
+      'created': datetime.datetime.now().isoformat(timespec='seconds'),
+      'machine': probe.machine(), 'versions': probe.versions(),
+      'network': cfg.model, 'image_size': cfg.image_size, 'dataset': cfg.dataset.name,
+      'devices': available, 'backend': jax.default_backend(), 'setting': _setting(available),
+      'target': target.to_dict(), 'budget_s': p.budget_s, 'planning_s': elapsed,
+      'serial': {'batch': b, 'K': k_b, 'K_how': how, 'curve': serial['curve'],
+                 'noise': serial['noise'], 'B_noise': list(noise), 't_step': t_one,
+                 'stopped': serial['stopped']},
+      't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()], 'overhead_s': overhead,
+      'calls': calls,
+      'step_prediction_error': {'median_abs_log': float(np.median(errors)) if errors else None,
+                                'measured': len(errors)},
+      'candidates': [_row_json(r) for r in ranked],
+      'excluded': excluded,
+      'choice': _row_json(choice),
+  }
+  log(f"Plan: {elapsed:.0f} s; choice {choice['candidate'].label}: {choice['K'][0]:.0f} steps × "
+      f"{choice['t_step'][0] * 1e3:.2f} ms = {choice['T'][0]:.2f} s to the target "
+      f"({choice['T'][1]:.2f}–{choice['T'][2]:.2f}).")
+  return plan
+
+
+def _setting(available: int) -> str:
+  """What the devices are: emulated CPU devices share the process's cores, so their N > 1
+  step times include that contention (right for one host's CPU, not for a cluster's)."""
+  cores = len(os.sched_getaffinity(0))
+  if jax.default_backend() == 'cpu' and available > 1:
+    return f'{available} emulated CPU devices sharing {cores} cores'
+  return f'{available} {jax.default_backend()} device{"s" if available > 1 else ""}'
+
+
+def _row_json(row: dict) -> dict:
+  c = row['candidate']
+  out = {'label': c.label, 'scheme': c.scheme, 'server': c.server, 'devices': c.devices,
+         'batch': c.batch, 'bn': c.bn, 'exact': c.exact, 'overrides': c.overrides(),
+         'K': row['K'], 't_predicted': row['t_predicted'], 't_step': row['t_step'],
+         'T': row['T'], 'notes': row['notes']}
+  if row.get('t_measured'):
+    out['t_measured'] = list(row['t_measured'])
+  if 'collectives' in row:
+    out['collectives'] = row['collectives']
+  return out
+
+
+def table(plan: dict) -> str:
+  """The plan's ranked candidates as Markdown (`rank.table` of its JSON rows)."""
+  rows = [{**r, 'candidate': _Label(r['label'])} for r in plan['candidates']]
+  return rank.table(rows)
+
+
+class _Label:
+  def __init__(self, label):
+    self.label = label
+
+
+# =============================================================================== using a plan
+def read(path: str) -> dict:
+  try:
+    with open(path) as f:
+      plan = json.load(f)
+    plan['choice']['overrides']
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise config_lib.ConfigError(
+        f'config.plan.file={path!r} is not a plan ({type(e).__name__}: {e}): make one with '
+        f'python -m jaxpar.plan --config ... --out {path}') from None
+  return plan
+
+
+def apply(cfg, plan: dict):
+  """`cfg` with the plan's choice: its overrides (mesh, scheme, server, batch, BN groups), the
+  learning rate constant after warm-up as in the serial run whose steps the plan predicts
+  (logged where the config had another schedule), and a run at least as long as the
+  prediction's upper end."""
+  overrides = {k: tuple(v) if isinstance(v, list) else v
+               for k, v in plan['choice']['overrides'].items()}
+  if cfg.optimizer.schedule != 'constant':
+    logging.info("Plan: optimizer.schedule=%r -> 'constant' (after %d warm-up steps): the "
+                 'plan predicts the steps of a constant rate.', cfg.optimizer.schedule,
+                 cfg.optimizer.warmup_steps)
+  overrides['optimizer.schedule'] = 'constant'
+  chosen = with_overrides(cfg, overrides)
+  from jaxpar.data import sources
+  if not chosen.total_steps:
+    source = sources.open_source(chosen.dataset)
+    chosen.total_steps = math.ceil(chosen.num_epochs * source.num_train_global
+                                   / config_lib.global_batch(chosen))
+  longest = math.ceil(plan['choice']['K'][2] * 1.25)
+  if chosen.total_steps < longest:
+    logging.info('Plan: total_steps %d -> %d (1.25 x the predicted steps\' upper end).',
+                 chosen.total_steps, longest)
+    chosen.total_steps = longest
+  return chosen
+
+
+def resolve(cfg, workdir: str):
+  """For `scheme='auto'`: (the config the plan chose, the plan). Reads `plan.file`, or makes
+  the plan on this process's devices and writes it to `workdir/plan.json`."""
+  if cfg.plan.file:
+    plan = read(cfg.plan.file)
+  else:
+    if cfg.distributed.coordinator or cfg.distributed.num_processes > 1:
+      raise config_lib.ConfigError(
+          "config.scheme='auto' across processes needs config.plan.file: make the plan on one "
+          'host first (python -m jaxpar.plan --config ... --out plan.json)')
+    from jaxpar import host_memory, validation
+    from jaxpar import mesh as mesh_lib
+    validation.validate(with_overrides(cfg, {'scheme': 'sync-join'}))  # the rest, before planning
+    check(cfg)
+    host_memory.keep_freed_memory(cfg.host_memory)
+    if cfg.mesh.emulate_cpu_devices:
+      mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg))
+    plan = make(with_overrides(cfg, {'scheme': 'sync-join'}))
+    path = os.path.join(workdir, PLAN_FILE)
+    os.makedirs(workdir, exist_ok=True)
+    with open(path, 'w') as f:
+      json.dump(plan, f, indent=1)
+    logging.info('Plan written to %s.', path)
+  chosen = apply(cfg, plan)
+  c = plan['choice']
+  logging.info('Plan: training with %s; predicted %.0f steps, %.2f s to %s (range %.2f–%.2f s).',
+               c['label'], c['K'][0], c['T'][0], probe.Target(**plan['target']).describe(),
+               c['T'][1], c['T'][2])
+  return chosen, plan
+
+
+class TargetClock:
+  """A planned run's measured time to its target: training time from the end of its first
+  step (whose call compiles) to the first evaluation at or past the target, evaluations
+  excluded — what the plan's T = K·t_step predicts."""
+
+  def __init__(self, plan: dict, every: int):
+    self.target = probe.Target(**plan['target'])
+    self.choice, self.every = plan['choice'], every
+    self.elapsed, self.mark, self.reached = 0.0, None, None
+    self.curve = []  # (step, metric, training seconds) at each evaluation
+
+  def started(self, state) -> None:
+    jax.block_until_ready(state)
+    self.mark = time.perf_counter()
+
+  def check(self, step: int, state, evaluate) -> None:
+    """At every `every`-th step until reached: stops the clock, evaluates, restarts it. The
+    step and time of reaching are interpolated between this evaluation and the one before
+    in log-metric (`steps_model.reached`), the evaluations' spacing otherwise rounding K."""
+    if self.reached or self.mark is None or step % self.every:
+      return
+    jax.block_until_ready(state)
+    self.elapsed += time.perf_counter() - self.mark
+    value = self.target.metric(evaluate())
+    self.curve.append((step, value, self.elapsed))
+    if value <= self.target.threshold:
+      at = steps_model.reached([(s, v) for s, v, _ in self.curve[-2:]], self.target.threshold)
+      if len(self.curve) > 1:
+        (s0, _, e0), (s1, _, e1) = self.curve[-2:]
+        seconds = e0 + (e1 - e0) * (at - s0) / (s1 - s0)
+      else:
+        seconds = self.elapsed
+      self.reached = (at, seconds)
+      logging.info('Plan: %s reached at step %.0f after %.2f s of training (predicted %.0f '
+                   'steps, %.2f s; range %.2f–%.2f s).', self.target.describe(), at, seconds,
+                   self.choice['K'][0], self.choice['T'][0], self.choice['T'][1],
+                   self.choice['T'][2])
+    self.mark = time.perf_counter()
+
+  def outcome(self, step: int) -> dict:
+    """{'summary': one line, 'step', 'seconds' (None: not reached), 'predicted_steps',
+    'predicted_seconds'}."""
+    c = self.choice
+    out = {'step': None, 'seconds': None, 'predicted_steps': c['K'][0],
+           'predicted_seconds': c['T'][0]}
+    if self.reached:
+      out.update(step=self.reached[0], seconds=self.reached[1], summary=(
+          f"time to the target {self.reached[1]:.2f} s at step {self.reached[0]:.0f} "
+          f"(planned {c['T'][0]:.2f} s, {c['K'][0]:.0f} steps)"))
+    else:
+      out['summary'] = (f"target not reached in {step} steps (planned {c['K'][0]:.0f} steps, "
+                        f"{c['T'][0]:.2f} s)")
+    return out

@@ -1,0 +1,209 @@
+"""What `jaxpar.plan` measures on the devices at hand, and the measuring helpers
+`analysis/` shares with it.
+
+  serial_run     one device at batch b trained until the target (or a step or time cap):
+                 its curve of the target's metric, K_b (the step the target is reached,
+                 `steps_model.reached`), the time of each step (t_step at N = 1), and
+                 along it the gradient noise scale B_noise (`noise_probe`,
+                 `noise_scale.device_norms` of several gradients at the same weights).
+  gradient_call  t_grad: one device, one batch's gradients ([T]'s definition).
+  step_call      a candidate's train step on its N devices: the collectives of its
+                 lowered program (`hlo.collectives`) to cost, and a call to time it.
+  machine, versions  what a measurement ran on, recorded beside it.
+"""
+import math
+import os
+import platform
+import time
+
+import jax
+import numpy as np
+
+from jaxpar.plan import noise_scale, steps_model
+
+
+# =============================================================================== the machine
+def machine() -> dict:
+  model = ''
+  if os.path.exists('/proc/cpuinfo'):
+    with open('/proc/cpuinfo') as f:
+      model = next((line.split(':', 1)[1].strip() for line in f
+                    if line.startswith('model name')), '')
+  memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') if hasattr(os, 'sysconf') \
+      else None
+  accelerators = sorted({d.device_kind for d in jax.devices()}) if jax.default_backend() != 'cpu' \
+      else []
+  return {'host': platform.node(), 'system': platform.platform(), 'cpu': model,
+          'cores': os.cpu_count(), 'memory_bytes': memory, 'python': platform.python_version(),
+          **({'accelerators': accelerators} if accelerators else {})}
+
+
+def versions() -> dict:
+  from importlib import metadata
+  return {name: metadata.version(name) for name in ('jax', 'jaxlib', 'flax', 'optax', 'numpy')}
+
+
+# =============================================================================== the targets
+class Target:
+  """What a run must reach: a training-set loss (evaluated on the whole training split,
+  unaugmented) at or below `value`, or a test top-1 at or above it. `metric` maps an
+  evaluation to a number that falls to `threshold` (the loss; for accuracy 1 − top-1)."""
+
+  def __init__(self, kind: str, value: float):
+    self.kind, self.value = kind, float(value)
+    self.split = 'train' if kind == 'loss' else 'test'
+    self.threshold = self.value if kind == 'loss' else 1.0 - self.value
+
+  def metric(self, evaluation: dict) -> float:
+    return float(evaluation['loss']) if self.kind == 'loss' else 1.0 - float(evaluation['top1'])
+
+  def describe(self) -> str:
+    return (f'training-set loss ≤ {self.value:g}' if self.kind == 'loss'
+            else f'test top-1 ≥ {self.value:.1%}')
+
+  def to_dict(self) -> dict:
+    return {'kind': self.kind, 'value': self.value}
+
+
+# =============================================================================== the serial run
+def one_device_overrides(cfg, batch: int) -> dict:
+  """sync-join on one device at `batch` with the config's optimizer at a constant rate after
+  its warm-up (K must not depend on a run length the plan does not know yet)."""
+  return {'scheme': 'sync-join', 'server': 'allreduce', 'mesh.shape': (1,), 'mesh.axes': ('data',),
+          'per_device_batch': batch, 'bn_group_size': None, 'sync_every': 0,
+          'local_sgd_warmup': 0, 'fc_parallel': 'data', 'sparsify.capacity': 0.0,
+          'placement': 'auto', 'central_schedule': 'serial', 'grad_reduce': 'psum',
+          'optimizer.schedule': 'constant', 'eval_every': 0, 'stop_after_steps': 0}
+
+
+def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
+               deadline: float, noise_batches: int, log=print) -> dict:
+  """Trains `cfg` (a one-device config, `one_device_overrides`) from its initial weights
+  until the target, `max_steps` or `deadline` (time.perf_counter()): {'curve': [(step,
+  metric)], 'K': steps to the target or None, 'step_seconds': each step's time after the
+  first (which compiles), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why}."""
+  from jaxpar import build
+  from jaxpar import config as config_lib
+  from jaxpar.evaluation import evaluate
+  from jaxpar.mesh import make_mesh
+  from jaxpar.step import make_eval_step
+
+  mesh = make_mesh((1,), ('data',), jax.devices()[:1])
+  model = build.model(cfg, source.num_classes, source.channels, mesh)
+  method = build.strategy(cfg, mesh, model)
+  tx, _ = build.optimizer(cfg, model, source.channels, method, config_lib.global_batch(cfg),
+                          max_steps)
+  rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
+  state = build.initial_state(cfg, model, tx, method, source.channels, mesh, rng_init)
+  eval_step = make_eval_step(model, mesh)
+  noise = noise_probe(cfg, model, source, noise_batches) if noise_batches >= 2 else None
+
+  def measured(state):
+    return target.metric(evaluate(eval_step, method.variables(state), mesh, source, cfg,
+                                  split=target.split))
+
+  loop = build.loop(cfg, model, tx, mesh, method, source, state, max_steps, rng_dropout)
+  curve, seconds, track, stopped = [(0, measured(state))], [], [], 'max_steps'
+  for step in range(1, max_steps + 1):
+    start = time.perf_counter()
+    state, metrics = loop(state)
+    jax.block_until_ready(metrics)
+    if step > 1:
+      seconds.append(time.perf_counter() - start)
+    if step % eval_every == 0 or step == max_steps:
+      curve.append((step, measured(state)))
+      if noise:
+        track.append({'step': step, **noise(method.variables(state))})
+      log(f'  serial step {step}: {target.kind} metric {curve[-1][1]:.4f}'
+          + (f", B_noise {track[-1]['b_noise']:.1f}" if track else ''))
+      if curve[-1][1] <= target.threshold:
+        stopped = 'reached'
+        break
+      if time.perf_counter() > deadline:
+        stopped = 'time'
+        break
+  loop.close()
+  return {'curve': curve, 'K': steps_model.reached(curve, target.threshold),
+          'step_seconds': seconds, 'noise': track, 'stopped': stopped}
+
+
+def noise_probe(cfg, model, source, count: int):
+  """variables → {'b_noise', 'g2', 's'}: `count` gradients of batch b at those weights,
+  from a stream apart from training's (`noise_scale.device_norms` of them)."""
+  from jaxpar import build
+  from jaxpar.step import gradients
+  one = model.clone(bn_axis_name=None)
+  b = cfg.per_device_batch
+  stream = build.train_batches(cfg, source, b, 0)
+  grad = jax.jit(lambda v, batch: gradients(one, v['params'], v['batch_stats'], batch,
+                                            jax.random.key(0))[0])
+
+  def probe(variables):
+    variables = jax.device_get(variables)
+    variables = {'params': variables['params'], 'batch_stats': variables.get('batch_stats', {})}
+    grads = [grad(variables, next(stream)) for _ in range(count)]
+    stacked = jax.tree.map(lambda *g: np.stack(g), *grads)
+    small, big = noise_scale.device_norms(stacked)
+    g2, trace = noise_scale.two_batch_estimates(small, big, b, count * b)
+    return {'g2': g2, 's': trace, 'b_noise': trace / g2 if g2 > 0 else math.nan}
+  return probe
+
+
+# =============================================================================== steps and gradients
+def synthetic_batch(rows: int, cfg, meta, seed=0):
+  rng = np.random.default_rng(seed)
+  return {'image': rng.normal(size=(rows, cfg.image_size, cfg.image_size, meta['channels']))
+          .astype(np.float32),
+          'label': rng.integers(0, meta['num_classes'], rows).astype(np.int32)}
+
+
+def gradient_call(cfg, meta, batch: int, devices: int = 1):
+  """t_grad's call: a function computing the gradients of one batch on this process's first
+  device, blocking until they are ready. With `devices` > 1, each of the first `devices`
+  computes its own batch at once (dispatched together, waited for together): t_grad under
+  the contention of an N-device step (emulated CPU devices share the cores)."""
+  from jaxpar import build
+  from jaxpar.mesh import make_mesh
+  from jaxpar.parallel.async_sgd import gradient_fn
+  from jaxpar.step import init_compiler_options, init_variables
+
+  targets = jax.local_devices()[:devices]
+  model = build.model(cfg, meta['num_classes'], meta['channels'],
+                      make_mesh(cfg.mesh.shape, cfg.mesh.axes, targets[:1], cfg.bn_group_size))
+  # One program, not an op at a time (ResNet34: 180 small compiles, 6 s).
+  variables = jax.jit(lambda: init_variables(
+      model.clone(bn_axis_name=None), (1, cfg.image_size, cfg.image_size, meta['channels']),
+      jax.random.key(0)), out_shardings=jax.sharding.SingleDeviceSharding(targets[0]),
+      compiler_options=init_compiler_options())()
+  grads = gradient_fn(model)
+  data = synthetic_batch(batch, cfg, meta)
+  placed = [(jax.device_put(variables, d), jax.device_put(data, d)) for d in targets]
+  rng = jax.random.key(1)
+  return lambda: jax.block_until_ready(
+      [grads(v['params'], v.get('batch_stats', {}), x, rng) for v, x in placed])
+
+
+def step_call(cfg, meta):
+  """A candidate's synchronous step on the first N devices: (the collectives of its lowered
+  program, `run()`: compiles on its first call, then one step each call, blocking)."""
+  from jaxpar import build
+  from jaxpar import config as config_lib
+  from jaxpar.mesh import make_mesh
+  from jaxpar.plan import hlo
+  from jaxpar.step import make_train_step, to_global
+
+  n = config_lib.num_devices(cfg)
+  mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
+  model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'], mesh)
+  step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps)
+  batch = to_global(mesh, synthetic_batch(config_lib.global_batch(cfg), cfg, meta))
+  rng = jax.random.key(1)
+  lowered = step.lower(state, batch, rng)
+  box = {'state': state}
+
+  def run():
+    if 'compiled' not in box:
+      box['compiled'] = lowered.compile()
+    box['state'], metrics = box['compiled'](box['state'], batch, rng)
+    jax.block_until_ready(metrics)
+  return hlo.collectives(lowered.as_text()), run

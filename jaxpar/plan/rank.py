@@ -1,0 +1,87 @@
+"""Time to the target of every candidate, T = K(B) × t_step, and the ranking.
+
+Steps K (`steps_model.BATCH`, McCandlish et al. 2018 §2.3): one serial run at batch b
+reaches the target in K_b steps; with the gradient noise scale B_noise measured along it
+(`noise_scale`),
+
+    K(B) = K_min·(1 + B_noise/B),   K_min = K_b / (1 + B_noise/b)
+
+so K(B) = K_b·(1 + B_noise/B)/(1 + B_noise/b). B_noise is read near the target (where the
+run spends its last steps); the spread of those readings gives K's range. A B_noise that
+cannot be read (|G|² not above its noise) is taken as ∞: K = K_b·b/B, perfect scaling, the
+optimistic bound — said in the row.
+
+Step time t_step ([T] eq. 4.4's t_grad plus the step's communication, the parts model of
+`analysis.steptime.compare` without the trace): predicted as t_grad(device batch) + the
+non-gradient work of the one-device step (t_step(1) − t_grad(b)) + every collective of
+the candidate's lowered program at its calibrated per-call cost (`calibrate.CallCosts`);
+then the candidates whose predicted T is close to the best are timed, and a measured step
+time replaces the prediction in T. The measured ones judge the prediction:
+|log(predicted/measured)|, reported next to the repetitions' own spread.
+"""
+import math
+
+import numpy as np
+
+
+def steps_at(k_b: float, b: float, b_noise: float, batch: float) -> float:
+  """K(B) from K_b at batch b and B_noise (∞: perfect scaling)."""
+  if not math.isfinite(b_noise):
+    return k_b * b / batch
+  return k_b * (1 + b_noise / batch) / (1 + b_noise / b)
+
+
+def noise_near_target(track: list, share: float = 1 / 3) -> tuple:
+  """(B_noise, low, high) from the readings in the last `share` of the run (at least two,
+  or all): the median and the range; (∞, ∞, ∞) where none is finite and positive."""
+  values = [r['b_noise'] for r in track]
+  tail = values[-max(2, math.ceil(len(values) * share)):]
+  finite = [v for v in tail if math.isfinite(v) and v > 0]
+  if not finite:
+    return math.inf, math.inf, math.inf
+  return float(np.median(finite)), float(min(finite)), float(max(finite))
+
+
+def predicted_step(t_grad: float, overhead: float, comm: float) -> float:
+  return t_grad + max(overhead, 0.0) + comm
+
+
+def rank(rows: list, k_b: float, b: int, noise: tuple) -> list:
+  """Adds to each row ({'candidate': Candidate, 't_predicted', 't_measured'?: [seconds]})
+  its steps 'K' [mid, low, high], step time 't_step' [mid, low, high] (measured if it was,
+  else predicted), 'T' [mid, low, high] and 'notes'; returns the rows by T, fastest first."""
+  b_noise, low, high = noise
+  for row in rows:
+    c = row['candidate']
+    ks = [steps_at(k_b, b, x, c.batch) for x in (b_noise, low, high)]
+    row['K'] = [ks[0], min(ks), max(ks)]
+    measured = row.get('t_measured')
+    if measured:
+      t = [float(np.median(measured)), float(min(measured)), float(max(measured))]
+    else:
+      t = [row['t_predicted']] * 3
+    row['t_step'] = t
+    row['T'] = [row['K'][0] * t[0], row['K'][1] * t[1], row['K'][2] * t[2]]
+    notes = []
+    if not c.exact:
+      notes.append('BN per device changes the maths: K taken as with BN over all devices')
+    if not math.isfinite(b_noise) and c.batch != b:
+      notes.append('B_noise not measurable: K at perfect scaling (optimistic)')
+    if not measured:
+      notes.append('step time predicted, not measured')
+    row['notes'] = notes
+  return sorted(rows, key=lambda r: r['T'][0])
+
+
+def table(rows: list) -> str:
+  """The ranked rows as a Markdown table."""
+  lines = ['| rank | candidate | K steps (range) | step ms: predicted / measured | '
+           'time to target s (range) | notes |', '|---:|---|---|---|---|---|']
+  for i, r in enumerate(rows, 1):
+    measured = (f"{r['t_step'][0] * 1e3:.2f} ({r['t_step'][1] * 1e3:.2f}–"
+                f"{r['t_step'][2] * 1e3:.2f})" if r.get('t_measured') else '—')
+    lines.append(f"| {i} | {r['candidate'].label} | {r['K'][0]:.0f} ({r['K'][1]:.0f}–"
+                 f"{r['K'][2]:.0f}) | {r['t_predicted'] * 1e3:.2f} / {measured} | "
+                 f"{r['T'][0]:.2f} ({r['T'][1]:.2f}–{r['T'][2]:.2f}) | "
+                 f"{'; '.join(r['notes'])} |")
+  return '\n'.join(lines)

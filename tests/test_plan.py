@@ -1,0 +1,179 @@
+"""jaxpar.plan: the steps model, the candidates, the ranking on hand-worked costs, bad input as
+one line, a plan made on emulated devices, and scheme='auto' training with a plan."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from jaxpar import config as config_lib
+from jaxpar import validation
+from jaxpar.plan import candidates, planner, probe, rank, steps_model
+from runs import ROOT, config_file, process_env
+
+
+# =============================================================================== the steps model
+def test_steps_follow_the_batch_model_from_one_serial_run():
+  # K(B) = K_min·(1 + B_noise/B): K_min = 100, B_noise = 48 → K(16) = 400, K(64) = 175.
+  assert rank.steps_at(400, 16, 48, 16) == pytest.approx(400)
+  assert rank.steps_at(400, 16, 48, 64) == pytest.approx(175)
+  assert rank.steps_at(400, 16, 48, 1e9) == pytest.approx(100, rel=1e-6)  # K_min
+  assert rank.steps_at(400, 16, math.inf, 64) == pytest.approx(100)  # perfect scaling
+  model = steps_model.batch_with_noise_scale(48)  # the same model as tta fits it
+  fitted = model.fit([16], [400])
+  assert model.predict(fitted, 64) == pytest.approx(rank.steps_at(400, 16, 48, 64))
+
+
+def test_noise_near_target_reads_the_last_third():
+  track = [{'b_noise': v} for v in (1000, 5, math.nan, 7, 9, 1, 40, 60, 50)]
+  assert rank.noise_near_target(track) == (50, 40, 60)
+  assert rank.noise_near_target([{'b_noise': math.nan}, {'b_noise': -3}]) == (math.inf,) * 3
+
+
+def test_extrapolation_follows_a_power_law_and_refuses_a_flat_curve():
+  curve = [(0, 3.0)] + [(s, 10 * s ** -0.5) for s in (10, 20, 40, 80, 160)]
+  assert steps_model.extrapolate(curve, 10 * 640 ** -0.5) == pytest.approx(640, rel=1e-6)
+  assert steps_model.extrapolate([(10, 1.0), (20, 1.0), (30, 1.1)], 0.5) is None
+
+
+# =============================================================================== candidates
+def _config(**overrides):
+  c = config_lib.defaults()
+  c.model, c.batch_norm, c.image_size = 'squeezenet', True, 16
+  c.global_batch, c.per_device_batch = 64, 16
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+def test_candidates_cover_scheme_server_n_and_bn_and_say_what_they_leave_out():
+  found, excluded = candidates.enumerate_candidates(_config(), 4)
+  labels = {c.label for c in found}
+  # N = 1: sync-split at G = 64 and sync-join at b = 16 (different batches), all-reduce only.
+  assert {c.label for c in found if c.devices == 1} == {
+      'sync-split allreduce N=1 B=64, BN all', 'sync-join allreduce N=1 B=16, BN all'}
+  # N = 2, 4: two schemes × three servers × two BN groupings.
+  assert sum(c.devices == 2 for c in found) == sum(c.devices == 4 for c in found) == 12
+  assert 'sync-join distributed N=4 B=64, BN per device' in labels
+  assert {e['method'] for e in excluded} == {'async', 'local_sgd', 'gossip'}
+  per_device = next(c for c in found if c.bn == 'device')
+  assert not per_device.exact and per_device.overrides()['bn_group_size'] == 1
+  # Without BatchNorm no grouping; a global batch that does not divide is excluded, said so.
+  found, excluded = candidates.enumerate_candidates(_config(batch_norm=False, global_batch=36), 8)
+  assert {c.bn for c in found} == {''}
+  assert [e['method'] for e in excluded][:1] == ['sync-split N=8']
+  assert [c.devices for c in found if c.scheme == 'sync-split'] == [1, 2, 2, 2, 4, 4, 4]
+
+
+def test_a_candidate_s_overrides_make_a_valid_config_of_its_method():
+  for c in candidates.enumerate_candidates(_config(), 2)[0]:
+    cfg = planner.with_overrides(_config(), c.overrides())
+    validation.validate(cfg)
+    assert config_lib.num_devices(cfg) == c.devices
+    assert config_lib.global_batch(cfg) == c.batch and config_lib.method(cfg) == c.server
+
+
+# =============================================================================== ranking
+def test_ranking_picks_the_hand_worked_fastest():
+  # K_b = 400 at b = 16, B_noise = 48: K(16) = 400, K(32) = 250, K(64) = 175.
+  c = candidates.Candidate
+  rows = [{'candidate': c('sync-join', 'allreduce', 1, 16, ''), 't_predicted': 0.010},   # 4.0 s
+          {'candidate': c('sync-join', 'allreduce', 2, 32, ''), 't_predicted': 0.015},   # 3.75
+          {'candidate': c('sync-join', 'central', 2, 32, ''), 't_predicted': 0.020},     # 5.0
+          {'candidate': c('sync-split', 'allreduce', 2, 64, ''), 't_predicted': 0.030,
+           't_measured': [0.020, 0.021, 0.019]},                                         # 3.5
+          {'candidate': c('sync-join', 'allreduce', 4, 64, ''), 't_predicted': 0.022}]   # 3.85
+  ranked = rank.rank(rows, 400, 16, (48, 48, 48))
+  assert [r['T'][0] for r in ranked] == pytest.approx([3.5, 3.75, 3.85, 4.0, 5.0])
+  assert ranked[0]['candidate'].label == 'sync-split allreduce N=2 B=64'
+  assert ranked[0]['t_step'] == [0.020, 0.019, 0.021]  # measured: median, min, max
+  assert 'step time predicted, not measured' in ranked[1]['notes']
+  # B_noise's range becomes K's: a smaller B_noise favours large batches less.
+  wide = rank.rank([dict(rows[1])], 400, 16, (48, 16, 200))[0]
+  assert wide['K'][1] < wide['K'][0] < wide['K'][2]
+  assert '| 1 | sync-split allreduce N=2 B=64 | 175 (175–175) |' in rank.table(ranked)
+
+
+# =============================================================================== bad input
+@pytest.mark.parametrize('fields, message', [
+    ({}, 'config.plan.target_loss=0.0, config.plan.target_accuracy=0.0: set exactly one'),
+    ({'plan.target_loss': 0.3, 'plan.target_accuracy': 0.9}, 'set exactly one'),
+    ({'plan.target_accuracy': 1.5}, r'config.plan.target_accuracy=1.5 is invalid'),
+    ({'plan.target_loss': -1.0}, r'config.plan.target_loss=-1.0 is invalid'),
+    ({'plan.target_loss': 0.3, 'plan.budget_s': 0.0}, r'config.plan.budget_s=0.0 is invalid'),
+    ({'plan.target_loss': 0.3, 'plan.close': 0.5}, r'config.plan.close=0.5 is invalid'),
+    ({'plan.target_loss': 0.3, 'plan.noise_batches': 1}, 'config.plan.noise_batches=1'),
+])
+def test_bad_targets_and_budgets_are_one_line(fields, message):
+  with pytest.raises(config_lib.ConfigError, match=message):
+    planner.check(_config(**fields))
+
+
+def test_an_unresolved_auto_scheme_and_a_bad_plan_file_are_one_line(tmp_path):
+  with pytest.raises(config_lib.ConfigError, match="config.scheme='auto' is invalid: jaxpar"):
+    validation.validate(_config(scheme='auto'))
+  (tmp_path / 'bad.json').write_text('{"choice": {}}')
+  with pytest.raises(config_lib.ConfigError, match=r"config.plan.file=.*bad.json' is not a plan"):
+    planner.read(str(tmp_path / 'bad.json'))
+
+
+def test_the_cli_names_the_field_before_anything_compiles():
+  done = subprocess.run(
+      [sys.executable, '-m', 'jaxpar.plan', '--config', f'{ROOT}/configs/squeezenet.py',
+       '--target_loss=0.3', '--target_accuracy=0.9'], capture_output=True, text=True,
+      env=process_env(), timeout=120)
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines()[-1].startswith('jaxpar.plan: config.plan.target_loss')
+
+
+def test_a_mesh_smaller_than_the_devices_uses_the_first_ones_in_one_process_only():
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',)})
+  validation.validate(c)
+  validation.validate_devices(c, 8, 1)
+  with pytest.raises(config_lib.ConfigError, match=r'JAX sees 8 over 2 processes'):
+    validation.validate_devices(c, 8, 2)
+
+
+# =============================================================================== a plan, and training with it
+def _plan_json(choice: candidates.Candidate, target: dict) -> dict:
+  return {'target': target, 'choice': {
+      'label': choice.label, 'overrides': choice.overrides(), 'K': [30, 20, 40],
+      'T': [1.0, 0.5, 2.0]}}
+
+
+def test_scheme_auto_trains_with_a_plan_file_and_reports_the_time_to_its_target(data_dir,
+                                                                                  tmp_path):
+  from jaxpar.train import train_and_evaluate
+  choice = candidates.Candidate('sync-join', 'allreduce', 2, 32, 'device')
+  path = tmp_path / 'plan.json'
+  path.write_text(json.dumps(_plan_json(choice, {'kind': 'loss', 'value': 10.0})))
+  c = _config(**{'dataset.data_dir': data_dir, 'scheme': 'auto', 'plan.file': str(path),
+                 'plan.eval_every': 2, 'total_steps': 4, 'optimizer.warmup_steps': 1,
+                 'checkpoint_every': 100, 'eval_batch': 64})
+  result = train_and_evaluate(c, str(tmp_path / 'run'))
+  # The plan's K upper end × 1.25 = 50 steps: the run is lengthened to reach the target.
+  assert result.step == 50
+  assert result.plan['step'] == 2 and result.plan['seconds'] > 0
+  assert result.plan['summary'].startswith('time to the target ')
+  assert result.eval['count'] == 360
+
+
+@pytest.mark.slow
+def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_close_ones(
+    data_dir, tmp_path):
+  c = _config(**{'dataset.data_dir': data_dir, 'mesh.shape': (2,), 'mesh.axes': ('data',),
+                 'plan.target_loss': 2.0, 'plan.budget_s': 600.0, 'plan.eval_every': 5,
+                 'plan.max_steps': 200, 'plan.measure_top': 2, 'plan.measure_steps': 3})
+  lines = []
+  plan = planner.make(c, log=lines.append)
+  assert plan['devices'] == 2 and plan['setting'].startswith('2 emulated CPU devices sharing')
+  assert len(plan['candidates']) == 14 and plan['candidates'][0] == plan['choice']
+  assert plan['serial']['K_how'] == 'reached' and plan['serial']['K'] <= 200
+  assert sorted(r['T'][0] for r in plan['candidates']) == [r['T'][0] for r in plan['candidates']]
+  measured = [r for r in plan['candidates'] if r.get('t_measured')]
+  assert 2 <= len(measured) <= 3  # the serial run's own candidate, and at most measure_top
+  for r in plan['candidates']:
+    assert r['K'][1] <= r['K'][0] <= r['K'][2] and r['t_predicted'] > 0
+    assert (r['collectives'] > 0) == (r['devices'] > 1)
+  json.dumps(plan)  # JSON as written
+  assert any(line.startswith('Plan [') and 'candidates predicted' in line for line in lines)
