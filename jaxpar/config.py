@@ -173,7 +173,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.plan.noise_batches = 4      # gradients per B_noise reading (0: none, perfect scaling)
   c.plan.measure_top = 4        # candidates whose steps are timed, fastest predicted first ...
   c.plan.close = 2.0            # ... among those predicted within this factor of the best
-  c.plan.measure_steps = 10     # timed steps (and t_grad calls) each
+  c.plan.measure_steps = 10     # steps of a timed window (and t_grad calls)
+  c.plan.measure_windows = 3    # timed windows of each measured candidate
   # Downpour (scheme='async'; jaxpar/parallel/async_sgd.py, async_ray.py, docs/async.md).
   c.async_sgd = ml_collections.ConfigDict()
   # threads: a thread per device of this process (one host); ray: a Ray actor (process)

@@ -74,6 +74,8 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   global_batch = config_lib.global_batch(cfg)
   total_steps = cfg.total_steps or math.ceil(
       cfg.num_epochs * source.num_train_global / global_batch)
+  if plan:
+    total_steps = planner.run_length(plan, total_steps)
   validation.validate_schedule(cfg, total_steps)
   logging.info('%s, %s: global batch %d on mesh %s %s, %d steps; %d train / %d test examples.',
                cfg.model + (' with BatchNorm after each convolution (config.batch_norm=True, '
@@ -154,7 +156,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   return Result(eval=results, train_loss=reporter.history, step=step,
                 examples_seen=int(state.examples_seen), wall_time=wall_time,
                 stopped_by=stopped_by, checkpoint=checkpoints.latest(),
-                plan=clock.outcome(step) if clock else {})
+                plan=clock.write(workdir, step) if clock else {})
 
 
 def _check_workdir(workdir: str) -> None:

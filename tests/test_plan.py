@@ -9,8 +9,8 @@ import pytest
 
 from jaxpar import config as config_lib
 from jaxpar import validation
-from jaxpar.plan import candidates, planner, probe, rank, steps_model
-from runs import ROOT, config_file, process_env
+from jaxpar.plan import candidates, planner, rank, steps_model
+from runs import ROOT, process_env
 
 
 # =============================================================================== the steps model
@@ -91,7 +91,7 @@ def test_ranking_picks_the_hand_worked_fastest():
   # B_noise's range becomes K's: a smaller B_noise favours large batches less.
   wide = rank.rank([dict(rows[1])], 400, 16, (48, 16, 200))[0]
   assert wide['K'][1] < wide['K'][0] < wide['K'][2]
-  assert '| 1 | sync-split allreduce N=2 B=64 | 175 (175–175) |' in rank.table(ranked)
+  assert '| 1 (choice) | sync-split allreduce N=2 B=64 | 175 (175–175) |' in rank.table(ranked)
 
 
 # =============================================================================== bad input
@@ -155,6 +155,8 @@ def test_scheme_auto_trains_with_a_plan_file_and_reports_the_time_to_its_target(
   assert result.step == 50
   assert result.plan['step'] == 2 and result.plan['seconds'] > 0
   assert result.plan['summary'].startswith('time to the target ')
+  written = json.loads((tmp_path / 'run' / planner.OUTCOME_FILE).read_text())
+  assert written['step'] == 2 and written['choice'] == choice.label
   assert result.eval['count'] == 360
 
 
@@ -163,17 +165,39 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
     data_dir, tmp_path):
   c = _config(**{'dataset.data_dir': data_dir, 'mesh.shape': (2,), 'mesh.axes': ('data',),
                  'plan.target_loss': 2.0, 'plan.budget_s': 600.0, 'plan.eval_every': 5,
-                 'plan.max_steps': 200, 'plan.measure_top': 2, 'plan.measure_steps': 3})
+                 'plan.max_steps': 200, 'plan.measure_top': 2, 'plan.measure_steps': 3,
+                 'plan.measure_windows': 3})
   lines = []
   plan = planner.make(c, log=lines.append)
   assert plan['devices'] == 2 and plan['setting'].startswith('2 emulated CPU devices sharing')
-  assert len(plan['candidates']) == 14 and plan['candidates'][0] == plan['choice']
+  assert len(plan['candidates']) == 14
+  assert plan['candidates'][plan['choice_rank'] - 1] == plan['choice'] and plan['choice']['exact']
+  assert all(not r['exact'] for r in plan['candidates'][:plan['choice_rank'] - 1])
   assert plan['serial']['K_how'] == 'reached' and plan['serial']['K'] <= 200
   assert sorted(r['T'][0] for r in plan['candidates']) == [r['T'][0] for r in plan['candidates']]
   measured = [r for r in plan['candidates'] if r.get('t_measured')]
-  assert 2 <= len(measured) <= 3  # the serial run's own candidate, and at most measure_top
+  assert measured and plan['choice'].get('t_measured')  # the choice is never unmeasured
+  assert all(len(r['t_measured']) == 3 for r in measured)  # measure_windows, side by side
   for r in plan['candidates']:
     assert r['K'][1] <= r['K'][0] <= r['K'][2] and r['t_predicted'] > 0
     assert (r['collectives'] > 0) == (r['devices'] > 1)
   json.dumps(plan)  # JSON as written
   assert any(line.startswith('Plan [') and 'candidates predicted' in line for line in lines)
+
+
+def test_training_and_the_plan_import_nothing_of_analysis():
+  done = subprocess.run(
+      [sys.executable, '-c', 'import sys, jaxpar.train, jaxpar.plan.planner, jaxpar.plan.probe; '
+       "print(sorted(m for m in sys.modules if m.split('.')[0] == 'analysis'))"],
+      capture_output=True, text=True, env=process_env(), timeout=120, cwd=ROOT)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == '[]'
+
+
+def test_the_regret_tool_passes_the_config_on_as_given():
+  from analysis.accuracy import plan_regret
+  argv = ['--config', 'configs/thesis.py:net=resnet34', '--config.image_size=16',
+          '--config.mesh.shape', '(2,)', '--plan', 'p.json', '--seeds=2']
+  assert plan_regret.config_args(argv) == ['--config', 'configs/thesis.py:net=resnet34',
+                                           '--config.image_size=16', '--config.mesh.shape',
+                                           '(2,)']

@@ -3,30 +3,34 @@ plan's target, and the regret of its choice.
 
   python -m analysis.accuracy.plan_regret --config configs/squeezenet.py \\
       --config.image_size=16 --config.mesh.shape='(2,)' --plan plan.json \\
-      --candidates 6 --seeds 2 --out regret.json
+      --ranks 1,2,3,4,5,8,12 --seeds 2 --out regret.json
 
-For each of the first --candidates rows of the plan (`python -m jaxpar.plan`; the choice
-is the first) and each seed, `jaxpar.train` trains the config with that row as the plan's
+For each of the plan's rows at --ranks (`python -m jaxpar.plan`; its choice always among
+them) and each seed, `python -m jaxpar.train` trains the config with that row as the plan's
 choice (`scheme=auto`, `plan.file`: the row's scheme, server, N, batch and BN grouping, a
-constant rate after warm-up), evaluating the plan's target every `plan.eval_every` steps,
-and the training time to the target is measured (`planner.TargetClock`: from the end of the
-first step, which compiles, evaluations excluded) — on the devices the plan was made on.
+constant rate after warm-up), each run a process of its own as a user runs it (several runs
+in one process slowed the later ones' 2-device steps 1.6× here), seed by seed with every row
+in turn. `plan.eval_every` steps apart the target's metric is evaluated, and the training
+time to the target is measured (`planner.TargetClock`: from the end of the first step, which
+compiles, evaluations excluded) on the devices the plan was made on.
+
 A row's measured T is its seeds' mean; the regret of the plan is the choice's measured T ÷
 the smallest measured T (1 = it picked the fastest of those run). Beside each: the plan's
 predicted K and T, and the error |log(predicted/measured)| of both.
 """
-import copy
 import datetime
 import json
 import math
 import os
+import shlex
+import subprocess
 import sys
 import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import numpy as np  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -34,56 +38,80 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   config_flags.DEFINE_config_file('config', None, 'The configs/*.py file[:arg] the plan was '
-                                  'made for.', lock_config=False)
+                                  'made for (with its --config.* overrides).', lock_config=False)
   flags.DEFINE_string('plan', None, 'The plan (`python -m jaxpar.plan --out`).')
-  flags.DEFINE_integer('candidates', 6, 'How many of its ranked rows to train (the first is '
-                       'the choice).')
+  flags.DEFINE_list('ranks', ['1', '2', '3', '4', '5', '6'], "The plan's ranks to train (and "
+                    'its choice, always).')
   flags.DEFINE_integer('seeds', 2, 'Seeds of every row.')
   flags.DEFINE_string('out', None, 'The JSON file to write.')
 
 
-def run(cfg, plan: dict, rows: int, seeds: int) -> dict:
-  from jaxpar import config as config_lib
-  from jaxpar import mesh as mesh_lib
+def config_args(argv: list) -> list:
+  """The --config and --config.* arguments of a command line, as given."""
+  out, take = [], False
+  for arg in argv:
+    if take:
+      out.append(arg)
+      take = False
+    elif arg == '--config' or (arg.startswith('--config.') and '=' not in arg):
+      out.append(arg)
+      take = True
+    elif arg.startswith('--config=') or arg.startswith('--config.'):
+      out.append(arg)
+  return out
+
+
+def train(configuration: list, plan_file: str, seed: int, workdir: str) -> dict:
+  """One `python -m jaxpar.train` with the plan (a fresh process, as a user runs it): its
+  `plan_outcome.json`."""
+  from jaxpar.plan import planner
+  command = [sys.executable, '-m', 'jaxpar.train', *configuration, '--config.scheme=auto',
+             f'--config.plan.file={plan_file}', f'--config.seed={seed}',
+             '--config.total_steps=0', '--config.eval_every=0',
+             '--config.checkpoint_every=1000000000', f'--workdir={workdir}']
+  done = subprocess.run(command, capture_output=True, text=True)
+  if done.returncode:
+    raise RuntimeError(f'{shlex.join(command)} failed: {done.stderr[-3000:]}')
+  with open(os.path.join(workdir, planner.OUTCOME_FILE)) as f:
+    return json.load(f)
+
+
+def run(configuration: list, plan: dict, ranks: list, seeds: int) -> dict:
   from jaxpar.plan import probe
-  from jaxpar.train import train_and_evaluate
-  if cfg.mesh.emulate_cpu_devices:
-    mesh_lib.emulate_cpu_devices(plan['devices'])
-  results = []
+  chosen = plan.get('choice_rank', 1) - 1
+  indices = sorted({chosen} | {r - 1 for r in ranks})
+  runs = {i: [] for i in indices}
   with tempfile.TemporaryDirectory() as scratch:
-    for i, row in enumerate(plan['candidates'][:rows]):
-      one = {**plan, 'choice': row}
-      path = os.path.join(scratch, f'plan_{i}.json')
-      with open(path, 'w') as f:
-        json.dump(one, f)
-      runs = []
-      for seed in range(seeds):
-        c = copy.deepcopy(cfg)
-        c.unlock()
-        c.scheme, c.plan.file, c.seed = 'auto', path, seed
-        c.eval_every, c.checkpoint_every = 0, 10**9
-        c.total_steps = 0
-        result = train_and_evaluate(c, os.path.join(scratch, f'run_{i}_{seed}'))
-        runs.append({'seed': seed, 'step': result.plan['step'],
-                     'seconds': result.plan['seconds'], 'top1': result.eval.get('top1')})
-        print(f"{row['label']} seed {seed}: {result.plan['summary']}", file=sys.stderr,
-              flush=True)
-      reached = [r for r in runs if r['seconds'] is not None]
-      measured = (float(np.mean([r['seconds'] for r in reached])) if len(reached) == seeds
-                  else None)
-      steps = float(np.mean([r['step'] for r in reached])) if len(reached) == seeds else None
-      results.append({'rank': i + 1, 'label': row['label'], 'predicted_T': row['T'],
-                      'predicted_K': row['K'], 'measured_T': measured, 'measured_K': steps,
-                      'T_error': _error(row['T'][0], measured),
-                      'K_error': _error(row['K'][0], steps), 'runs': runs})
+    # Seed by seed, every row in turn: a machine whose speed drifts moves every row alike.
+    for seed in range(seeds):
+      for i in indices:
+        row = plan['candidates'][i]
+        path = os.path.join(scratch, f'plan_{i}.json')
+        with open(path, 'w') as f:
+          json.dump({**plan, 'choice': row}, f)
+        outcome = train(configuration, path, seed, os.path.join(scratch, f'run_{i}_{seed}'))
+        runs[i].append({'seed': seed, 'step': outcome['step'], 'seconds': outcome['seconds']})
+        print(f"{row['label']} seed {seed}: {outcome['summary']}", file=sys.stderr, flush=True)
+  results = []
+  for i in indices:
+    row = plan['candidates'][i]
+    reached = [r for r in runs[i] if r['seconds'] is not None]
+    measured = (float(np.mean([r['seconds'] for r in reached])) if len(reached) == seeds
+                else None)
+    steps = float(np.mean([r['step'] for r in reached])) if len(reached) == seeds else None
+    results.append({'rank': i + 1, 'choice': i == chosen, 'label': row['label'],
+                    'predicted_T': row['T'],
+                    'predicted_K': row['K'], 'measured_T': measured, 'measured_K': steps,
+                    'T_error': _error(row['T'][0], measured),
+                    'K_error': _error(row['K'][0], steps), 'runs': runs[i]})
   done = [r for r in results if r['measured_T'] is not None]
   best = min(done, key=lambda r: r['measured_T']) if done else None
-  choice = results[0]
+  choice = next(r for r in results if r['choice'])
   regret = (choice['measured_T'] / best['measured_T']
             if best and choice['measured_T'] is not None else None)
   return {'tool': 'analysis.accuracy.plan_regret',
           'created': datetime.datetime.now().isoformat(timespec='seconds'),
-          'command': ' '.join(['python -m analysis.accuracy.plan_regret', *sys.argv[1:]]),
+          'command': 'python -m analysis.accuracy.plan_regret ' + shlex.join(sys.argv[1:]),
           'machine': probe.machine(), 'versions': probe.versions(),
           'network': plan['network'], 'image_size': plan['image_size'],
           'setting': plan['setting'], 'target': plan['target'],
@@ -106,14 +134,21 @@ def _median(values):
 def table(result: dict) -> str:
   """Predicted against measured time to the target, by the plan's rank (Markdown)."""
   lines = ['| plan rank | candidate | K predicted (range) | K measured | T predicted s (range) '
-           '| T measured s | T error |', '|---:|---|---|---:|---|---:|---:|']
+           '| T measured s (seeds) | T error |', '|---:|---|---|---:|---|---|---:|']
   for r in result['rows']:
     k, t = r['predicted_K'], r['predicted_T']
     lines.append(
-        f"| {r['rank']} | {r['label']} | {k[0]:.0f} ({k[1]:.0f}–{k[2]:.0f}) | "
+        f"| {r['rank']}{' (choice)' if r['choice'] else ''} | {r['label']} | "
+        f"{k[0]:.0f} ({k[1]:.0f}–{k[2]:.0f}) | "
         f"{_cell(r['measured_K'], '.0f')} | {t[0]:.2f} ({t[1]:.2f}–{t[2]:.2f}) | "
-        f"{_cell(r['measured_T'], '.2f')} | {_cell(r['T_error'], '.0%')} |")
+        f"{_cell(r['measured_T'], '.2f')}{_seeds(r)} | {_cell(r['T_error'], '.0%')} |")
   return '\n'.join(lines)
+
+
+def _seeds(row) -> str:
+  seconds = [f"{r['seconds']:.2f}" if r['seconds'] is not None else 'not reached'
+             for r in row['runs']]
+  return f" ({', '.join(seconds)})" if len(seconds) > 1 else ''
 
 
 def _cell(value, spec):
@@ -121,14 +156,14 @@ def _cell(value, spec):
 
 
 def main(argv):
-  from jaxpar import metrics
   from jaxpar.plan import planner
-  metrics.quiet_libraries()
-  logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   plan = planner.read(FLAGS.plan)
-  result = run(FLAGS.config, plan, FLAGS.candidates, FLAGS.seeds)
+  ranks = [int(r) for r in FLAGS.ranks]
+  if any(not 1 <= r <= len(plan['candidates']) for r in ranks):
+    raise app.UsageError(f"--ranks: the plan ranks 1..{len(plan['candidates'])}")
+  result = run(config_args(sys.argv[1:]), plan, ranks, FLAGS.seeds)
   with open(FLAGS.out, 'w') as f:
     json.dump(result, f, indent=1)
   print(table(result))
@@ -141,3 +176,53 @@ if __name__ == '__main__':
   define_flags()
   flags.mark_flags_as_required(['config', 'plan', 'out'])
   app.run(main)
+
+
+def summary_table(pairs: list) -> str:
+  """One row per (plan, regret) pair: what the plan chose and how it fared end to end."""
+  lines = ['| network | devices | target | candidates ranked | planning | choice | T predicted '
+           '| T measured (seeds) | best measured | regret | median T error (K) |',
+           '|---|---|---|---:|---:|---|---:|---:|---|---:|---:|']
+  for plan, result in pairs:
+    choice = next(r for r in result['rows'] if r['choice'])
+    seconds = [r['seconds'] for r in choice['runs'] if r['seconds'] is not None]
+    spread = f" ({min(seconds):.2f}–{max(seconds):.2f})" if len(seconds) > 1 else ''
+    target = plan['target']
+    lines.append(
+        f"| {plan['network']} {plan['image_size']}² | {plan['setting']} | {target['kind']} "
+        f"{target['value']:g} | {len(plan['candidates'])} ({len(result['rows'])} trained × "
+        f"{result['seeds']} seeds) | {plan['planning_s']:.0f} s | {choice['label']} | "
+        f"{choice['predicted_T'][0]:.2f} s | {_cell(choice['measured_T'], '.2f')} s{spread} | "
+        f"{result['best_measured']} | {_cell(result['regret'], '.2f')} | "
+        f"{_cell(result['median_T_error'], '.0%')} ({_cell(result['median_K_error'], '.0%')}) |")
+  return '\n'.join(lines)
+
+
+def report(plan: dict, result: dict) -> str:
+  """The plan's ranked table and its end-to-end check, as one Markdown page."""
+  from jaxpar.plan import planner
+  m, v = plan['machine'], plan['versions']
+  lines = [f"# Plan: {plan['network']} at {plan['image_size']}², {plan['setting']}", '',
+           f"Target: {plan['target']['kind']} {plan['target']['value']:g}. Plan made "
+           f"{plan['created']} on {m['cores']} cores of {m['cpu'] or m['system']} "
+           f"({m['memory_bytes'] / 2**30:.0f} GiB), Python {m['python']}, jax {v['jax']}, "
+           f"flax {v['flax']}, in {plan['planning_s']:.0f} s (budget {plan['budget_s']:g} s): "
+           f"`{plan.get('command', 'python -m jaxpar.plan')}`.", '',
+           f"Serial run at b = {plan['serial']['batch']}: K_b = {plan['serial']['K']:.0f} steps "
+           f"({plan['serial']['K_how']}), B_noise {plan['serial']['B_noise'][0]:.0f} "
+           f"({plan['serial']['B_noise'][1]:.0f}–{plan['serial']['B_noise'][2]:.0f}) near the "
+           'target.', '', '## Ranked by predicted time to the target', '',
+           planner.table(plan), '']
+  lines += [f"- not ranked: {e['method']}: {e['reason']}" for e in plan['excluded']]
+  choice = next(r for r in result['rows'] if r['choice'])
+  seconds = [r['seconds'] for r in choice['runs'] if r['seconds'] is not None]
+  spread = (f"; the choice's seeds differ by {math.log(max(seconds) / min(seconds)):.0%}"
+            if len(seconds) > 1 else '')
+  lines += ['', '## Trained to the target', '',
+            f"{result['seeds']} seeds each, {result['created']}: `{result['command']}`.", '',
+            table(result), '',
+            f"Regret of the plan's choice: {_cell(result['regret'], '.3f')} (best measured: "
+            f"{result['best_measured']}); median |log(predicted/measured)| of T "
+            f"{_cell(result['median_T_error'], '.0%')}, of K {_cell(result['median_K_error'], '.0%')}"
+            f"{spread}."]
+  return '\n'.join(lines)

@@ -77,6 +77,17 @@ def _end_to_end(pattern):
   return end_to_end.report(_load(pattern)[0])
 
 
+def _plan(name):
+  from analysis.accuracy import plan_regret
+  return plan_regret.report(*_load(f'plan/{name}.json', f'plan/{name}_regret.json'))
+
+
+def _plan_summary(*names):
+  from analysis.accuracy import plan_regret
+  return plan_regret.summary_table(
+      [tuple(_load(f'plan/{n}.json', f'plan/{n}_regret.json')) for n in names])
+
+
 def _config_runs(*names):
   from analysis.benchmarks import config_runs
   return config_runs.table(_load('configs/digits.json')[0], names)
@@ -117,6 +128,8 @@ FILES = {
                                                    'accuracy/resnet34_16_steps.json'),
     'accuracy/squeezenet16_end_to_end.md': lambda: _end_to_end(
         'accuracy/squeezenet16_end_to_end.json'),
+    'plan/squeezenet16.md': lambda: _plan('squeezenet16'),
+    'plan/resnet34_16.md': lambda: _plan('resnet34_16'),
 }
 
 # A table named in README.md or docs/*.md ← what generates it.
@@ -137,6 +150,7 @@ TABLES = {
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
     'bench-methods': _methods,
+    'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16'),
 }
 
 _MARKED = re.compile(r'(<!-- generated: (?P<name>[\w-]+) \(python -m analysis\.report\) -->\n)'

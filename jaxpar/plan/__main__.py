@@ -10,6 +10,7 @@ writes the plan; `python -m jaxpar.train --config ... --config.scheme=auto
 """
 import json
 import os
+import shlex
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -58,6 +59,7 @@ def main(argv):
   except config_lib.RunError as e:
     print(f'{e}', file=sys.stderr)
     sys.exit(1)
+  plan['command'] = 'python -m jaxpar.plan ' + shlex.join(sys.argv[1:])
   with open(_OUT.value, 'w') as f:
     json.dump(plan, f, indent=1)
   print(f"{plan['network']} {plan['image_size']}², {plan['setting']}, target "

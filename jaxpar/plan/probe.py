@@ -80,8 +80,9 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
                deadline: float, noise_batches: int, log=print) -> dict:
   """Trains `cfg` (a one-device config, `one_device_overrides`) from its initial weights
   until the target, `max_steps` or `deadline` (time.perf_counter()): {'curve': [(step,
-  metric)], 'K': steps to the target or None, 'step_seconds': each step's time after the
-  first (which compiles), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why}."""
+  metric)], 'K': steps to the target or None, 'step_seconds': the mean step time of each
+  window between evaluations (steps dispatched as training does, evaluations excluded, the
+  first step's compilation too), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why}."""
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.evaluation import evaluate
@@ -104,13 +105,17 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
 
   loop = build.loop(cfg, model, tx, mesh, method, source, state, max_steps, rng_dropout)
   curve, seconds, track, stopped = [(0, measured(state))], [], [], 'max_steps'
+  mark, since = None, 0
   for step in range(1, max_steps + 1):
-    start = time.perf_counter()
     state, metrics = loop(state)
-    jax.block_until_ready(metrics)
-    if step > 1:
-      seconds.append(time.perf_counter() - start)
+    since += 1
+    if step == 1:  # compiles: the clock starts after it
+      jax.block_until_ready(metrics)
+      mark, since = time.perf_counter(), 0
     if step % eval_every == 0 or step == max_steps:
+      jax.block_until_ready(metrics)
+      if since:  # steps as training runs them, dispatched ahead, blocked once a window
+        seconds.append((time.perf_counter() - mark) / since)
       curve.append((step, measured(state)))
       if noise:
         track.append({'step': step, **noise(method.variables(state))})
@@ -122,6 +127,7 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
       if time.perf_counter() > deadline:
         stopped = 'time'
         break
+      mark, since = time.perf_counter(), 0
   loop.close()
   return {'curve': curve, 'K': steps_model.reached(curve, target.threshold),
           'step_seconds': seconds, 'noise': track, 'stopped': stopped}
@@ -183,9 +189,10 @@ def gradient_call(cfg, meta, batch: int, devices: int = 1):
       [grads(v['params'], v.get('batch_stats', {}), x, rng) for v, x in placed])
 
 
-def step_call(cfg, meta):
+def step_call(cfg, meta, source):
   """A candidate's synchronous step on the first N devices: (the collectives of its lowered
-  program, `run()`: compiles on its first call, then one step each call, blocking)."""
+  program, `window(k)`: the mean time of k steps of the training loop on `source`'s
+  batches — dispatched ahead as training does, blocked at the end; its first call compiles)."""
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
@@ -197,13 +204,24 @@ def step_call(cfg, meta):
   model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'], mesh)
   step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps)
   batch = to_global(mesh, synthetic_batch(config_lib.global_batch(cfg), cfg, meta))
-  rng = jax.random.key(1)
-  lowered = step.lower(state, batch, rng)
+  collectives = hlo.collectives(step.lower(state, batch, jax.random.key(1)).as_text())
   box = {'state': state}
 
-  def run():
-    if 'compiled' not in box:
-      box['compiled'] = lowered.compile()
-    box['state'], metrics = box['compiled'](box['state'], batch, rng)
+  def window(k: int) -> float:
+    if 'loop' not in box:  # from the latest state (the step donates the one it is given)
+      box['loop'] = build.loop(cfg, model, tx, mesh, strategy, source, box['state'], 10**6,
+                               jax.random.key(1))
+      box['state'], metrics = box['loop'](box['state'])
+      jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for _ in range(k):
+      box['state'], metrics = box['loop'](box['state'])
     jax.block_until_ready(metrics)
-  return hlo.collectives(lowered.as_text()), run
+    return (time.perf_counter() - start) / k
+
+  def close():
+    if 'loop' in box:
+      box.pop('loop').close()
+
+  window.close = close
+  return collectives, window

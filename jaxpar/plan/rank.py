@@ -64,7 +64,8 @@ def rank(rows: list, k_b: float, b: int, noise: tuple) -> list:
     row['T'] = [row['K'][0] * t[0], row['K'][1] * t[1], row['K'][2] * t[2]]
     notes = []
     if not c.exact:
-      notes.append('BN per device changes the maths: K taken as with BN over all devices')
+      notes.append('BN per device changes the maths: K taken as with BN over all devices; '
+                   'ranked, never chosen')
     if not math.isfinite(b_noise) and c.batch != b:
       notes.append('B_noise not measurable: K at perfect scaling (optimistic)')
     if not measured:
@@ -73,14 +74,14 @@ def rank(rows: list, k_b: float, b: int, noise: tuple) -> list:
   return sorted(rows, key=lambda r: r['T'][0])
 
 
-def table(rows: list) -> str:
-  """The ranked rows as a Markdown table."""
+def table(rows: list, choice: int = 1) -> str:
+  """The ranked rows as a Markdown table, the choice's rank (1-based) marked."""
   lines = ['| rank | candidate | K steps (range) | step ms: predicted / measured | '
            'time to target s (range) | notes |', '|---:|---|---|---|---|---|']
   for i, r in enumerate(rows, 1):
     measured = (f"{r['t_step'][0] * 1e3:.2f} ({r['t_step'][1] * 1e3:.2f}–"
                 f"{r['t_step'][2] * 1e3:.2f})" if r.get('t_measured') else '—')
-    lines.append(f"| {i} | {r['candidate'].label} | {r['K'][0]:.0f} ({r['K'][1]:.0f}–"
+    lines.append(f"| {i}{' (choice)' if i == choice else ''} | {r['candidate'].label} | {r['K'][0]:.0f} ({r['K'][1]:.0f}–"
                  f"{r['K'][2]:.0f}) | {r['t_predicted'] * 1e3:.2f} / {measured} | "
                  f"{r['T'][0]:.2f} ({r['T'][1]:.2f}–{r['T'][2]:.2f}) | "
                  f"{'; '.join(r['notes'])} |")
