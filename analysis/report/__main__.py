@@ -130,6 +130,7 @@ FILES = {
         'accuracy/squeezenet16_end_to_end.json'),
     'plan/squeezenet16.md': lambda: _plan('squeezenet16'),
     'plan/resnet34_16.md': lambda: _plan('resnet34_16'),
+    'plan/googlenet16.md': lambda: _plan('googlenet16'),
 }
 
 # A table named in README.md or docs/*.md ← what generates it.
@@ -150,7 +151,7 @@ TABLES = {
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
     'bench-methods': _methods,
-    'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16'),
+    'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
 }
 
 _MARKED = re.compile(r'(<!-- generated: (?P<name>[\w-]+) \(python -m analysis\.report\) -->\n)'
