@@ -171,13 +171,16 @@ def make(cfg, log=logging.info) -> dict:
   # one: candidates that measurement moves ahead are timed in turn with the best measured.
   best = ranked[0]['T'][0]
   group = [r for r in ranked if r['T'][0] <= p.close * best][:p.measure_top] or ranked[:1]
-  for _ in range(3):
+  while True:  # each round measures at least one exact candidate not yet measured: it ends
     group = _measure(group, calls_of, p, deadline, log, started)
     ranked = rank.rank(rows, k_b, b, noise)
-    leader = _leader(ranked)
-    if leader.get('t_measured') or time.perf_counter() > deadline:
+    if _leader(ranked).get('t_measured'):
       break
     measured = next((r for r in ranked if r['candidate'].exact and r.get('t_measured')), None)
+    if time.perf_counter() > deadline and measured:
+      log('Plan: budget spent before the fastest predicted candidate was measured: the choice '
+          'is the fastest measured one.')
+      break
     ahead = [r for r in ranked if r['candidate'].exact and not r.get('t_measured')
              and (measured is None or r['T'][0] < measured['T'][0])]
     group = ahead[:max(1, p.measure_top - 1)] + ([measured] if measured else [])
@@ -185,6 +188,8 @@ def make(cfg, log=logging.info) -> dict:
   ranked = rank.rank(rows, k_b, b, noise)
   elapsed = time.perf_counter() - started
   choice = _leader(ranked)
+  if not choice.get('t_measured'):  # the budget stopped measuring: the fastest measured
+    choice = next((r for r in ranked if r['candidate'].exact and r.get('t_measured')), choice)
   # The one-device step at b is its own prediction's input: not judged.
   errors = [abs(math.log(r['t_predicted'] / np.median(r['t_measured']))) for r in ranked
             if r.get('t_measured') and (r['candidate'].devices, r['candidate'].batch) != (1, b)]
