@@ -33,6 +33,8 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from jaxpar.plan import steps_model  # noqa: E402
+
 FLAGS = flags.FLAGS
 
 
@@ -123,7 +125,13 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int) -> dict:
 
 
 def _error(predicted, measured):
-  return None if not measured else abs(math.log(predicted / measured))
+  return None if not measured else abs(steps_model.log_error(predicted, measured))
+
+
+def _choice(result: dict) -> tuple:
+  """(the choice's row, its seeds' times to the target, those that reached it)."""
+  row = next(r for r in result['rows'] if r['choice'])
+  return row, [r['seconds'] for r in row['runs'] if r['seconds'] is not None]
 
 
 def _median(values):
@@ -184,8 +192,7 @@ def summary_table(pairs: list) -> str:
            '| T measured (seeds) | best measured | regret | median T error (K) |',
            '|---|---|---|---:|---:|---|---:|---:|---|---:|---:|']
   for plan, result in pairs:
-    choice = next(r for r in result['rows'] if r['choice'])
-    seconds = [r['seconds'] for r in choice['runs'] if r['seconds'] is not None]
+    choice, seconds = _choice(result)
     spread = f" ({min(seconds):.2f}–{max(seconds):.2f})" if len(seconds) > 1 else ''
     target = plan['target']
     lines.append(
@@ -214,8 +221,7 @@ def report(plan: dict, result: dict) -> str:
            'target.', '', '## Ranked by predicted time to the target', '',
            planner.table(plan), '']
   lines += [f"- not ranked: {e['method']}: {e['reason']}" for e in plan['excluded']]
-  choice = next(r for r in result['rows'] if r['choice'])
-  seconds = [r['seconds'] for r in choice['runs'] if r['seconds'] is not None]
+  _, seconds = _choice(result)
   spread = (f"; the choice's seeds differ by {math.log(max(seconds) / min(seconds)):.0%}"
             if len(seconds) > 1 else '')
   lines += ['', '## Trained to the target', '',

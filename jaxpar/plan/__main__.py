@@ -32,7 +32,6 @@ _OUT = flags.DEFINE_string('out', 'plan.json', 'The plan to write.')
 
 
 def main(argv):
-  from jaxpar import mesh as mesh_lib
   from jaxpar.plan import planner
   metrics.quiet_libraries()
   logging.set_verbosity(logging.WARNING)  # the plan prints its own progress
@@ -44,15 +43,8 @@ def main(argv):
     if flag.value is not None:
       cfg.plan[field] = flag.value
   try:
-    if cfg.scheme == 'auto':
-      cfg.scheme = 'sync-join'
-    from jaxpar import host_memory, validation
-    validation.validate(planner.with_overrides(cfg, {}))
-    planner.check(cfg)
-    host_memory.keep_freed_memory(cfg.host_memory)
-    if cfg.mesh.emulate_cpu_devices:
-      mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg))
-    plan = planner.make(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    plan = planner.make(planner.prepare(cfg),
+                        log=lambda line: print(line, file=sys.stderr, flush=True))
   except config_lib.ConfigError as e:
     print(f'jaxpar.plan: {e}', file=sys.stderr)
     sys.exit(2)
@@ -69,12 +61,12 @@ def main(argv):
   for e in plan['excluded']:
     print(f"not ranked: {e['method']}: {e['reason']}")
   c = plan['choice']
-  error = plan['step_prediction_error']['median_abs_log']
+  error = plan['step_prediction_error']
   print(f"\nchoice: {c['label']} — {c['K'][0]:.0f} steps × {c['t_step'][0] * 1e3:.2f} ms = "
         f"{c['T'][0]:.2f} s to the target ({c['T'][1]:.2f}–{c['T'][2]:.2f} s); planned in "
         f"{plan['planning_s']:.0f} s"
-        + (f"; step-time predictions off by {error:.0%} (median, {plan['step_prediction_error']['measured']} measured)"
-           if error is not None else ''))
+        + (f"; step-time predictions off by {error['median_abs_log']:.0%} (median, "
+           f"{error['measured']} measured)" if error['median_abs_log'] is not None else ''))
   print(f'plan written to {_OUT.value}; train with it: python -m jaxpar.train --config ... '
         f'--config.scheme=auto --config.plan.file={_OUT.value} --workdir ...')
   logging.flush()

@@ -63,10 +63,9 @@ def target_of(cfg) -> probe.Target:
 def check(cfg) -> probe.Target:
   """The plan's fields, one line each, before anything compiles."""
   p = cfg.plan
-  for field in ('budget_s',):
-    if not isinstance(p[field], (int, float)) or p[field] <= 0:
-      raise config_lib.ConfigError(f'config.plan.{field}={p[field]!r} is invalid: a positive '
-                                   f'number of seconds, e.g. 180')
+  if not isinstance(p.budget_s, (int, float)) or p.budget_s <= 0:
+    raise config_lib.ConfigError(f'config.plan.budget_s={p.budget_s!r} is invalid: a positive '
+                                 f'number of seconds, e.g. 180')
   if not isinstance(p.close, (int, float)) or p.close < 1:
     raise config_lib.ConfigError(f'config.plan.close={p.close!r} is invalid: a factor of at '
                                  f'least 1 on the best predicted time, e.g. 2')
@@ -123,8 +122,9 @@ def make(cfg, log=logging.info) -> dict:
         f"config.plan.budget_s or config.plan.max_steps, or choose a nearer target")
   noise = rank.noise_near_target(serial['noise']) if serial['noise'] else (math.inf,) * 3
   t_one = float(np.median(serial['step_seconds'])) if serial['step_seconds'] else None
-  log(f'Plan [{time.perf_counter() - started:.0f} s]: K_b = {k_b:.0f} steps at b = {b} ({how}), B_noise = {noise[0]:.1f} '
-      f'({noise[1]:.1f}–{noise[2]:.1f}), one-device step {1e3 * (t_one or 0):.2f} ms.')
+  log(f'Plan [{time.perf_counter() - started:.0f} s]: K_b = {k_b:.0f} steps at b = {b} ({how}), '
+      f'B_noise = {noise[0]:.1f} ({noise[1]:.1f}–{noise[2]:.1f}), one-device step '
+      f'{1e3 * (t_one or 0):.2f} ms.')
 
   # --------------------------------------------------------------- 2. t_grad per device batch
   # On N devices at once where a candidate computes on N (emulated CPU devices share cores).
@@ -176,7 +176,7 @@ def make(cfg, log=logging.info) -> dict:
     ranked = rank.rank(rows, k_b, b, noise)
     if _leader(ranked).get('t_measured'):
       break
-    measured = next((r for r in ranked if r['candidate'].exact and r.get('t_measured')), None)
+    measured = _fastest_measured(ranked)
     if time.perf_counter() > deadline and measured:
       log('Plan: budget spent before the fastest predicted candidate was measured: the choice '
           'is the fastest measured one.')
@@ -185,11 +185,10 @@ def make(cfg, log=logging.info) -> dict:
              and (measured is None or r['T'][0] < measured['T'][0])]
     group = ahead[:max(1, p.measure_top - 1)] + ([measured] if measured else [])
   calls_of.clear()
-  ranked = rank.rank(rows, k_b, b, noise)
   elapsed = time.perf_counter() - started
   choice = _leader(ranked)
   if not choice.get('t_measured'):  # the budget stopped measuring: the fastest measured
-    choice = next((r for r in ranked if r['candidate'].exact and r.get('t_measured')), choice)
+    choice = _fastest_measured(ranked) or choice
   # The one-device step at b is its own prediction's input: not judged.
   errors = [abs(math.log(r['t_predicted'] / np.median(r['t_measured']))) for r in ranked
             if r.get('t_measured') and (r['candidate'].devices, r['candidate'].batch) != (1, b)]
@@ -203,8 +202,8 @@ def make(cfg, log=logging.info) -> dict:
       'serial': {'batch': b, 'K': k_b, 'K_how': how, 'curve': serial['curve'],
                  'noise': serial['noise'], 'B_noise': list(noise), 't_step': t_one,
                  'stopped': serial['stopped']},
-      't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()], 'overhead_s': overhead,
-      'calls': calls,
+      't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()],
+      'overhead_s': overhead, 'calls': calls,
       'step_prediction_error': {'median_abs_log': float(np.median(errors)) if errors else None,
                                 'measured': len(errors)},
       'candidates': [_row_json(r) for r in ranked],
@@ -234,6 +233,11 @@ def _leader(ranked: list) -> dict:
   return next(r for r in ranked if r['candidate'].exact)
 
 
+def _fastest_measured(ranked: list):
+  """The fastest exact candidate whose step was measured, or None."""
+  return next((r for r in ranked if r['candidate'].exact and r.get('t_measured')), None)
+
+
 def _measure(group, calls_of, p, deadline, log, started) -> list:
   """Times each row of `group` (its windows in turn across the group, `measure_windows`
   each, replacing any earlier measurement): the rows measured."""
@@ -261,11 +265,9 @@ def _row_json(row: dict) -> dict:
   out = {'label': c.label, 'scheme': c.scheme, 'server': c.server, 'devices': c.devices,
          'batch': c.batch, 'bn': c.bn, 'exact': c.exact, 'overrides': c.overrides(),
          'K': row['K'], 't_predicted': row['t_predicted'], 't_step': row['t_step'],
-         'T': row['T'], 'notes': row['notes']}
+         'T': row['T'], 'notes': row['notes'], 'collectives': row['collectives']}
   if row.get('t_measured'):
     out['t_measured'] = list(row['t_measured'])
-  if 'collectives' in row:
-    out['collectives'] = row['collectives']
   return out
 
 
@@ -317,6 +319,20 @@ def run_length(plan: dict, total_steps: int) -> int:
   return max(total_steps, longest)
 
 
+def prepare(cfg):
+  """Before a plan is made in this process: the config checked as the synchronous run the
+  candidates are (one line per bad field, nothing compiled), freed memory kept and the CPU
+  devices of its mesh emulated, as `build.mesh` would. Returns that synchronous config."""
+  from jaxpar import host_memory, validation
+  from jaxpar import mesh as mesh_lib
+  sync = with_overrides(cfg, {'scheme': 'sync-join'} if cfg.scheme == 'auto' else {})
+  validation.validate(with_overrides(sync, {}))  # settles `auto` fields of a copy only
+  host_memory.keep_freed_memory(cfg.host_memory)
+  if cfg.mesh.emulate_cpu_devices:
+    mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg))
+  return sync
+
+
 def resolve(cfg, workdir: str):
   """For `scheme='auto'`: (the config the plan chose, the plan). Reads `plan.file`, or makes
   the plan on this process's devices and writes it to `workdir/plan.json`."""
@@ -327,14 +343,7 @@ def resolve(cfg, workdir: str):
       raise config_lib.ConfigError(
           "config.scheme='auto' across processes needs config.plan.file: make the plan on one "
           'host first (python -m jaxpar.plan --config ... --out plan.json)')
-    from jaxpar import host_memory, validation
-    from jaxpar import mesh as mesh_lib
-    validation.validate(with_overrides(cfg, {'scheme': 'sync-join'}))  # the rest, before planning
-    check(cfg)
-    host_memory.keep_freed_memory(cfg.host_memory)
-    if cfg.mesh.emulate_cpu_devices:
-      mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg))
-    plan = make(with_overrides(cfg, {'scheme': 'sync-join'}))
+    plan = make(prepare(cfg))
     path = os.path.join(workdir, PLAN_FILE)
     os.makedirs(workdir, exist_ok=True)
     with open(path, 'w') as f:

@@ -81,8 +81,9 @@ def table(rows: list, choice: int = 1) -> str:
   for i, r in enumerate(rows, 1):
     measured = (f"{r['t_step'][0] * 1e3:.2f} ({r['t_step'][1] * 1e3:.2f}–"
                 f"{r['t_step'][2] * 1e3:.2f})" if r.get('t_measured') else '—')
-    lines.append(f"| {i}{' (choice)' if i == choice else ''} | {r['candidate'].label} | {r['K'][0]:.0f} ({r['K'][1]:.0f}–"
-                 f"{r['K'][2]:.0f}) | {r['t_predicted'] * 1e3:.2f} / {measured} | "
+    lines.append(f"| {i}{' (choice)' if i == choice else ''} | {r['candidate'].label} | "
+                 f"{r['K'][0]:.0f} ({r['K'][1]:.0f}–{r['K'][2]:.0f}) | "
+                 f"{r['t_predicted'] * 1e3:.2f} / {measured} | "
                  f"{r['T'][0]:.2f} ({r['T'][1]:.2f}–{r['T'][2]:.2f}) | "
                  f"{'; '.join(r['notes'])} |")
   return '\n'.join(lines)
