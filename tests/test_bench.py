@@ -136,7 +136,20 @@ def test_on_a_gpu_the_table_takes_the_steps_flops_from_the_peer():
 
 def test_the_torch_peer_on_jaxs_gpu_needs_a_cuda_torch(data_dir, monkeypatch):
   torch = pytest.importorskip('torch')
-  monkeypatch.setattr(bench, '_torch_device', lambda: 'cuda')
+  monkeypatch.setattr(bench.jax, 'default_backend', lambda: 'gpu')
   monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
   with pytest.raises(config_lib.ConfigError, match=r"^--torch on JAX's GPU backend needs"):
-    bench.check(_config(data_dir, batch_norm=False), with_torch=True)
+    bench._torch_device()
+
+
+def test_the_checks_leave_jaxs_backend_for_the_processes_to_join(data_dir):
+  """`check` runs before `build.mesh` joins the processes, and jax.distributed.initialize
+  refuses once anything has touched the backend: asking JAX's backend where the PyTorch peer
+  runs (as `check` once did) broke every `--torch` bench across processes."""
+  code = ('import sys; from jax._src import xla_bridge; '
+          'from analysis.benchmarks import bench, torch_peer; from tests.test_bench import _config; '
+          'torch_peer.available = lambda: True; '
+          f'bench.check(_config({str(data_dir)!r}, batch_norm=False), with_torch=True); '
+          'sys.exit(3 if xla_bridge.backends_are_initialized() else 0)')
+  done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]

@@ -80,6 +80,25 @@ def test_gaps_count_each_cycle_in_ticks_of_the_back_to_back_call():
     gaps.ticks(rows[:1])
 
 
+def test_gaps_table_names_each_setting_and_the_loop_it_ran_under():
+  """One row per setting in the order measured, one column per gap (the first setting's);
+  a file measured under both loop priorities says which row is which, an older file (no
+  'collective_threads') keeps its plain names."""
+  def rows(call):
+    return [{'gap_s': g, 'call_s': call} for g in (0.0, 2e-3)]
+  both = {'settings': {
+      'processes, gloo loop normal': {'rows': rows(4e-3), 'collective_threads': 'normal'},
+      'processes': {'rows': rows(5e-5), 'collective_threads': 'idle'},
+      'link-1gbit': {'rows': rows(2.6e-4), 'collective_threads': 'idle'}}}
+  assert gaps.table(both).splitlines() == [
+      '| g (ms) | 0.0 | 2.0 |', '|---|---:|---:|',
+      '| call, loopback, gloo loop normal (ms) | 4.00 | 4.00 |',
+      '| call, loopback, gloo loop idle (ms) | 0.05 | 0.05 |',
+      '| call, 1 Gb/s, gloo loop idle (ms) | 0.26 | 0.26 |']
+  older = {'settings': {'processes': {'rows': rows(4e-3)}}}
+  assert gaps.table(older).splitlines()[2] == '| call, loopback (ms) | 4.00 | 4.00 |'
+
+
 def test_call_costs_interpolate_and_scale_to_the_group():
   """Between sizes the per-call cost is interpolated, below the smallest it is the smallest's,
   beyond the largest it follows the last segment; a group of 4 scales by the ring model."""

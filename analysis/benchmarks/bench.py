@@ -18,6 +18,7 @@ in this one run; nothing here is asserted in tests. On a GPU (`bench_gpu.sh`) th
 CUDA, and XLA's FLOP count leaves out the convolutions, which run as cuDNN custom calls
 (`bench_table` then uses PyTorch's count).
 """
+import datetime
 import json
 import os
 import sys
@@ -124,22 +125,26 @@ def check(cfg, with_torch: bool):
   if with_torch and not torch_peer.available():
     raise config_lib.ConfigError(
         "--torch needs PyTorch and torchvision: pip install -e '.[bench]'")
-  if with_torch and _torch_device() == 'cuda':
+
+
+def _torch_device() -> str:
+  """The PyTorch peer runs where JAX does: a GPU of this process or the CPU. Asks JAX's
+  backend, so only after `build.mesh` has joined the processes (jax.distributed must start
+  before anything touches the backend)."""
+  device = 'cuda' if jax.default_backend() == 'gpu' else 'cpu'
+  if device == 'cuda':
     import torch
     if not torch.cuda.is_available():
       raise config_lib.ConfigError(
           "--torch on JAX's GPU backend needs PyTorch built with CUDA; torch.cuda.is_available() "
           "is False here: install a CUDA build of torch, or leave out --torch")
-
-
-def _torch_device() -> str:
-  """The PyTorch peer runs where JAX does: a GPU of this process or the CPU."""
-  return 'cuda' if jax.default_backend() == 'gpu' else 'cpu'
+  return device
 
 
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False) -> dict:
   check(cfg, with_torch)
   mesh = build.mesh(cfg)
+  torch_device = _torch_device() if with_torch else None
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)
   channels = source.channels
@@ -164,7 +169,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   if with_torch:
     runners.append(torch_peer.TorchRunner(
         cfg, source.num_classes, local_batch, optim.peak_learning_rate(cfg.optimizer, global_batch),
-        jax.process_count(), jax.process_index(), _torch_device()))
+        jax.process_count(), jax.process_index(), torch_device))
   for _ in range(warmup):
     for r in runners:
       r(timed=False)
@@ -183,7 +188,9 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   if with_torch:
     import torch
     found['torch'] = torch.__version__
-  return {'tool': 'analysis.benchmarks.bench', 'machine': machine(), 'versions': found,
+  return {'tool': 'analysis.benchmarks.bench',
+          'created': datetime.datetime.now().isoformat(timespec='seconds'),
+          'machine': machine(), 'versions': found,
           'backend': jax.default_backend(), 'device_kind': jax.devices()[0].device_kind,
           'config': cfg.to_dict(), 'command': ' '.join(['python -m analysis.benchmarks.bench']
                                                        + sys.argv[1:]),

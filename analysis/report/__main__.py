@@ -62,6 +62,12 @@ def _held_out(pattern):
   return compare.summary_table(compare.held_out_summary(compare.rows(_load(pattern)[0])))
 
 
+def _settings(pattern):
+  from analysis.steptime import compare
+  result = _load(pattern)[0]
+  return compare.settings_table(result, compare.rows(result))
+
+
 def _tta(*patterns):
   from analysis.accuracy import tta
   return tta.summary_table(_load(*patterns))
@@ -70,6 +76,11 @@ def _tta(*patterns):
 def _tta_report(result, steps=None):
   from analysis.accuracy import tta
   return tta.report(_load(result)[0], _load(steps)[0] if steps else None)
+
+
+def _tta_time(result, steps):
+  from analysis.accuracy import tta
+  return tta.time_table(_load(result)[0], _load(steps)[0])
 
 
 def _end_to_end(pattern):
@@ -146,8 +157,13 @@ TABLES = {
         'thesis:vgg16e,sync-join,distributed,2'),
     'tta-squeezenet16': lambda: _tta('accuracy/squeezenet16.json',
                                      'accuracy/squeezenet16_staleness.json'),
+    'tta-time-squeezenet16': lambda: _tta_time('accuracy/squeezenet16.json',
+                                               'accuracy/squeezenet16_steps.json'),
+    'tta-time-resnet34_16': lambda: _tta_time('accuracy/resnet34_16.json',
+                                              'accuracy/resnet34_16_steps.json'),
     'four-networks': lambda: _measured('overview_table', *FOUR_NETWORKS),
     'held-out-squeezenet': lambda: _held_out('measured/squeezenet.json'),
+    'settings-squeezenet': lambda: _settings('measured/squeezenet.json'),
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
     'bench-methods': _methods,

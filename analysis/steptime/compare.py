@@ -393,6 +393,47 @@ def overview_table(results, points) -> str:
   return '\n'.join(lines)
 
 
+def settings_table(result, points) -> str:
+  """One network's settings side by side (docs/step-times.md): t_grad of the sync-split
+  batch alone and under the N = 2 run's contention, [T]'s t_comm, the calibrated one-way
+  permute and all-reduce of the whole gradient and a scalar all-reduce (per call), each
+  server's sync-join speedup at N = 2 and the best sync-split one."""
+  nbytes = result['network']['param_bytes']
+  batch = result['batch']['sync-split']
+  servers = list(dict.fromkeys(p['server'] for p in points if p['scheme'] == 'sync-join'))
+  def ms(x):
+    return '—' if x is None else f'{x * 1e3:.{0 if x >= 0.1 else 1 if x >= 1e-3 else 2}f} ms'
+  mb = f'{nbytes / 1e6:.1f} MB'
+  lines = [f'| setting | t_grad({batch}) alone → contended | t_comm ({mb} permute, per call) '
+           f'| one-way permute of {mb} | all-reduce of {mb}, per call | scalar all-reduce | '
+           + ' | '.join(f'sync-join N = 2: {v}' for v in servers) + ' | best sync-split N = 2 |',
+           '|---|' + '---:|' * (5 + len(servers) + 1)]
+  for setting, s in result['settings'].items():
+    mine = [p for p in points if p['setting'] == setting]
+    if not mine:
+      continue
+    alone = s['t_grad'].get(str(batch))
+    contended = s.get('t_grad_contended', {}).get('2', {}).get(str(batch))
+    grad = ms(alone and _median(alone)) + (f' → {ms(_median(contended))}' if contended else '')
+    t_comm, costs = calibrate.setting_inputs(s, nbytes)
+
+    def call(kind, size):
+      return ms(costs.per_call(kind, size)) if costs and kind in costs.points else '—'
+
+    def speedup(candidates):
+      p = max(candidates, key=lambda p: p['speedup'], default=None)
+      return '—' if p is None else f"{p['speedup']:.2f}×"
+    joins = [speedup([p for p in mine if p['scheme'] == 'sync-join' and p['n'] == 2
+                      and p['server'] == v]) for v in servers]
+    split = [p for p in mine if p['scheme'] == 'sync-split' and p['n'] == 2]
+    best = max(split, key=lambda p: p['speedup'], default=None)
+    lines.append(f"| {setting} | {grad} | {ms(t_comm)} | {call(calibrate.ONE_WAY, nbytes)} | "
+                 f"{call('all_reduce', nbytes)} | {call(calibrate.SCALAR, 4)} | "
+                 + ' | '.join(joins) + ' | '
+                 + ('—' if best is None else f"{best['speedup']:.2f}× ({best['server']})") + ' |')
+  return '\n'.join(lines)
+
+
 def join_penalty(points) -> list:
   """What a sync-join step costs beyond a sync-split step of the same server and N, per
   setting: the measured difference of their steps next to the difference of their

@@ -25,6 +25,7 @@ calibration's scalar kind (`calibrate.SCALAR`).
   python -m analysis.steptime.gaps --out gaps.json                 # loopback
   python -m analysis.steptime.gaps --links=1gbit --out gaps.json   # and an emulated link (root)
 """
+import itertools
 import os
 import sys
 import tempfile
@@ -59,11 +60,15 @@ def table(out: dict) -> str:
   setting: each call's cost in ms (docs/measuring.md)."""
   names = {'processes': 'loopback', 'link-1gbit': '1 Gb/s', 'link-100mbit': '100 Mb/s'}
   settings = out['settings']
-  first = settings['processes']['rows']
+  first = next(iter(settings.values()))['rows']
   lines = ['| g (ms) | ' + ' | '.join(f"{r['gap_s'] * 1e3:.1f}" for r in first) + ' |',
            '|---|' + '---:|' * len(first)]
   for name, setting in settings.items():
-    lines.append(f'| call, {names.get(name, name)} (ms) | '
+    where, _, loop = name.partition(', ')
+    where = names.get(where, where) + (f', {loop}' if loop else '')
+    if 'collective_threads' in setting and not loop:  # measured beside the loop as gloo runs it
+      where += ', gloo loop idle'
+    lines.append(f'| call, {where} (ms) | '
                  + ' | '.join(f"{r['call_s'] * 1e3:.2f}" for r in setting['rows']) + ' |')
   return '\n'.join(lines)
 
@@ -81,7 +86,8 @@ def run(spec) -> dict:
   from analysis.steptime import timing
   from jaxpar import multihost
   from jaxpar.mesh import make_mesh
-  multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none', 120, 60)
+  multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none', 120, 60,
+                 spec['collective_threads'])
   mesh = make_mesh((2,), ('pair',), jax.devices()[:2])
   elements = max(2, spec['bytes'] // 4)
 
@@ -135,6 +141,11 @@ def main(argv) -> int:
     if value < least:
       print(f'--{name}={value}: must be at least {least}', file=sys.stderr)
       return 2
+  if not FLAGS.collective_threads or set(FLAGS.collective_threads) - {'idle', 'normal'}:
+    print(f'--collective_threads={",".join(FLAGS.collective_threads)}: use idle, normal or '
+          'both (gloo\'s event loop at idle priority, as jaxpar runs it, or as gloo leaves it)',
+          file=sys.stderr)
+    return 2
   out = {'tool': 'analysis.steptime.gaps', 'created': datetime.datetime.now().isoformat(
       timespec='seconds'), 'command': 'python -m analysis.steptime.gaps ' + ' '.join(
           sys.argv[1:]), 'machine': measure.machine(), 'settings': {}}
@@ -145,11 +156,14 @@ def main(argv) -> int:
     print(f'skipping the emulated links {",".join(links)}: {why_not}', file=sys.stderr)
     links = []
   with tempfile.TemporaryDirectory() as folder:
-    for setting in ['processes'] + [f'link-{r}' for r in links]:
-      found = measure.run_setting(setting, 2, {}, common, folder, module='analysis.steptime.gaps')
+    for setting, threads in itertools.product(['processes'] + [f'link-{r}' for r in links],
+                                              FLAGS.collective_threads):
+      found = measure.run_setting(setting, 2, {}, {**common, 'collective_threads': threads},
+                                  folder, module='analysis.steptime.gaps')
       summary = ticks(found['rows'])
-      out['settings'][setting] = {**found, **summary}
-      print(f'\n{setting}: a back-to-back all-reduce of {found["bytes"]:,} B takes '
+      name = setting if threads == 'idle' else f'{setting}, gloo loop {threads}'
+      out['settings'][name] = {**found, **summary, 'collective_threads': threads}
+      print(f'\n{name}: a back-to-back all-reduce of {found["bytes"]:,} B takes '
             f'q = {summary["tick_s"] * 1e3:.2f} ms\n\n| matmuls | gap (ms) | call (ms) | '
             'gap + call (ms) | in ticks |\n|---:|---:|---:|---:|---:|')
       for r in summary['rows']:
@@ -178,6 +192,9 @@ if __name__ == '__main__':
   else:
     flags.DEFINE_string('out', '', 'Also write the results as JSON here.')
     flags.DEFINE_list('links', [], 'Also across emulated links of these rates (tc syntax; root).')
+    flags.DEFINE_list('collective_threads', ['normal', 'idle'],
+                      "gloo's event loop as gloo leaves it (normal: a spinning loop, calls on "
+                      "timer ticks) and as jaxpar runs it (idle); each setting under each.")
     flags.DEFINE_integer('bytes', 4096, 'The all-reduced buffer.')
     flags.DEFINE_integer('repeats', 10, 'Timed runs of each program.')
     flags.DEFINE_integer('warmup', 3, 'Untimed runs first (the first compiles).')

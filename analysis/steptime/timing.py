@@ -221,7 +221,8 @@ def run(spec) -> dict:
   base = ml_collections.ConfigDict(spec['config'])
   keep_freed_memory(base.host_memory)
   multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none',
-                 base.distributed.initialization_timeout, base.distributed.heartbeat_timeout)
+                 base.distributed.initialization_timeout, base.distributed.heartbeat_timeout,
+                 base.distributed.collective_threads)
   mesh_lib.emulate_cpu_devices(spec['local_devices'])
   meta = spec['meta']
   repeats, warmup = spec['repeats'], spec['warmup']
