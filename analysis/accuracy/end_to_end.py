@@ -213,13 +213,20 @@ def summary(rows: list[dict]) -> dict:
 
 
 def report(out: dict) -> str:
+  return '\n'.join([
+      f"# Time to accuracy on {out['processes']} real processes ({out['setting']}): "
+      f"{out['network']} at {out['image_size']}²", '',
+      f"Target: training-set loss ≤ {out['target_loss']}; seed {out['seed']}; the rate "
+      f"`tta` found best per case. Command: `{out['command']}`; {out['created']}.", '',
+      table(out)]) + '\n'
+
+
+def table(out: dict) -> str:
+  """Each case predicted against its real run, then the medians and the pick's regret (the
+  report's body; docs/accuracy.md shows it too)."""
   from analysis.accuracy.tta import _pct
   s = out['summary']
-  lines = [f"# Time to accuracy on {out['processes']} real processes ({out['setting']}): "
-           f"{out['network']} at {out['image_size']}²", '',
-           f"Target: training-set loss ≤ {out['target_loss']}; seed {out['seed']}; the rate "
-           f"`tta` found best per case. Command: `{out['command']}`; {out['created']}.", '',
-           '| case | lr | K emulated (seeds) | K real | step: measured / real | '
+  lines = ['| case | lr | K emulated (seeds) | K real | step: measured / real | '
            'time to target: predicted / real | error | test top-1 |',
            '|---|---:|---|---:|---|---|---:|---|']
   for r in out['rows']:
@@ -243,7 +250,7 @@ def report(out: dict) -> str:
   if no_step:
     lines.append(f"No measured step for {', '.join(no_step)}: its prediction uses its own "
                  f"run's step (K checked only).")
-  return '\n'.join(lines) + '\n'
+  return '\n'.join(lines)
 
 
 # =============================================================================== main

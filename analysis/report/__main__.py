@@ -88,6 +88,11 @@ def _end_to_end(pattern):
   return end_to_end.report(_load(pattern)[0])
 
 
+def _end_to_end_table(pattern):
+  from analysis.accuracy import end_to_end
+  return end_to_end.table(_load(pattern)[0])
+
+
 def _plan(name):
   from analysis.accuracy import plan_regret
   return plan_regret.report(*_load(f'plan/{name}.json', f'plan/{name}_regret.json'))
@@ -161,6 +166,8 @@ TABLES = {
                                                'accuracy/squeezenet16_steps.json'),
     'tta-time-resnet34_16': lambda: _tta_time('accuracy/resnet34_16.json',
                                               'accuracy/resnet34_16_steps.json'),
+    'end-to-end-squeezenet16': lambda: _end_to_end_table(
+        'accuracy/squeezenet16_end_to_end.json'),
     'four-networks': lambda: _measured('overview_table', *FOUR_NETWORKS),
     'held-out-squeezenet': lambda: _held_out('measured/squeezenet.json'),
     'settings-squeezenet': lambda: _settings('measured/squeezenet.json'),
