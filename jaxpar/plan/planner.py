@@ -273,13 +273,7 @@ def _row_json(row: dict) -> dict:
 
 def table(plan: dict) -> str:
   """The plan's ranked candidates as Markdown (`rank.table` of its JSON rows)."""
-  rows = [{**r, 'candidate': _Label(r['label'])} for r in plan['candidates']]
-  return rank.table(rows, plan.get('choice_rank', 1))
-
-
-class _Label:
-  def __init__(self, label):
-    self.label = label
+  return rank.table(plan['candidates'], plan.get('choice_rank', 1))
 
 
 # =============================================================================== using a plan

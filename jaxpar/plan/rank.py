@@ -48,11 +48,13 @@ def predicted_step(t_grad: float, overhead: float, comm: float) -> float:
 
 def rank(rows: list, k_b: float, b: int, noise: tuple) -> list:
   """Adds to each row ({'candidate': Candidate, 't_predicted', 't_measured'?: [seconds]})
-  its steps 'K' [mid, low, high], step time 't_step' [mid, low, high] (measured if it was,
-  else predicted), 'T' [mid, low, high] and 'notes'; returns the rows by T, fastest first."""
+  its 'label', steps 'K' [mid, low, high], step time 't_step' [mid, low, high] (measured if
+  it was, else predicted), 'T' [mid, low, high] and 'notes'; returns the rows by T, fastest
+  first."""
   b_noise, low, high = noise
   for row in rows:
     c = row['candidate']
+    row['label'] = c.label
     ks = [steps_at(k_b, b, x, c.batch) for x in (b_noise, low, high)]
     row['K'] = [ks[0], min(ks), max(ks)]
     measured = row.get('t_measured')
@@ -75,13 +77,14 @@ def rank(rows: list, k_b: float, b: int, noise: tuple) -> list:
 
 
 def table(rows: list, choice: int = 1) -> str:
-  """The ranked rows as a Markdown table, the choice's rank (1-based) marked."""
+  """The ranked rows (`rank`'s, or a plan file's) as a Markdown table, the choice's rank
+  (1-based) marked."""
   lines = ['| rank | candidate | K steps (range) | step ms: predicted / measured | '
            'time to target s (range) | notes |', '|---:|---|---|---|---|---|']
   for i, r in enumerate(rows, 1):
     measured = (f"{r['t_step'][0] * 1e3:.2f} ({r['t_step'][1] * 1e3:.2f}–"
                 f"{r['t_step'][2] * 1e3:.2f})" if r.get('t_measured') else '—')
-    lines.append(f"| {i}{' (choice)' if i == choice else ''} | {r['candidate'].label} | "
+    lines.append(f"| {i}{' (choice)' if i == choice else ''} | {r['label']} | "
                  f"{r['K'][0]:.0f} ({r['K'][1]:.0f}–{r['K'][2]:.0f}) | "
                  f"{r['t_predicted'] * 1e3:.2f} / {measured} | "
                  f"{r['T'][0]:.2f} ({r['T'][1]:.2f}–{r['T'][2]:.2f}) | "
