@@ -295,10 +295,12 @@ def main(argv):
          'processes': FLAGS.processes, 'setting': rows[0]['setting'], 'seed': FLAGS.seed,
          'tta': FLAGS.tta, 'steps_json': FLAGS.steps_json, 'rows': rows,
          'summary': summary(rows)}
+  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
   with open(FLAGS.out, 'w') as f:
     json.dump(out, f, indent=1)
   text = report(out)
   if FLAGS.report:
+    os.makedirs(FLAGS.report, exist_ok=True)
     with open(os.path.join(FLAGS.report, 'end_to_end.md'), 'w') as f:
       f.write(text)
   print(text)
