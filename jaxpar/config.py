@@ -106,8 +106,10 @@ def defaults() -> ml_collections.ConfigDict:
   # psum only: one_buffer all-reduces every gradient as one buffer per dtype (as PyTorch
   # DDP buckets them): one call instead of one per tensor, for the price of copying the
   # gradients in and out. auto = one_buffer across processes (each call then costs a
-  # fixed latency, ~4 ms on gloo), per_tensor within one process (calls are cheap); auto
-  # does the same for the distributed server's and gossip's exchanges.
+  # fixed latency: ~0.1 ms on gloo here, a 4 ms tick before its loop ran at idle priority,
+  # since when per_tensor measured faster for ResNet34: docs/step-times.md), per_tensor
+  # within one process (calls are cheap); auto does the same for the distributed
+  # server's and gossip's exchanges.
   c.grad_fusion = 'auto'
   # Local SGD / model averaging ([S], [L]): > 0 trains one replica per device and
   # averages parameters and BN statistics every `sync_every` steps (1 = synchronous

@@ -126,6 +126,25 @@ class IdleGlooLoops(threading.Thread):
     return found
 
 
+def wait_for_idle_gloo_loops(timeout_s: float = 5.0) -> bool:
+  """Waits, with no collective in flight, until `IdleGlooLoops` has set every gloo loop
+  thread of this process to idle priority; True if it has (False after `timeout_s`, or
+  where there is no loop). The poller sees a loop thread only while it waits in epoll,
+  which a spinning loop seldom does: calls timed right after a process's first collective
+  can still wait for ticks. Tools that time small calls call this after one collective."""
+  deadline = time.monotonic() + timeout_s
+  while True:
+    loops = gloo_loop_threads()
+    try:
+      if loops and all(os.sched_getscheduler(t) == os.SCHED_IDLE for t in loops):
+        return True
+    except OSError:  # a thread ended between the two reads
+      pass
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.05)
+
+
 def gloo_loop_threads(tasks: str = '/proc/self/task') -> list:
   """This process's threads waiting in gloo's TCP event loop now (see `IdleGlooLoops`)."""
   import platform

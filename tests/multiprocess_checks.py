@@ -131,6 +131,7 @@ def main(out):
       break
     time.sleep(0.1)
   results['gloo_loop_policies'] = np.array([os.sched_getscheduler(t) for t in loops], np.int64)
+  results['gloo_loops_idle'] = np.array(multihost.wait_for_idle_gloo_loops(10.0))
   if process_id == 0:
     np.savez(out, **results)
 

@@ -147,8 +147,8 @@ def test_the_checks_leave_jaxs_backend_for_the_processes_to_join(data_dir):
   refuses once anything has touched the backend: asking JAX's backend where the PyTorch peer
   runs (as `check` once did) broke every `--torch` bench across processes."""
   code = ('import sys; from jax._src import xla_bridge; '
-          'from analysis.benchmarks import bench, torch_peer; from tests.test_bench import _config; '
-          'torch_peer.available = lambda: True; '
+          'from analysis.benchmarks import bench, torch_peer; '
+          'from tests.test_bench import _config; torch_peer.available = lambda: True; '
           f'bench.check(_config({str(data_dir)!r}, batch_norm=False), with_torch=True); '
           'sys.exit(3 if xla_bridge.backends_are_initialized() else 0)')
   done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)

@@ -68,3 +68,28 @@ def test_measure_and_compare_end_to_end_with_two_processes(tmp_path, data_dir):
   assert calibrate.from_calls(setting['calls']).per_call('collective_permute', nbytes) < wire / 3
   with open(report / 'speedup.csv') as f:
     assert len(list(csv.DictReader(f))) == 4 + 2  # and sync-join across the link, N = 1, 2
+
+
+def test_gaps_times_calls_after_compute_across_two_processes(tmp_path):
+  """`analysis.steptime.gaps` end to end on 2 real processes, two compute lengths, under
+  gloo's loop as jaxpar runs it and as gloo leaves it: one row per length and setting, the
+  call's cost positive, the back-to-back sizes calibrated (scalar apart), the table one row
+  per setting."""
+  import json
+  import subprocess
+  import sys
+
+  from analysis.steptime import gaps
+  out = tmp_path / 'gaps.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'analysis.steptime.gaps', '--matmuls=0,8', '--repeats=2',
+       '--warmup=1', '--bytes=64', f'--out={out}'], capture_output=True, text=True,
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(out.read_text())
+  assert list(result['settings']) == ['processes, gloo loop normal', 'processes']
+  for setting in result['settings'].values():
+    assert [r['matmuls'] for r in setting['rows']] == [0, 8]
+    assert all(r['gap_s'] >= 0 and len(r['samples_with']) == 2 for r in setting['rows'])
+    assert {calibrate.SCALAR, 'all_reduce'} <= set(setting['sizes'])
+  assert gaps.table(result).splitlines()[2].startswith('| call, loopback, gloo loop normal (ms) |')

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import multiprocess_checks as checks
+from jaxpar import multihost
 from jaxpar.mesh import make_mesh
 from runs import ROOT, process_env, random_batches, train_losses
 
@@ -65,6 +66,12 @@ def test_gloos_event_loop_runs_at_idle_priority_across_processes(two_processes):
   strategies above ran with it so, and equal one process's results."""
   policies = two_processes['gloo_loop_policies']
   assert len(policies) >= 1 and all(p == os.SCHED_IDLE for p in policies), policies
+  assert bool(two_processes['gloo_loops_idle'])  # what tools wait for before timing calls
+
+
+def test_waiting_for_idle_gloo_loops_gives_up_where_there_is_none():
+  """One process has no gloo loop: the wait ends at its timeout, saying so."""
+  assert multihost.wait_for_idle_gloo_loops(0.2) is False
 
 
 @pytest.mark.slow

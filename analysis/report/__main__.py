@@ -168,6 +168,8 @@ TABLES = {
                                               'accuracy/resnet34_16_steps.json'),
     'end-to-end-squeezenet16': lambda: _end_to_end_table(
         'accuracy/squeezenet16_end_to_end.json'),
+    'end-to-end-squeezenet16-seed1': lambda: _end_to_end_table(
+        'accuracy/squeezenet16_end_to_end_seed1.json'),
     'four-networks': lambda: _measured('overview_table', *FOUR_NETWORKS),
     'held-out-squeezenet': lambda: _held_out('measured/squeezenet.json'),
     'settings-squeezenet': lambda: _settings('measured/squeezenet.json'),

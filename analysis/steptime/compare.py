@@ -425,12 +425,12 @@ def settings_table(result, points) -> str:
       return '—' if p is None else f"{p['speedup']:.2f}×"
     joins = [speedup([p for p in mine if p['scheme'] == 'sync-join' and p['n'] == 2
                       and p['server'] == v]) for v in servers]
-    split = [p for p in mine if p['scheme'] == 'sync-split' and p['n'] == 2]
-    best = max(split, key=lambda p: p['speedup'], default=None)
+    best = max((p for p in mine if p['scheme'] == 'sync-split' and p['n'] == 2),
+               key=lambda p: p['speedup'], default=None)
+    split = '—' if best is None else f"{best['speedup']:.2f}× ({best['server']})"
     lines.append(f"| {setting} | {grad} | {ms(t_comm)} | {call(calibrate.ONE_WAY, nbytes)} | "
                  f"{call('all_reduce', nbytes)} | {call(calibrate.SCALAR, 4)} | "
-                 + ' | '.join(joins) + ' | '
-                 + ('—' if best is None else f"{best['speedup']:.2f}× ({best['server']})") + ' |')
+                 + ' | '.join(joins) + f' | {split} |')
   return '\n'.join(lines)
 
 

@@ -1,26 +1,24 @@
-"""What a small collective costs after compute, between two real processes (gloo's small
-calls end near ticks of the kernel's timer).
+"""What a small collective costs after compute, between two real processes, under gloo's
+event loop as gloo leaves it (a spinning loop: calls end near ticks of the kernel's timer)
+and as jaxpar runs it (idle priority: no tick).
 
-The calibration (`analysis.steptime.timing`) times chains of back-to-back calls. Here
-each of K all-reduces of a small buffer follows g seconds of compute (a loop of
+The calibration (`jaxpar.plan.calibrate`) times chains of back-to-back calls. Here each
+of K all-reduces of a small buffer follows g seconds of compute (a loop of
 16×256 · 256×256 matmuls, its length varied); the same program without the all-reduces
 gives g. Per call,
 
   t_call(g) = (t_program(g, with) − t_program(g, without)) / K,   cycle = g + t_call.
 
-On this machine (gloo over loopback or an emulated 1 Gb/s link; Linux, CONFIG_HZ = 250)
-a back-to-back call of 4 KB takes q ≈ 3.6–4.2 ms, and with both processes computing the
-same g before it the cycle's mean lies near whole ticks,
-
-  cycle(g) ≈ ⌈(g + l) / q⌉ · q,   l ≈ 2 ms
-
-(analysis/report/measured/collective_gaps.json): a call after compute costs what is left
-of its tick, 2.3–4.4 ms here against the chain's q; means between whole ticks mix
-neighbouring counts: a diagnosis of the calibration's small-call costs, not yet a model
-of them (docs/measuring.md). `ticks(rows)` reads q off the back-to-back row and counts
-each cycle in ticks. Back to back by size (`timing.time_calls`, as the calibration runs
-it): a scalar (4 B) all-reduce takes ~0.1 ms, 16 B to 4 KB a tick each — hence the
-calibration's scalar kind (`calibrate.SCALAR`).
+With the spinning loop (gloo over loopback or an emulated 1 Gb/s link; Linux, CONFIG_HZ
+= 250) a back-to-back call of 4 KB takes q ≈ 4 ms, and with both processes computing the
+same g before it the cycle's mean lies near whole ticks, cycle(g) ≈ ⌈(g + l) / q⌉ · q,
+l ≈ 2 ms: a call after compute costs what is left of its tick. With the loop at idle
+priority a call costs ~0.1 ms whatever g, near the back-to-back chain, so the
+calibration prices a step's small calls as they run (docs/measuring.md,
+analysis/report/measured/collective_gaps.json). `ticks(rows)` reads q off the
+back-to-back row and counts each cycle in ticks. Back to back by size
+(`calibrate.time_calls`, as the calibration runs it): a scalar (4 B) all-reduce, one
+exchange, is its own kind (`calibrate.SCALAR`).
 
   python -m analysis.steptime.gaps --out gaps.json                 # loopback
   python -m analysis.steptime.gaps --links=1gbit --out gaps.json   # and an emulated link (root)
@@ -86,6 +84,7 @@ def run(spec) -> dict:
   from analysis.steptime import timing
   from jaxpar import multihost
   from jaxpar.mesh import make_mesh
+  from jaxpar.plan import calibrate
   multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none', 120, 60,
                  spec['collective_threads'])
   mesh = make_mesh((2,), ('pair',), jax.devices()[:2])
@@ -107,13 +106,17 @@ def run(spec) -> dict:
               out_shardings=NamedSharding(mesh, P('pair')))()
   w = jax.jit(lambda: jnp.eye(256, dtype=jnp.float32) * 0.5,
               out_shardings=NamedSharding(mesh, P()))()
+  if spec['collective_threads'] == 'idle':  # the loop starts with the first collective
+    jax.block_until_ready(program(0, True)(x, w))
+    if not multihost.wait_for_idle_gloo_loops():
+      timing._log(spec, "gloo's loop thread was not found idle: calls may wait for ticks")
   rows = []
   for m in spec['matmuls']:
     t = {}
     for reduce in (False, True):
       f = program(m, reduce)
       multihost.barrier(f'gaps {m} {reduce}')
-      t[reduce] = timing._timed(lambda f=f: jax.block_until_ready(f(x, w)), spec['repeats'],
+      t[reduce] = calibrate.timed(lambda f=f: jax.block_until_ready(f(x, w)), spec['repeats'],
                                 spec['warmup'])
     gap = float(np.mean(t[False])) / CALLS
     call = (float(np.mean(t[True])) - float(np.mean(t[False]))) / CALLS
@@ -121,8 +124,8 @@ def run(spec) -> dict:
                  'samples_without': t[False], 'samples_with': t[True]})
     timing._log(spec, f'{m} matmuls: gap {gap * 1e3:.2f} ms, call {call * 1e3:.2f} ms')
   # Back to back by size, as the calibration times them: the scalar apart.
-  sizes = timing.time_calls(list(SIZES), spec['repeats'], spec['warmup'],
-                            ops=('all_reduce', timing.SCALAR))
+  sizes = calibrate.time_calls(list(SIZES), spec['repeats'], spec['warmup'],
+                               ops=('all_reduce', calibrate.SCALAR))
   return {'setting': spec['setting'], 'bytes': elements * 4, 'calls': CALLS, 'rows': rows,
           'sizes': sizes}
 
@@ -131,7 +134,7 @@ def main(argv) -> int:
   import datetime
   import json
 
-  from analysis.steptime import link, measure, timing
+  from analysis.steptime import link, measure
   from jaxpar.plan import calibrate
   if len(argv) > 1:
     print(f'unexpected arguments: {argv[1:]}', file=sys.stderr)
@@ -149,7 +152,8 @@ def main(argv) -> int:
   out = {'tool': 'analysis.steptime.gaps', 'created': datetime.datetime.now().isoformat(
       timespec='seconds'), 'command': 'python -m analysis.steptime.gaps ' + ' '.join(
           sys.argv[1:]), 'machine': measure.machine(), 'settings': {}}
-  common = {'bytes': FLAGS.bytes, 'matmuls': list(MATMULS), 'repeats': FLAGS.repeats,
+  common = {'bytes': FLAGS.bytes, 'matmuls': [int(m) for m in FLAGS.matmuls],
+            'repeats': FLAGS.repeats,
             'warmup': FLAGS.warmup}
   links = FLAGS.links
   if links and (why_not := link.unavailable()):
@@ -171,7 +175,7 @@ def main(argv) -> int:
               f"{r['cycle_s'] * 1e3:.2f} | {r['ticks']:.2f} |")
       costs = calibrate.from_calls(found['sizes'])
       print('\nback to back, per call: ' + ', '.join(
-          f'{b:,} B {c * 1e3:.2f} ms' for kind in (timing.SCALAR, 'all_reduce')
+          f'{b:,} B {c * 1e3:.2f} ms' for kind in (calibrate.SCALAR, 'all_reduce')
           for b, c in costs.points[kind]))
   if FLAGS.out:
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
@@ -195,6 +199,9 @@ if __name__ == '__main__':
     flags.DEFINE_list('collective_threads', ['normal', 'idle'],
                       "gloo's event loop as gloo leaves it (normal: a spinning loop, calls on "
                       "timer ticks) and as jaxpar runs it (idle); each setting under each.")
+    flags.DEFINE_list('matmuls', [str(m) for m in MATMULS],
+                      'Lengths of the compute before each call, in matmuls (0 first: the '
+                      'back-to-back call).')
     flags.DEFINE_integer('bytes', 4096, 'The all-reduced buffer.')
     flags.DEFINE_integer('repeats', 10, 'Timed runs of each program.')
     flags.DEFINE_integer('warmup', 3, 'Untimed runs first (the first compiles).')

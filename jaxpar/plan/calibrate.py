@@ -12,8 +12,9 @@ Between calibrated sizes c is interpolated linearly in bytes (a piecewise α-β 
 runtime that switches algorithm at some size is followed, not averaged); below the smallest
 it is the smallest's cost (latency); beyond the largest it follows the last segment. An
 all-reduce of one element (a loss's or metric's mean) has its own kind, `SCALAR`,
-calibrated at 4 bytes: across processes gloo reduces a scalar in ~0.1 ms where 16 bytes
-already take a ~4 ms tick (`analysis.steptime.gaps`). The
+calibrated at 4 bytes: across processes gloo reduces one or two elements in a single
+exchange (0.03 ms on loopback against 0.05 ms from 16 bytes; before gloo's event loop ran at
+idle priority, 0.1 ms against a 4 ms timer tick: docs/performance.md). The
 calibration runs on two devices; for a group of n > 2 devices c is scaled by the ratio of
 the ring model at n and at 2 (`jaxpar.plan.alpha_beta`) with the kind's α-β fit.
 
@@ -217,9 +218,9 @@ def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
   """{op: [{'bytes': b, 'chains': {k: samples}}]}: the programs of k chained calls of each
   collective kind on devices 0 and 1, for each size b (the buffer an all-reduce or permute
   moves, an all-gather's result, a reduce-scatter's input; `SCALAR`: one float32 only, the
-  loss's and metrics' all-reduces — 4 bytes took ~0.1 ms across processes here where
-  16 bytes to 1 MB took a ~4 ms tick). Chains grow 1, 2, 8, 32 while the next k times the
-  single call's mean time stays under CHAIN_BUDGET (at least 1, 2)."""
+  loss's and metrics' all-reduces, which gloo reduces in one exchange). Chains grow 1, 2,
+  8, 32 while the next k times the single call's mean time stays under CHAIN_BUDGET (at
+  least 1, 2)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
