@@ -87,9 +87,11 @@ def test_gaps_table_names_each_setting_and_the_loop_it_ran_under():
   def rows(call):
     return [{'gap_s': g, 'call_s': call} for g in (0.0, 2e-3)]
   both = {'settings': {
-      'processes, gloo loop normal': {'rows': rows(4e-3), 'collective_threads': 'normal'},
-      'processes': {'rows': rows(5e-5), 'collective_threads': 'idle'},
-      'link-1gbit': {'rows': rows(2.6e-4), 'collective_threads': 'idle'}}}
+      'processes, gloo loop normal': {'setting': 'processes', 'rows': rows(4e-3),
+                                      'collective_threads': 'normal'},
+      'processes': {'setting': 'processes', 'rows': rows(5e-5), 'collective_threads': 'idle'},
+      'link-1gbit': {'setting': 'link-1gbit', 'rows': rows(2.6e-4),
+                     'collective_threads': 'idle'}}}
   assert gaps.table(both).splitlines() == [
       '| g (ms) | 0.0 | 2.0 |', '|---|---:|---:|',
       '| call, loopback, gloo loop normal (ms) | 4.00 | 4.00 |',
@@ -97,6 +99,16 @@ def test_gaps_table_names_each_setting_and_the_loop_it_ran_under():
       '| call, 1 Gb/s, gloo loop idle (ms) | 0.26 | 0.26 |']
   older = {'settings': {'processes': {'rows': rows(4e-3)}}}
   assert gaps.table(older).splitlines()[2] == '| call, loopback (ms) | 4.00 | 4.00 |'
+
+
+def test_gaps_refuses_compute_lengths_without_the_back_to_back_row_first():
+  """Every row is counted against the one without compute: --matmuls must start with 0
+  (one line naming the flag, before any process starts)."""
+  done = subprocess.run([sys.executable, '-m', 'analysis.steptime.gaps', '--matmuls=8,0'],
+                        capture_output=True, text=True, cwd=ROOT)
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines()[-1].startswith(
+      '--matmuls=8,0: use whole numbers, 0 first')
 
 
 def test_call_costs_interpolate_and_scale_to_the_group():

@@ -92,4 +92,5 @@ def test_gaps_times_calls_after_compute_across_two_processes(tmp_path):
     assert [r['matmuls'] for r in setting['rows']] == [0, 8]
     assert all(r['gap_s'] >= 0 and len(r['samples_with']) == 2 for r in setting['rows'])
     assert {calibrate.SCALAR, 'all_reduce'} <= set(setting['sizes'])
-  assert gaps.table(result).splitlines()[2].startswith('| call, loopback, gloo loop normal (ms) |')
+  assert gaps.table(result).splitlines()[2].startswith(
+      '| call, loopback, gloo loop normal (ms) |')

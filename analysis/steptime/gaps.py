@@ -62,10 +62,10 @@ def table(out: dict) -> str:
   lines = ['| g (ms) | ' + ' | '.join(f"{r['gap_s'] * 1e3:.1f}" for r in first) + ' |',
            '|---|' + '---:|' * len(first)]
   for name, setting in settings.items():
-    where, _, loop = name.partition(', ')
-    where = names.get(where, where) + (f', {loop}' if loop else '')
-    if 'collective_threads' in setting and not loop:  # measured beside the loop as gloo runs it
-      where += ', gloo loop idle'
+    where = setting.get('setting', name)
+    where = names.get(where, where)
+    if 'collective_threads' in setting:  # files of one loop priority have none
+      where += f", gloo loop {setting['collective_threads']}"
     lines.append(f'| call, {where} (ms) | '
                  + ' | '.join(f"{r['call_s'] * 1e3:.2f}" for r in setting['rows']) + ' |')
   return '\n'.join(lines)
@@ -144,6 +144,10 @@ def main(argv) -> int:
     if value < least:
       print(f'--{name}={value}: must be at least {least}', file=sys.stderr)
       return 2
+  if not all(m.isdigit() for m in FLAGS.matmuls) or FLAGS.matmuls[:1] != ['0']:
+    print(f'--matmuls={",".join(FLAGS.matmuls)}: use whole numbers, 0 first (the row without '
+          'compute is the back-to-back call the others are counted against)', file=sys.stderr)
+    return 2
   if not FLAGS.collective_threads or set(FLAGS.collective_threads) - {'idle', 'normal'}:
     print(f'--collective_threads={",".join(FLAGS.collective_threads)}: use idle, normal or '
           'both (gloo\'s event loop at idle priority, as jaxpar runs it, or as gloo leaves it)',
@@ -153,8 +157,7 @@ def main(argv) -> int:
       timespec='seconds'), 'command': 'python -m analysis.steptime.gaps ' + ' '.join(
           sys.argv[1:]), 'machine': measure.machine(), 'settings': {}}
   common = {'bytes': FLAGS.bytes, 'matmuls': [int(m) for m in FLAGS.matmuls],
-            'repeats': FLAGS.repeats,
-            'warmup': FLAGS.warmup}
+            'repeats': FLAGS.repeats, 'warmup': FLAGS.warmup}
   links = FLAGS.links
   if links and (why_not := link.unavailable()):
     print(f'skipping the emulated links {",".join(links)}: {why_not}', file=sys.stderr)

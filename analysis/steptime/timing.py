@@ -241,8 +241,12 @@ def run(spec) -> dict:
   cells = ([('grad', b, 3 * weights) for b in spec['grad_batches']]
            + [('step', c, 4 * weights * (c['n'] if spec['setting'] == 'emulated' else 1))
               for c in spec['steps']])
-  done, waited = 0, []
-  for g, group in enumerate(groups([cost for _, _, cost in cells])):
+  done = 0
+  grouped = groups([cost for _, _, cost in cells])
+  # The first group with steps: its warm-ups run the process's first collectives.
+  first_steps = next((g for g, group in enumerate(grouped)
+                      if any(cells[i][0] == 'step' for i in group)), None)
+  for g, group in enumerate(grouped):
     mine = [cells[i] for i in group]
     compiled, calls = {}, []
 
@@ -254,12 +258,12 @@ def run(spec) -> dict:
           compiled[j] = step_cell(cell(what['overrides']), meta)
           calls.append(compiled[j]['run'])
       return calls
-    def barrier(name, g=g, steps=any(kind == 'step' for kind, _, _ in mine)):
-      if (name == 'round 0' and steps and not waited and spec['num_processes'] > 1
+    def barrier(name, g=g):
+      if (name == 'round 0' and g == first_steps and spec['num_processes'] > 1
           and base.distributed.collective_threads == 'idle'):
-        # The warm-ups ran the first collectives; the poller sees gloo's loop only while it
-        # waits (multihost.wait_for_idle_gloo_loops), so the first round would else pay ticks.
-        waited.append(multihost.wait_for_idle_gloo_loops())
+        # The poller sees gloo's loop only while it waits (multihost.wait_for_idle_gloo_loops),
+        # so the first round would else pay ticks.
+        multihost.wait_for_idle_gloo_loops()
       multihost.barrier(f'cells {g} {name}')
     samples = time_in_rounds(make, spec['rounds'], spec['steps_per_round'], warmup, barrier)
     traced = {}
