@@ -82,6 +82,11 @@ def strategy(cfg, mesh, model):
   one_buffer = cfg.grad_fusion == 'one_buffer' or (cfg.grad_fusion == 'auto'
                                                     and jax.process_count() > 1)
   every = cfg.sync_every or 1  # gossip: exchange on every p-th step (Local SGD(p) + gossip)
+  if (config_lib.method(cfg) == 'gossip' and cfg.gossip_mix == 'gradients'
+      and mesh.size == 2):
+    logging.warning("Gossip on 2 devices mixing gradients ([L] as written): each replica takes "
+                    "2/3 of its partner's gradient and the two climb apart (docs/accuracy.md); "
+                    "--config.gossip_mix=parameters mixes the models instead.")
   make = {
       'hybrid': lambda: HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype,
                                  config_lib.device_batch(cfg), cfg.dtype),
@@ -89,7 +94,7 @@ def strategy(cfg, mesh, model):
       'sparse_gossip': lambda: SparseGossip(mesh, cfg.sparsify.threshold, cfg.sparsify.capacity,
                                             cfg.sparsify.error_feedback, every,
                                             cfg.local_sgd_warmup),
-      'gossip': lambda: Gossip(mesh, every, cfg.local_sgd_warmup, one_buffer),
+      'gossip': lambda: Gossip(mesh, every, cfg.local_sgd_warmup, one_buffer, cfg.gossip_mix),
       'local_sgd': lambda: LocalSGD(mesh, cfg.sync_every, cfg.local_sgd_warmup, group_axes(
           mesh.axis_sizes, mesh.axis_names, cfg.local_sgd_group_size)),
       'central': lambda: CentralServer(mesh, dtype, cfg.central_schedule),

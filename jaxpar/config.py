@@ -93,6 +93,12 @@ def defaults() -> ml_collections.ConfigDict:
   # gossip ([L]: no server; each device mixes gradients with two ring neighbours and
   # keeps its own replica).
   c.server = 'allreduce'
+  # gossip: what the ring neighbours mix. gradients = [L]'s Algorithm 2 as written: on 2
+  # devices each replica takes 2/3 of its partner's gradient and the two climb apart
+  # (docs/accuracy.md); parameters = each replica steps on its own gradient, then takes
+  # the same 1/3 mean of its own and its partners' weights and BN statistics
+  # (decentralised SGD, Lian et al. 2017), which pulls the replicas together.
+  c.gossip_mix = 'gradients'
   # central: serial = one worker at a time ([T] eq. 4.4, best case; the semaphore
   # of §7.2), parallel = all at once (eq. 4.7, worst case).
   c.central_schedule = 'serial'

@@ -27,6 +27,7 @@ from jaxpar.models.conv import CONV_IMPLS
 from jaxpar.models.resnet import SHORTCUTS
 from jaxpar.optim import LR_SCALINGS, OPTIMIZERS, SCHEDULES
 from jaxpar.parallel.allreduce import GRAD_FUSIONS, SUMS
+from jaxpar.parallel.gossip import GOSSIP_MIXES
 from jaxpar.parallel.group_batchnorm import bn_group_sizes, group_sizes, split_for_groups
 from jaxpar.parallel.hybrid import FC_PARALLEL, MODEL_AXIS
 from jaxpar.parallel.servers import CENTRAL_SCHEDULES, PLACEMENTS
@@ -62,7 +63,7 @@ def validate(c) -> None:
                          ('scheme', SCHEMES),
                          ('server', SERVERS), ('placement', ('auto', *PLACEMENTS)),
                          ('central_schedule', CENTRAL_SCHEDULES), ('grad_reduce', SUMS),
-                         ('grad_fusion', GRAD_FUSIONS),
+                         ('grad_fusion', GRAD_FUSIONS), ('gossip_mix', GOSSIP_MIXES),
                          ('fc_parallel', FC_PARALLEL),
                          ('optimizer.name', OPTIMIZERS), ('optimizer.schedule', SCHEDULES),
                          ('optimizer.lr_scaling', LR_SCALINGS),
@@ -133,6 +134,10 @@ def validate(c) -> None:
   if c.sync_every or c.server == 'gossip':
     _validate_replicas(c)
   _validate_sparsify(c)
+  if c.gossip_mix != 'gradients' and (c.server != 'gossip' or c.sparsify.capacity):
+    _fail('gossip_mix', c.gossip_mix, "it chooses what dense gossip (server='gossip', "
+          "sparsify.capacity=0) mixes; sparsified gossip sends gradient entries and the "
+          "other servers mix nothing: leave it 'gradients'")
   if c.fc_parallel != 'data':
     _validate_hybrid(c, axes)
   if c.server != 'allreduce' and c.grad_reduce != 'psum':

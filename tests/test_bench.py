@@ -36,6 +36,8 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir):
   for s in (jaxpar, jit):
     assert len(s['samples']) == 2 and s['median_s'] > 0 and s['compile_s'] > 0
     assert s['flops_per_device'] > 0 and s['peak_memory_bytes_per_device'] > param_bytes
+    assert 0 < s['temp_bytes_per_device'] < s['peak_memory_bytes_per_device']
+    assert s['page_faults_per_step'] >= 0
     # Both compiled programs all-reduce the gradients over the 8 devices (+ a few metrics).
     assert s['collective_bytes_per_device'] == pytest.approx(2 * 7 / 8 * param_bytes, rel=1e-4)
   assert result['shard_map_over_jit_throughput'] == pytest.approx(
@@ -48,6 +50,19 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir):
   assert row.startswith('| squeezenet | 32² | 8 | 16 | allreduce | sgd |')
   assert row.endswith(f"| {jaxpar['peak_memory_bytes_per_device'] / 1e6:.0f} "
                       f"| {jit['peak_memory_bytes_per_device'] / 1e6:.0f} |")
+
+
+def test_minor_faults_count_the_pages_a_step_maps_afresh():
+  import mmap
+  pages = 2048
+  region = mmap.mmap(-1, pages * mmap.PAGESIZE)
+  if hasattr(mmap, 'MADV_NOHUGEPAGE'):  # one fault per 4 KiB page, not per huge page
+    region.madvise(mmap.MADV_NOHUGEPAGE)
+  before = bench._minor_faults()
+  for i in range(pages):  # the first write to each fresh page faults it in
+    region[i * mmap.PAGESIZE] = 1
+  assert bench._minor_faults() - before >= pages
+  region.close()
 
 
 def test_bench_refuses_the_async_scheme(data_dir):

@@ -1,6 +1,7 @@
-"""`conv_impl`: the per-tap lowering equals XLA's convolution, forward and both gradients,
-for every distinct convolution geometry of the four networks at 16², 32² and 224²; a train step is the same whichever
-lowering `auto` picks; GPU and TPU keep XLA's convolutions."""
+"""`conv_impl`: each hand lowering (per tap, im2col, Winograd's F(2×2, 3×3)) equals XLA's
+convolution, forward and both gradients, for every distinct convolution geometry of the four
+networks at 16², 32² and 224² it computes; a train step is the same whichever lowering `auto`
+picks; GPU and TPU keep XLA's convolutions."""
 import functools
 
 import flax.linen as nn
@@ -13,8 +14,8 @@ from jax import lax
 from analysis.benchmarks.conv_bench import convolutions, positions
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS
 from jaxpar.step import loss_and_logits
-from jaxpar.models.conv import (TAPS_MAX_OUTPUT_POSITIONS, conv_general_dilated, conv_taps,
-                                use_taps)
+from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS, conv_general_dilated,
+                                conv_taps, use_taps, winograd_applies)
 
 DN = ('NHWC', 'HWIO', 'NHWC')
 
@@ -54,51 +55,78 @@ def _inputs(c, dtype):
 
 
 def _run(impl, c, inputs):
-  conv = conv_taps if impl == 'taps' else lax.conv_general_dilated
-  return jax.jit(functools.partial(_value_and_grads, conv, c))(*inputs)
+  return jax.jit(functools.partial(_value_and_grads, LOWERINGS[impl], c))(*inputs)
 
 
-def _assert_same(c, dtype, rtol):
+@functools.cache
+def _xla(c, dtype):
+  """XLA's output and gradients for geometry `c`, computed once for every lowering's test."""
   inputs = _inputs(c, dtype)
-  want, got = _run('xla', c, inputs), _run('taps', c, inputs)
+  return inputs, _run('xla', c, inputs)
+
+
+def _assert_same(impl, c, dtype, rtol):
+  inputs, want = _xla(c, dtype)
+  got = _run(impl, c, inputs)
   for name, g, w in zip(('output', 'input gradient', 'kernel gradient'), got, want):
     g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
     scale = np.abs(w).max()
     # Relative to the largest element: sums of many products in another order.
-    np.testing.assert_allclose(g, w, rtol=0, atol=rtol * scale, err_msg=f'{c} {name}')
+    np.testing.assert_allclose(g, w, rtol=0, atol=rtol * scale, err_msg=f'{impl} {c} {name}')
+
+
+def _cases(shapes):
+  """(lowering, geometry) for every geometry a lowering computes itself (Winograd: 3×3 at
+  stride 1; the others fall back to XLA's convolution, tested below)."""
+  return [pytest.param(impl, c, id=f'{impl}-{c}') for impl in ('taps', 'im2col', 'winograd')
+          for c in shapes if impl != 'winograd' or winograd_applies(c.rhs, c.strides)]
 
 
 SMALL = geometries((16, 32))
+LARGE = sorted(set(geometries((224,))) - set(SMALL))
 
 
-@pytest.mark.parametrize('c', SMALL, ids=str)
-def test_taps_equal_xla_float32_16_32(c):
-  _assert_same(c, jnp.float32, 1e-5)
+@pytest.mark.parametrize('impl,c', _cases(SMALL))
+def test_lowerings_equal_xla_float32_16_32(impl, c):
+  _assert_same(impl, c, jnp.float32, 1e-5)
 
 
-@pytest.mark.parametrize('c', sorted(set(geometries((224,))) - set(SMALL)), ids=str)
-def test_taps_equal_xla_float32_224(c):
-  _assert_same(c, jnp.float32, 1e-5)
+@pytest.mark.parametrize('impl,c', _cases(LARGE))
+def test_lowerings_equal_xla_float32_224(impl, c):
+  # Winograd's transforms add and subtract four inputs, then four products, before and
+  # after each sum over channels: a few more roundings than a direct sum.
+  _assert_same(impl, c, jnp.float32, 2e-5 if impl == 'winograd' else 1e-5)
 
 
-@pytest.mark.parametrize('c', SMALL, ids=str)
-def test_taps_equal_xla_bfloat16(c):
-  # bfloat16 has an 8-bit mantissa: the two lowerings sum (and round) in other orders.
-  _assert_same(c, jnp.bfloat16, 2e-2)
+@pytest.mark.parametrize('impl,c', _cases(SMALL))
+def test_lowerings_equal_xla_bfloat16(impl, c):
+  # bfloat16 has an 8-bit mantissa: the lowerings sum (and round) in other orders.
+  _assert_same(impl, c, jnp.bfloat16, 2e-2)
 
 
-def test_layouts_and_options_taps_cannot_do_fall_back_to_xla():
+def test_winograd_leaves_other_kernels_and_strides_to_xla():
+  c = next(c for c in SMALL if not winograd_applies(c.rhs, c.strides))
+  inputs, want = _xla(c, jnp.float32)
+  for g, w in zip(_run('winograd', c, inputs), want):
+    np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize('impl', ['taps', 'im2col', 'winograd'])
+def test_layouts_and_options_the_lowerings_cannot_do_fall_back_to_xla(impl):
+  conv = LOWERINGS[impl]
   x = jax.random.normal(jax.random.key(0), (2, 3, 9, 9))
   w = jax.random.normal(jax.random.key(1), (4, 3, 3, 3))
   for kwargs in (dict(dimension_numbers=None),  # NCHW/OIHW
                  dict(dimension_numbers=('NCHW', 'OIHW', 'NCHW'), rhs_dilation=(2, 2))):
-    np.testing.assert_allclose(conv_taps(x, w, (1, 1), 'SAME', **kwargs),
+    np.testing.assert_allclose(conv(x, w, (1, 1), 'SAME', **kwargs),
                                lax.conv_general_dilated(x, w, (1, 1), 'SAME', **kwargs),
                                rtol=1e-6)
   xh, wh = jnp.transpose(x, (0, 2, 3, 1)), jnp.transpose(w, (2, 3, 1, 0))
-  np.testing.assert_allclose(  # string padding, asymmetric at stride 2
-      conv_taps(xh, wh, (2, 2), 'SAME', dimension_numbers=DN),
-      lax.conv_general_dilated(xh, wh, (2, 2), 'SAME', dimension_numbers=DN), rtol=1e-5, atol=1e-5)
+  for strides in ((2, 2), (1, 1)):  # string padding, asymmetric at stride 2
+    np.testing.assert_allclose(
+        conv(xh, wh, strides, 'SAME', dimension_numbers=DN),
+        lax.conv_general_dilated(xh, wh, strides, 'SAME', dimension_numbers=DN),
+        rtol=1e-5, atol=1e-5)
 
 
 def test_auto_uses_taps_on_small_cpu_maps_only():
@@ -107,7 +135,9 @@ def test_auto_uses_taps_on_small_cpu_maps_only():
   for backend in ('gpu', 'cuda', 'rocm', 'tpu'):
     assert not use_taps('auto', 1, backend)
   assert use_taps('taps', 10_000, 'gpu') and not use_taps('xla', 1, 'cpu')
+  assert not use_taps('winograd', 1, 'cpu') and not use_taps('im2col', 1, 'cpu')
   assert conv_general_dilated('xla') is lax.conv_general_dilated
+  assert conv_general_dilated('taps') is conv_taps
 
 
 def _tapped_ops(impl, net, size):
@@ -167,10 +197,11 @@ def _variables(net):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('net', sorted(MODELS))
-def test_a_train_step_with_auto_equals_xla(net):
+@pytest.mark.parametrize('net,impl', [(net, 'auto') for net in sorted(MODELS)]
+                         + [('resnet34', 'winograd'), ('vgg16e', 'im2col')])
+def test_a_train_step_with_a_lowering_equals_xla(net, impl):
   want_loss, want = _one_step(net, 'xla')
-  got_loss, got = _one_step(net, 'auto')
+  got_loss, got = _one_step(net, impl)
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
     # Parameters of order 0.1–1; BatchNorm over 2 images of ResNet34's 1×1 maps amplifies

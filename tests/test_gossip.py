@@ -53,24 +53,28 @@ def test_distances_cycle_to_half_the_ring():
   assert distances(3) == [1] and distances(2) == [1] and distances(1) == [1]
 
 
-@pytest.mark.parametrize('every, warmup, capacity, one_buffer', [
-    (1, 0, 0.0, False),  # gossip
-    (1, 0, 0.0, True),   # gossip, every tensor in one buffer (as across processes)
-    (2, 1, 0.0, False),  # Local SGD(2) + gossip after one exchanging step: exchange, own, …
-    (2, 0, 0.3, False),  # Local SGD(2) + sparsified gossip (30 % of each tensor, error feedback)
+@pytest.mark.parametrize('every, warmup, capacity, one_buffer, mix', [
+    (1, 0, 0.0, False, 'gradients'),  # gossip
+    (1, 0, 0.0, True, 'gradients'),   # gossip, every tensor in one buffer (as across processes)
+    (2, 1, 0.0, False, 'gradients'),  # Local SGD(2) + gossip after one exchanging step
+    (2, 0, 0.3, False, 'gradients'),  # Local SGD(2) + sparsified gossip (30 %, error feedback)
+    (1, 0, 0.0, False, 'parameters'),  # the models mixed (decentralised SGD)
+    (2, 1, 0.0, True, 'parameters'),   # … every other step after one, in one buffer
 ])
-def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacity, one_buffer):
+def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacity, one_buffer,
+                                                          mix):
   """4 devices, 3 steps (s = 1, 2, 1), SGD + momentum: each replica's weights equal those
   of a single-device loop that computes every replica's gradient on its own rows and, on
   a step that exchanges, mixes them with W_s (sparsified in numpy first: each tensor's
-  largest entries of gradient + residual, the rest kept as the residual); on the other
-  steps each replica applies its own gradient."""
+  largest entries of gradient + residual, the rest kept as the residual) — or, mixing
+  parameters, steps every replica on its own gradient and then mixes the replicas' weights
+  and BN statistics with W_s; on the other steps each replica applies its own gradient."""
   n, steps = 4, 3
   tx = optax.sgd(0.1, momentum=0.9)
   mesh = make_mesh((n,), ('data',))
   model = TinyResNet(bn_axis_name=None)
   gossip = (SparseGossip(mesh, 0.0, capacity, True, every, warmup) if capacity
-            else Gossip(mesh, every, warmup, one_buffer))
+            else Gossip(mesh, every, warmup, one_buffer, mix))
   state = init_state(model, tx, gossip, mesh, IMAGE, jax.random.key(0))
   step = make_train_step(model, tx, mesh, gossip)
   batches = random_batches(steps, batch=8 * n)
@@ -105,11 +109,16 @@ def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacit
                    for g, r in zip(grads, residuals)]
       grads = [jax.tree.map(lambda c: _top(c, capacity), c) for c in corrected]
       residuals = [jax.tree.map(lambda c, g: c - g, c, g) for c, g in zip(corrected, grads)]
+    mix_with = lambda i, trees: jax.tree.map(lambda *t: sum(w[i, j] * t[j] for j in range(n)),
+                                             *trees)
     new = []
     for i, (params, _, opt_state) in enumerate(replicas):
-      mixed = jax.tree.map(lambda *g: sum(w[i, j] * g[j] for j in range(n)), *grads)
-      params, opt_state = update(mixed, opt_state, params)
+      params, opt_state = update(mix_with(i, grads) if mix == 'gradients' else grads[i],
+                                 opt_state, params)
       new.append((params, stats[i], opt_state))
+    if mix == 'parameters':  # then each replica takes the mean of its partners' models
+      models = [(params, batch_stats) for params, batch_stats, _ in new]
+      new = [(*mix_with(i, models), opt_state) for i, (_, _, opt_state) in enumerate(new)]
     replicas = new
     assert (sent[k] > 0) == exchanges
   for i, (params, batch_stats, _) in enumerate(replicas):

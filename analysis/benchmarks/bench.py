@@ -11,7 +11,8 @@ sharded over every mesh axis with `NamedSharding`, the parameters replicated, XL
 inserting the collectives — are compiled, then run alternately (one step of each per
 round), so both see the same machine state. Per step: compile time; step time (median,
 min, max); images/s; FLOPs per device from the compiled program's cost analysis and the
-FLOP/s achieved; peak memory per device from its memory analysis; the collectives of the
+FLOP/s achieved; peak memory and temporaries per device from its memory analysis; the
+process's minor page faults a timed step (`getrusage`); the collectives of the
 compiled program and their bytes per device and step (`jaxpar.plan.hlo.compiled_collectives`:
 every branch of a conditional counts, and on CPU bfloat16 sums show as float32). Ratios are taken side by side
 in this one run; nothing here is asserted in tests. On a GPU (`bench_gpu.sh`) the PyTorch peer runs on
@@ -21,6 +22,7 @@ CUDA, and XLA's FLOP count leaves out the convolutions, which run as cuDNN custo
 import datetime
 import json
 import os
+import resource
 import sys
 import time
 
@@ -87,6 +89,7 @@ class Runner:
     memory = self.compiled.memory_analysis()
     self.peak_memory = (memory.argument_size_in_bytes + memory.output_size_in_bytes
                         - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+    self.temp_bytes = memory.temp_size_in_bytes
     self.times = []
 
   def __call__(self, timed: bool = True):
@@ -107,6 +110,7 @@ class Runner:
             'images_per_s': images / median, 'flops_per_device': self.flops,
             'flop_per_s_per_device': self.flops / median,
             'peak_memory_bytes_per_device': self.peak_memory,
+            'temp_bytes_per_device': self.temp_bytes,
             'collectives': self.collectives,
             'collective_bytes_per_device': self.collective_bytes}
 
@@ -141,6 +145,12 @@ def _torch_device() -> str:
   return device
 
 
+def _minor_faults() -> int:
+  """The process's minor page faults so far: a step that has the kernel map and zero its
+  temporaries again each time (docs/performance.md, host memory) shows ~one a 4 KiB page."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False) -> dict:
   check(cfg, with_torch)
   mesh = build.mesh(cfg)
@@ -173,12 +183,16 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   for _ in range(warmup):
     for r in runners:
       r(timed=False)
+  faults = [[] for _ in runners]
   for i in range(steps):  # alternate: both steps see the same machine state
-    for r in runners:
+    for r, counted in zip(runners, faults):
+      before = _minor_faults()
       r()
+      counted.append(_minor_faults() - before)
     print(f'\rround {i + 1}/{steps}', end='', file=sys.stderr, flush=True)
   print(file=sys.stderr)
-  results = [r.result(global_batch) for r in runners]
+  results = [r.result(global_batch) | {'page_faults_per_step': float(np.mean(counted))}
+             for r, counted in zip(runners, faults)]
   if profile_steps:
     for r, result in zip(runners[:2], results):
       result['profile'] = r.profile(profile_steps)

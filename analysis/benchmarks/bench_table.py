@@ -101,6 +101,38 @@ def methods_table(results) -> str:
           r['method'], r['config']['sync_every']))])
 
 
+def _host_memory_step(r) -> str:
+  """A run's step, named without its `host_memory` setting."""
+  c = r['config']
+  devices, processes = math.prod(r['mesh']), max(1, c['distributed']['num_processes'])
+  where = f'{processes} processes' if processes > 1 else 'one process'
+  bn = ', per-device BN' if c['bn_group_size'] == 1 and devices > 1 else ''
+  return (f"{r['network']} {r['image_size']}², {c['scheme']} {c['server']}, "
+          f"{r['global_batch'] // devices} a device, {where}{bn}")
+
+
+def host_memory_table(results) -> str:
+  """jaxpar's step under `host_memory='system'` and `'keep'` side by side (one run each; the
+  same command but for that setting): XLA's temporaries from the compiled program's memory
+  analysis, and each setting's median step with the process's minor page faults a step
+  (docs/performance.md, host memory). Runs without fault counts predate them and are left
+  out."""
+  by_step = {}
+  for r in results:
+    jaxpar = next(s for s in r['steps'] if s['step'] == 'jaxpar shard_map')
+    if 'page_faults_per_step' in jaxpar:
+      by_step.setdefault(_host_memory_step(r), {})[r['config']['host_memory']] = jaxpar
+  lines = ["| jaxpar's step | XLA's temporaries (MB) | system: ms (faults a step) "
+           '| keep: ms (faults a step) |', '|---|---:|---:|---:|']
+  for step, runs in sorted(by_step.items()):
+    cell = lambda s: (f"{s['median_s'] * 1e3:.1f} ({s['page_faults_per_step']:,.0f})"
+                      if s else '—')
+    temp = next(iter(runs.values()))['temp_bytes_per_device'] / 1e6
+    lines.append(f"| {step} | {temp:.2f} | {cell(runs.get('system'))} | "
+                 f"{cell(runs.get('keep'))} |")
+  return '\n'.join(lines)
+
+
 def main(argv):
   methods = argv[:1] == ['--methods']
   paths = argv[1:] if methods else argv

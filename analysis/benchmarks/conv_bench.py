@@ -1,19 +1,24 @@
-"""Times every distinct convolution of the four networks in both lowerings: the measurement
-behind `conv_impl='auto'` (`jaxpar/models/conv.py`).
+"""Times every distinct convolution of the four networks in every exact lowering, pass by
+pass, beside PyTorch's: the measurement behind `conv_impl='auto'` (`jaxpar/models/conv.py`).
 
   python -m analysis.benchmarks.conv_bench --out analysis/report/conv/conv_bench.json
+  python -m analysis.benchmarks.conv_bench --nets=vgg16e --sizes=224:2 --dtype=bfloat16
 
 For each network, input size and per-device batch, the convolutions the train step runs
-are collected (shape, kernel, stride, padding) and each distinct one is timed forward +
-backward (the gradients w.r.t. input and kernel, as in training) as XLA's
-`lax.conv_general_dilated` and as one matmul per kernel tap (`conv_taps`), alternately in
-rounds, median of the rounds. The table gives both times, their ratio, the output map's
-positions, and whether `auto`'s rule (taps where the output map has at most
-`TAPS_MAX_OUTPUT_POSITIONS` positions) picks the faster one; the summary sums each
-network's convolution time under XLA, taps, `auto` and the best of the two per shape.
-Nothing here is asserted in tests.
+are collected (shape, kernel, stride, padding), and each distinct one is timed in its
+three passes — the forward convolution, the input gradient and the kernel gradient (a
+train step runs each once) — in every lowering jaxpar can compute it by: XLA's
+`lax.conv_general_dilated` in NHWC (what flax's `nn.Conv` asks for) and in NCHW, one matmul
+per kernel tap (`taps`), one matmul over the taps' slices side by side (`im2col`), and
+Winograd's F(2×2, 3×3) where the kernel is 3×3 at stride 1; and with `--torch` PyTorch's
+`conv2d` and its two gradients (`torch.nn.grad`, NCHW, oneDNN on a CPU) on the same shapes.
+All of them alternately in rounds, median of the rounds. The summary sums each network's
+convolution time (count × the three passes) per lowering, under `auto`'s rule, under the
+fastest lowering per geometry, and PyTorch's. Nothing here is asserted in tests; the
+lowerings' exactness is (tests/test_conv.py).
 """
 import collections
+import datetime
 import json
 import os
 import time
@@ -29,14 +34,18 @@ from jax import lax  # noqa: E402
 
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS  # noqa: E402
-from jaxpar.models.conv import (TAPS_MAX_OUTPUT_POSITIONS, conv_taps,  # noqa: E402
-                                output_positions, use_taps)
+from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS,  # noqa: E402
+                                output_positions, use_taps, winograd_applies)
 
 _NETS = flags.DEFINE_list('nets', sorted(MODELS), 'Networks.')
 _SIZES = flags.DEFINE_list('sizes', ['16:8', '32:8', '32:32', '224:2'],
                            'input size:per-device batch pairs.')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Alternating rounds per shape (median).')
+_IMPLS = flags.DEFINE_list('impls', ['xla', 'xla_nchw', 'taps', 'im2col', 'winograd'],
+                           'Lowerings to time (winograd only where it applies).')
+_TORCH = flags.DEFINE_bool('torch', False, "Also time PyTorch's conv2d and its gradients "
+                           "(needs the [bench] extra).")
 _OUT = flags.DEFINE_string('out', None, 'Write the JSON here.')
 
 Conv = collections.namedtuple('Conv', 'lhs rhs strides padding')
@@ -63,22 +72,100 @@ def convolutions(net: str, size: int, batch: int, dtype) -> list:
   return collections.Counter(seen)
 
 
-def _fwd_bwd(impl, c: Conv, dtype):
-  conv = conv_taps if impl == 'taps' else lax.conv_general_dilated
+PASSES = ('forward', 'input_grad', 'kernel_grad')
+NHWC = ('NHWC', 'HWIO', 'NHWC')
+NCHW = ('NCHW', 'OIHW', 'NCHW')
 
-  def loss(x, w):
-    y = conv(x, w, c.strides, c.padding, dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-    return jnp.sum(y.astype(jnp.float32) ** 2)
-  f = jax.jit(jax.grad(loss, argnums=(0, 1)))
-  x = jax.random.normal(jax.random.key(0), c.lhs, dtype)
-  w = jax.random.normal(jax.random.key(1), c.rhs, dtype)
-  jax.block_until_ready(f(x, w))  # compile
+
+def _timer(f, *args):
+  """Runs the compiled `f` once (compiling it), then returns a callable timing one call."""
+  jax.block_until_ready(f(*args))
 
   def run():
     start = time.perf_counter()
-    jax.block_until_ready(f(x, w))
+    jax.block_until_ready(f(*args))
     return time.perf_counter() - start
   return run
+
+
+def jax_passes(impl: str, c: Conv, dtype) -> dict:
+  """{pass: timer} of lowering `impl` ('xla_nchw': XLA's convolution on NCHW/OIHW arrays,
+  transposed outside the timed call) for geometry `c`."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=c.lhs), dtype)
+  w = jnp.asarray(rng.normal(size=c.rhs), dtype)
+  if impl == 'xla_nchw':
+    conv, dn = lax.conv_general_dilated, NCHW
+    x, w = jnp.transpose(x, (0, 3, 1, 2)), jnp.transpose(w, (3, 2, 0, 1))
+  else:
+    conv, dn = LOWERINGS[impl], NHWC
+  f = lambda x, w: conv(x, w, c.strides, c.padding, dimension_numbers=dn)
+  dy = jnp.asarray(rng.normal(size=jax.eval_shape(f, x, w).shape), dtype)
+  return {'forward': _timer(jax.jit(f), x, w),
+          'input_grad': _timer(jax.jit(lambda x, w, dy: jax.vjp(lambda x: f(x, w), x)[1](dy)[0]),
+                               x, w, dy),
+          'kernel_grad': _timer(jax.jit(lambda x, w, dy: jax.vjp(lambda w: f(x, w), w)[1](dy)[0]),
+                                x, w, dy)}
+
+
+def torch_passes(c: Conv, dtype) -> dict:
+  """{pass: timer} of PyTorch's convolution of geometry `c` (NCHW, as torchvision's networks
+  run; an asymmetric padding is padded explicitly first, inside the timed call)."""
+  import torch
+  import torch.nn.functional as F
+  torch.set_num_threads(os.cpu_count())
+  tdtype = {jnp.dtype(jnp.float32): torch.float32, jnp.dtype(jnp.bfloat16): torch.bfloat16}[
+      jnp.dtype(dtype)]
+  g = torch.Generator().manual_seed(0)
+  n, h, w_, ci = c.lhs
+  kh, kw, _, co = c.rhs
+  x = torch.randn(n, ci, h, w_, generator=g).to(tdtype)
+  w = torch.randn(co, ci, kh, kw, generator=g).to(tdtype)
+  (pt, pb), (pl, pr) = c.padding
+  if pt == pb and pl == pr:
+    pad, prepad = (pt, pl), lambda t: t
+  else:
+    pad, prepad = (0, 0), lambda t: F.pad(t, (pl, pr, pt, pb))
+  with torch.no_grad():
+    dy = torch.randn(F.conv2d(prepad(x), w, stride=c.strides, padding=pad).shape,
+                     generator=g).to(tdtype)
+
+  def timer(f):
+    with torch.no_grad():
+      f()
+
+    def run():
+      with torch.no_grad():
+        start = time.perf_counter()
+        f()
+        return time.perf_counter() - start
+    return run
+  return {'forward': timer(lambda: F.conv2d(prepad(x), w, stride=c.strides, padding=pad)),
+          'input_grad': timer(lambda: torch.nn.grad.conv2d_input(
+              prepad(x).shape, w, dy, stride=c.strides, padding=pad)),
+          'kernel_grad': timer(lambda: torch.nn.grad.conv2d_weight(
+              prepad(x), w.shape, dy, stride=c.strides, padding=pad))}
+
+
+def time_geometry(c: Conv, dtype, impls, rounds: int, torch: bool) -> dict:
+  """{lowering: {pass: median seconds}} for geometry `c`; every lowering's passes alternate
+  in each round, so all see the same machine state. Winograd only where it applies."""
+  timers = {impl: jax_passes(impl, c, dtype) for impl in impls
+            if impl != 'winograd' or winograd_applies(c.rhs, c.strides)}
+  if torch:
+    timers['torch'] = torch_passes(c, dtype)
+  samples = {impl: {p: [] for p in PASSES} for impl in timers}
+  for _ in range(rounds):
+    for impl, passes in timers.items():
+      for p, run in passes.items():
+        samples[impl][p].append(run())
+  return {impl: {p: float(np.median(t)) for p, t in by_pass.items()}
+          for impl, by_pass in samples.items()}
+
+
+def total(times: dict) -> float:
+  """A lowering's time for a train step's three passes of one convolution."""
+  return sum(times[p] for p in PASSES)
 
 
 def positions(c: Conv) -> int:
@@ -96,39 +183,73 @@ def main(argv):
         continue
       for c, count in convolutions(net, size, batch, dtype).items():
         if c not in cache:
-          runs = {impl: _fwd_bwd(impl, c, dtype) for impl in ('xla', 'taps')}
-          times = {impl: [] for impl in runs}
-          for _ in range(_ROUNDS.value):
-            for impl, run in runs.items():
-              times[impl].append(run())
-          cache[c] = {impl: float(np.median(t)) for impl, t in times.items()}
+          cache[c] = time_geometry(c, dtype, _IMPLS.value, _ROUNDS.value, _TORCH.value)
         t, out = cache[c], positions(c)
+        auto = 'taps' if use_taps('auto', out, 'cpu') else 'xla'
+        jaxs = {k: total(v) for k, v in t.items() if k != 'torch'}
         rows.append(dict(net=net, size=size, batch=batch, count=count, lhs=c.lhs, rhs=c.rhs,
-                         strides=c.strides, padding=c.padding, positions=out,
-                         xla_s=t['xla'], taps_s=t['taps'],
-                         auto='taps' if use_taps('auto', out, 'cpu') else 'xla'))
+                         strides=c.strides, padding=c.padding, positions=out, times=t,
+                         auto=auto, fastest=min(jaxs, key=jaxs.get)))
+        cells = '  '.join(f'{k} {v * 1e3:8.2f}' for k, v in jaxs.items())
+        peer = f"  torch {total(t['torch']) * 1e3:8.2f}" if 'torch' in t else ''
         print(f"{net:10s} {size:3d}² b{batch:<2d} x{count:<2d} {str(c.lhs):18s} "
               f"{c.rhs[0]}×{c.rhs[1]}/{c.strides[0]} {c.rhs[2]:4d}→{c.rhs[3]:<4d} "
-              f"out {out:4d}  xla {t['xla'] * 1e3:8.2f} ms  taps {t['taps'] * 1e3:8.2f} ms"
-              f"  {t['xla'] / t['taps']:6.2f}×  auto={rows[-1]['auto']}", flush=True)
-  summary = []
-  for (net, size, batch), group in _group(rows).items():
-    total = {k: sum(r['count'] * r[f'{k}_s'] for r in group) for k in ('xla', 'taps')}
-    total['auto'] = sum(r['count'] * r[f"{r['auto']}_s"] for r in group)
-    total['best'] = sum(r['count'] * min(r['xla_s'], r['taps_s']) for r in group)
-    summary.append(dict(net=net, size=size, batch=batch, **{f'{k}_s': v for k, v in total.items()}))
-  print('\n' + table(summary))
+              f"out {out:5d}  ms: {cells}{peer}  auto={auto}", flush=True)
+  summary = summarize(rows)
+  print('\n' + lowerings_table(summary))
   if _OUT.value:
     os.makedirs(os.path.dirname(_OUT.value) or '.', exist_ok=True)
     with open(_OUT.value, 'w') as f:
-      json.dump(dict(machine=machine(), versions=versions(), dtype=_DTYPE.value,
-                     rounds=_ROUNDS.value, rule_max_positions=TAPS_MAX_OUTPUT_POSITIONS,
-                     rows=rows, summary=summary), f, indent=1)
+      json.dump(dict(tool='analysis.benchmarks.conv_bench',
+                     created=datetime.datetime.now().isoformat(timespec='seconds'),
+                     machine=machine(), versions=versions(), backend=jax.default_backend(),
+                     dtype=_DTYPE.value, rounds=_ROUNDS.value,
+                     rule_max_positions=TAPS_MAX_OUTPUT_POSITIONS, rows=rows,
+                     summary=summary), f, indent=1)
+
+
+def _seconds(row, impl) -> float:
+  """A row's three passes by `impl`; a lowering that does not apply there (Winograd off 3×3
+  stride 1) falls back to XLA's convolution, so XLA's time."""
+  t = row['times']
+  return total(t[impl] if impl in t else t['xla'])
+
+
+def summarize(rows) -> list:
+  """Per network, size and batch: Σ count × the three passes, per lowering, under `auto`'s
+  rule, under the fastest lowering per geometry ('best'), and PyTorch's ('torch')."""
+  summary = []
+  for (net, size, batch), group in _group(rows).items():
+    impls = sorted({k for r in group for k in r['times']} - {'torch'})
+    entry = dict(net=net, size=size, batch=batch)
+    for impl in impls:
+      entry[f'{impl}_s'] = sum(r['count'] * _seconds(r, impl) for r in group)
+    entry['auto_s'] = sum(r['count'] * _seconds(r, r['auto']) for r in group)
+    entry['best_s'] = sum(r['count'] * min(_seconds(r, i) for i in impls) for r in group)
+    if all('torch' in r['times'] for r in group):
+      entry['torch_s'] = sum(r['count'] * total(r['times']['torch']) for r in group)
+    summary.append(entry)
+  return summary
+
+
+def lowerings_table(summary) -> str:
+  """Per network, size and batch: its convolutions' three passes summed by each lowering,
+  `auto`, the fastest per geometry, and PyTorch's, in seconds."""
+  impls = [k[:-2] for k in summary[0] if k.endswith('_s')]
+  lines = ['| network | input | batch | ' + ' | '.join(f'{i} (s)' for i in impls)
+           + (' | PyTorch ÷ best |' if 'torch' in impls else ' |'),
+           '|---|---|---:|' + '---:|' * (len(impls) + ('torch' in impls))]
+  for s in summary:
+    cells = ' | '.join(f"{s[f'{i}_s']:.4f}" for i in impls)
+    ratio = f" | {s['torch_s'] / s['best_s']:.2f}×" if 'torch_s' in s else ''
+    lines.append(f"| {s['net']} | {s['size']}² | {s['batch']} | {cells}{ratio} |")
+  return '\n'.join(lines)
 
 
 def table(summary) -> str:
-  """Per network, size and batch: the convolutions' forward + backward time summed, by each
-  lowering, by `auto`'s choice and by the faster of the two per shape (docs/performance.md)."""
+  """Per network, size and batch: the convolutions' forward + backward time summed, by XLA's
+  lowering and the per-tap one, by `auto`'s choice and by the fastest lowering per shape
+  (of XLA's and the taps in files before im2col and Winograd; docs/performance.md)."""
   lines = ['| network | input | batch | XLA (s) | taps (s) | `auto` (s) | best of the two per '
            'shape (s) | `auto` speedup |', '|---|---|---:|---:|---:|---:|---:|---:|']
   for s in summary:

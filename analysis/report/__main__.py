@@ -114,6 +114,27 @@ def _conv():
   return conv_bench.table(_load('conv/conv_bench.json')[0]['summary'])
 
 
+def _join_penalty(runs: dict, header: str | None = None):
+  """`compare.join_penalty_table` of measure's files (`runs`: label → pattern), with a first
+  column `header` naming each row's run where several stand side by side."""
+  from analysis.steptime import compare
+  rows_ = []
+  for label, pattern in runs.items():
+    rows_ += [r | {'run': label} for r in compare.join_penalty(compare.rows(_load(pattern)[0]))]
+  return compare.join_penalty_table(rows_, header)
+
+
+def _gossip(what):
+  from analysis.accuracy import gossip_sim
+  return (gossip_sim.table(_load('gossip/simulation.json')[0]['runs']) if what == 'simulation'
+          else gossip_sim.modes_table())
+
+
+def _thesis(what):
+  from analysis.theory import thesis_report
+  return getattr(thesis_report, what)()
+
+
 def _gaps():
   from analysis.steptime import gaps
   return gaps.table(_load('measured/collective_gaps.json')[0])
@@ -147,6 +168,7 @@ FILES = {
     'plan/squeezenet16.md': lambda: _plan('squeezenet16'),
     'plan/resnet34_16.md': lambda: _plan('resnet34_16'),
     'plan/googlenet16.md': lambda: _plan('googlenet16'),
+    'thesis_report.md': lambda: _thesis('markdown'),
 }
 
 # A table named in README.md or docs/*.md ← what generates it.
@@ -176,6 +198,12 @@ TABLES = {
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
     'bench-methods': _methods,
+    'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),
+    'join-penalty-host-memory': lambda: _join_penalty(
+        {'system': 'host_memory/system.json', 'keep': 'host_memory/keep.json'}, 'host_memory'),
+    'thesis-best': lambda: _thesis('summary_table'),
+    'gossip-modes': lambda: _gossip('modes'),
+    'gossip-simulation': lambda: _gossip('simulation'),
     'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
 }
 

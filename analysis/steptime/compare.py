@@ -456,14 +456,18 @@ def join_penalty(points) -> list:
   return out
 
 
-def join_penalty_table(rows_) -> str:
-  """`join_penalty`'s rows as a markdown table, in milliseconds."""
+def join_penalty_table(rows_, run: str | None = None) -> str:
+  """`join_penalty`'s rows as a markdown table, in milliseconds; with `run` a column of
+  that header first, from each row's 'run' (rows of several measure runs side by side)."""
   ms = lambda x: '—' if x is None else f'{x * 1e3:+.1f}'
-  lines = ['| setting | server | N | sync-join − sync-split step (ms) | of it, gradients (ms) '
-           '| residual (ms) | noise (ms) |', '|---|---|---:|---:|---:|---:|---:|']
-  lines += [f"| {r['setting']} | {r['server']} | {r['n']} | {ms(r['step'])} | {ms(r['gradient'])} "
-            f"| {ms(r['residual'])} | {_fmt(r['noise'] and r['noise'] * 1e3, '.1f')} |"
-            for r in rows_]
+  first = (f'| {run} ', '|---') if run else ('', '')
+  lines = [first[0] + '| setting | server | N | sync-join − sync-split step (ms) '
+           '| of it, gradients (ms) | residual (ms) | noise (ms) |',
+           first[1] + '|---|---|---:|---:|---:|---:|---:|']
+  lines += [(f"| {r['run']} " if run else '')
+            + f"| {r['setting']} | {r['server']} | {r['n']} | {ms(r['step'])} "
+            f"| {ms(r['gradient'])} | {ms(r['residual'])} "
+            f"| {_fmt(r['noise'] and r['noise'] * 1e3, '.1f')} |" for r in rows_]
   return '\n'.join(lines)
 
 

@@ -1,4 +1,5 @@
-"""Convolution lowerings, chosen per shape: XLA's, or one matmul per kernel tap.
+"""Convolution lowerings, chosen per shape: XLA's, one matmul per kernel tap, im2col, or
+Winograd's F(2×2, 3×3).
 
 A 2-D convolution of an input x (N, H, W, C) with a kernel w (kh, kw, C, D), stride
 (sh, sw) and padding p, is a sum over the kernel's taps (i, j):
@@ -8,7 +9,12 @@ A 2-D convolution of an input x (N, H, W, C) with a kernel w (kh, kw, C, D), str
 where x̃ is x padded by p. `conv_taps` computes exactly that: for every tap, the
 strided slice of x̃ that the tap sees, times w[i, j] (an (N·oh·ow, C) × (C, D) matmul),
 leaving out the taps that see only padding (on a 1×1 map a 3×3 kernel is its centre);
-its gradients, by JAX's transposes, are matmuls and pads too.
+its gradients, by JAX's transposes, are matmuls and pads too. `conv_im2col` computes the
+same sum as one matmul of the taps' slices side by side; `conv_winograd` computes 3×3
+kernels at stride 1 from 4×4 input tiles with 16 matmuls per 2×2 outputs instead of 36
+(Lavin & Gray 2016) — each an exact lowering, equal to XLA's convolution within float
+rounding (tests/test_conv.py), selectable by `conv_impl` and timed per geometry by
+`analysis.benchmarks.conv_bench`.
 
 Why: XLA's CPU backend computes convolutions whose *output map is small* far below
 its speed on larger maps (measured here, forward + backward of a 3×3 256→256
@@ -27,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-CONV_IMPLS = ('auto', 'xla', 'taps')
+CONV_IMPLS = ('auto', 'xla', 'taps', 'im2col', 'winograd')
 # `auto` on CPU: taps where the output map has at most this many positions (oh·ow).
 # Measured on the four networks' convolutions at 16², 32² and 224² (docs/performance.md).
 TAPS_MAX_OUTPUT_POSITIONS = 16
@@ -35,10 +41,8 @@ TAPS_MAX_OUTPUT_POSITIONS = 16
 
 def use_taps(impl: str, out_positions: int, backend: str | None = None) -> bool:
   """Whether `impl` computes a convolution with an output map of `out_positions` by taps."""
-  if impl == 'taps':
-    return True
-  if impl == 'xla':
-    return False
+  if impl != 'auto':
+    return impl == 'taps'
   backend = backend or jax.default_backend()
   return backend == 'cpu' and out_positions <= TAPS_MAX_OUTPUT_POSITIONS
 
@@ -52,6 +56,57 @@ def _is_nhwc_hwio(dimension_numbers, ndim) -> bool:
   return (dn.lhs_spec, dn.rhs_spec, dn.out_spec) == ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
 
 
+def _plain(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
+           feature_group_count, batch_group_count):
+  """The explicit padding ((pt, pb), (pl, pr)) of a convolution the hand lowerings compute —
+  NHWC × HWIO, no dilation, no groups, no negative padding — or None (XLA's then)."""
+  plain = (_is_nhwc_hwio(dimension_numbers, lhs.ndim) and feature_group_count == 1
+           and batch_group_count == 1 and all(d == 1 for d in (lhs_dilation or (1, 1)))
+           and all(d == 1 for d in (rhs_dilation or (1, 1))))
+  if not plain:
+    return None
+  if isinstance(padding, str):
+    padding = lax.padtype_to_pads(lhs.shape[1:3], rhs.shape[:2], window_strides, padding)
+  padding = tuple(tuple(p) for p in padding)
+  return None if any(p < 0 for pair in padding for p in pair) else padding
+
+
+def _accumulation(lhs, rhs, preferred_element_type):
+  """(the dtype products and sums accumulate in, the result's dtype). Below float32 they
+  accumulate in float32 and round once, as XLA's convolution does: left in bfloat16, the
+  kernel gradient (a dot contracting over N·oh·ow positions) is summed in bfloat16 by
+  jaxlib 0.12's CPU dot (2-5 % off on an 8×8 map, against 0.3 % for XLA's convolution;
+  tests/test_conv.py)."""
+  dtype = jnp.result_type(lhs, rhs)
+  accumulate = preferred_element_type
+  if accumulate is None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+    accumulate = jnp.float32
+  return accumulate, preferred_element_type or dtype
+
+
+def _taps_seeing_data(lhs, rhs, window_strides, padding):
+  """The padded input, the output map (oh, ow) and the kernel taps (i, j) that read any
+  input (a tap that reads padding alone adds zeros: on a 1×1 map a 3×3 kernel is its
+  centre)."""
+  (pt, pb), (pl, pr) = padding
+  x = jnp.pad(lhs, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+  kh, kw = rhs.shape[:2]
+  sh, sw = window_strides
+  oh, ow = (x.shape[1] - kh) // sh + 1, (x.shape[2] - kw) // sw + 1
+  h, w = lhs.shape[1:3]
+  taps = [(i, j) for i in range(kh) if _sees_data(i, sh, oh, pt, h)
+          for j in range(kw) if _sees_data(j, sw, ow, pl, w)]
+  return x, (oh, ow), taps
+
+
+def _tap(x, i, j, out, strides):
+  """The strided slice of the padded input that kernel tap (i, j) multiplies."""
+  (oh, ow), (sh, sw) = out, strides
+  n, _, _, c = x.shape
+  return lax.slice(x, (0, i, j, 0), (n, i + (oh - 1) * sh + 1, j + (ow - 1) * sw + 1, c),
+                   (1, sh, sw, 1))
+
+
 def conv_taps(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
               dimension_numbers=None, feature_group_count=1, batch_group_count=1,
               precision=None, preferred_element_type=None):
@@ -59,41 +114,112 @@ def conv_taps(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation
 
   Dilations, feature or batch groups, negative padding and other layouts are
   computed by `lax.conv_general_dilated` itself."""
-  plain = (_is_nhwc_hwio(dimension_numbers, lhs.ndim) and feature_group_count == 1
-           and batch_group_count == 1 and all(d == 1 for d in (lhs_dilation or (1, 1)))
-           and all(d == 1 for d in (rhs_dilation or (1, 1))))
-  kh, kw = rhs.shape[:2] if plain else (0, 0)
-  if plain and isinstance(padding, str):
-    padding = lax.padtype_to_pads(lhs.shape[1:3], (kh, kw), window_strides, padding)
-  if not plain or any(p < 0 for pair in padding for p in pair):
+  pads = _plain(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                dimension_numbers, feature_group_count, batch_group_count)
+  if pads is None:
     return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation,
                                     rhs_dilation, dimension_numbers, feature_group_count,
                                     batch_group_count, precision, preferred_element_type)
-  (pt, pb), (pl, pr) = padding
-  x = jnp.pad(lhs, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
-  sh, sw = window_strides
-  n, hp, wp, c = x.shape
-  oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
-  h, w = lhs.shape[1:3]
-  rows = [i for i in range(kh) if _sees_data(i, sh, oh, pt, h)]
-  cols = [j for j in range(kw) if _sees_data(j, sw, ow, pl, w)]
-  # Below float32, each tap's product and the sum over taps accumulate in float32 and round
-  # once, as XLA's convolution does: left in bfloat16, the kernel gradient (a dot contracting
-  # over N·oh·ow positions) is summed in bfloat16 by jaxlib 0.12's CPU dot (2-5 % off on an
-  # 8×8 map, against 0.3 % for XLA's convolution; tests/test_conv.py).
-  accumulate = preferred_element_type
-  dtype = jnp.result_type(lhs, rhs)
-  if accumulate is None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-    accumulate = jnp.float32
+  x, out_map, taps = _taps_seeing_data(lhs, rhs, window_strides, pads)
+  accumulate, result = _accumulation(lhs, rhs, preferred_element_type)
   out = None
-  for i in rows:
-    for j in cols:
-      tap = lax.slice(x, (0, i, j, 0), (n, i + (oh - 1) * sh + 1, j + (ow - 1) * sw + 1, c),
-                      (1, sh, sw, 1))
-      y = jnp.einsum('nhwc,cd->nhwd', tap, rhs[i, j], precision=precision,
-                     preferred_element_type=accumulate)
-      out = y if out is None else out + y
-  return out if preferred_element_type is not None else out.astype(dtype)
+  for i, j in taps:
+    y = jnp.einsum('nhwc,cd->nhwd', _tap(x, i, j, out_map, window_strides), rhs[i, j],
+                   precision=precision, preferred_element_type=accumulate)
+    out = y if out is None else out + y
+  return out.astype(result)
+
+
+def conv_im2col(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
+                dimension_numbers=None, feature_group_count=1, batch_group_count=1,
+                precision=None, preferred_element_type=None):
+  """`lax.conv_general_dilated`, NHWC × HWIO, as one matmul: the slices every kernel tap
+  sees, side by side along the channels (N, oh, ow, T·C) — im2col — times the kernel's
+  taps stacked (T·C, D), T the taps that read data:
+
+      y[n, a, b, :] = [x̃_{t₁}[n, a, b, :], …, x̃_{t_T}[n, a, b, :]] @ [w_{t₁}; …; w_{t_T}]
+
+  the same sum as `conv_taps`, in one contraction of depth T·C. Other geometries and
+  layouts: `lax.conv_general_dilated`."""
+  pads = _plain(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                dimension_numbers, feature_group_count, batch_group_count)
+  if pads is None:
+    return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation,
+                                    rhs_dilation, dimension_numbers, feature_group_count,
+                                    batch_group_count, precision, preferred_element_type)
+  x, out_map, taps = _taps_seeing_data(lhs, rhs, window_strides, pads)
+  accumulate, result = _accumulation(lhs, rhs, preferred_element_type)
+  patches = jnp.concatenate([_tap(x, i, j, out_map, window_strides) for i, j in taps], -1)
+  kernel = jnp.concatenate([rhs[i, j] for i, j in taps], 0)
+  return jnp.einsum('nhwk,kd->nhwd', patches, kernel, precision=precision,
+                    preferred_element_type=accumulate).astype(result)
+
+
+# Winograd's F(2×2, 3×3) (Lavin & Gray 2016): a 2×2 output tile of a 3×3 convolution from
+# a 4×4 input tile d as  Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A.
+_BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
+_G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
+_AT = ((1, 1, 1, 0), (0, 1, -1, -1))
+
+
+def _combine(coefficients, terms):
+  """Σ_k coefficients[k] · terms[k], leaving out zero coefficients (the transforms' entries
+  are 0, ±1 and ±½: adds and subtracts, no products)."""
+  out = None
+  for c, t in zip(coefficients, terms):
+    if c:
+      term = t if c == 1 else -t if c == -1 else c * t
+      out = term if out is None else out + term
+  return out
+
+
+def winograd_applies(rhs_shape, window_strides) -> bool:
+  """Whether `conv_winograd` computes this convolution itself: 3×3 kernels at stride 1."""
+  return tuple(rhs_shape[:2]) == (3, 3) and tuple(window_strides) == (1, 1)
+
+
+def conv_winograd(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
+                  dimension_numbers=None, feature_group_count=1, batch_group_count=1,
+                  precision=None, preferred_element_type=None):
+  """`lax.conv_general_dilated` for 3×3 kernels at stride 1, NHWC × HWIO, by Winograd's
+  F(2×2, 3×3): the padded input cut into 4×4 tiles at stride 2 (the map padded to whole
+  tiles), each tile transformed V = Bᵀ d B and the kernel U = G g Gᵀ, then for each of the
+  16 transformed positions one matmul M = V @ U over all tiles — 16 (C × D) products per
+  four outputs where the direct sum takes 36 — and the 2×2 outputs Y = Aᵀ M A, cropped to
+  the map. Exact in exact arithmetic; in floating point the transforms' adds round
+  differently from a direct sum (tests/test_conv.py bounds it). Below float32 the whole
+  computation runs in float32 and rounds once. Other kernels, strides, geometries and
+  layouts: `lax.conv_general_dilated`."""
+  pads = _plain(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                dimension_numbers, feature_group_count, batch_group_count)
+  if pads is None or not winograd_applies(rhs.shape, window_strides):
+    return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation,
+                                    rhs_dilation, dimension_numbers, feature_group_count,
+                                    batch_group_count, precision, preferred_element_type)
+  accumulate, result = _accumulation(lhs, rhs, preferred_element_type)
+  work = accumulate or result
+  (pt, pb), (pl, pr) = pads
+  n, h, w, c = lhs.shape
+  oh, ow = h + pt + pb - 2, w + pl + pr - 2
+  th, tw = -(-oh // 2), -(-ow // 2)  # tiles
+  x = jnp.pad(lhs.astype(work), ((0, 0), (pt, pb + 2 * th - oh), (pl, pr + 2 * tw - ow), (0, 0)))
+  # d[u][v]: the (u, v) element of every tile, (N, th, tw, C).
+  d = [[lax.slice(x, (0, u, v, 0), (n, u + 2 * th - 1, v + 2 * tw - 1, c), (1, 2, 2, 1))
+        for v in range(4)] for u in range(4)]
+  rows = [[_combine(_BT[a], [d[u][v] for u in range(4)]) for v in range(4)] for a in range(4)]
+  v_tiles = jnp.stack([_combine(_BT[b], rows[a]) for a in range(4) for b in range(4)])
+  g = rhs.astype(work)
+  g_rows = [[_combine(_G[a], [g[i, j] for i in range(3)]) for j in range(3)] for a in range(4)]
+  u_kernel = jnp.stack([_combine(_G[b], g_rows[a]) for a in range(4) for b in range(4)])
+  m = jnp.einsum('knhwc,kcd->knhwd', v_tiles, u_kernel, precision=precision,
+                 preferred_element_type=accumulate)
+  m = [[m[4 * a + b] for b in range(4)] for a in range(4)]
+  m_rows = [[_combine(_AT[r], [m[a][b] for a in range(4)]) for b in range(4)] for r in range(2)]
+  y = [[_combine(_AT[s], m_rows[r]) for s in range(2)] for r in range(2)]
+  # Interleave the tiles' 2×2 outputs: (N, th, 2, tw, 2, D) → (N, 2·th, 2·tw, D), cropped.
+  out = jnp.stack([jnp.stack(y[r], axis=3) for r in range(2)], axis=2)
+  out = out.reshape(n, 2 * th, 2 * tw, rhs.shape[3])[:, :oh, :ow]
+  return out.astype(result)
 
 
 def _sees_data(offset: int, stride: int, out: int, pad_before: int, size: int) -> bool:
@@ -110,11 +236,16 @@ def output_positions(lhs_shape, rhs_shape, window_strides, padding) -> int:
          ((lhs_shape[2] + sum(padding[1]) - rhs_shape[1]) // window_strides[1] + 1)
 
 
+LOWERINGS = {'xla': lax.conv_general_dilated, 'taps': conv_taps, 'im2col': conv_im2col,
+             'winograd': conv_winograd}
+
+
 def conv_general_dilated(impl: str):
   """A drop-in for `lax.conv_general_dilated` (NHWC/HWIO, as flax's `nn.Conv` calls it)
-  that computes each convolution by the lowering `impl` chooses for its shape."""
-  if impl == 'xla':
-    return lax.conv_general_dilated
+  that computes each convolution by the lowering `impl` names, or for 'auto' the one
+  `use_taps` chooses for its shape."""
+  if impl != 'auto':
+    return LOWERINGS[impl]
 
   @functools.wraps(lax.conv_general_dilated)
   def conv(lhs, rhs, window_strides, padding, *args, **kwargs):

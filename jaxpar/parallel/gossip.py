@@ -21,6 +21,15 @@ Local SGD(p) with gossip ([L]'s best configuration, with sparsification:
 p-th step (after `local_sgd_warmup` steps that all exchange); on the other steps each
 replica takes its own gradient, sending nothing — communication falls by p, as Local
 SGD's does. p = 1 is gossip. The distance s advances with the step count.
+
+Mixing gradients leaves the replicas' differences to the loss's curvature alone: along an
+eigenvector of W_s with eigenvalue λ they shrink as (1 − ηλh) a step for curvature h, and
+W_s's eigenvalues reach −1/3 — on 2 devices the difference mode has λ = −1/3 on every step
+and the replicas climb apart (analysis/accuracy/gossip_sim.py; docs/accuracy.md). Config
+`gossip_mix='parameters'` mixes the models instead (decentralised SGD, Lian et al. 2017,
+"adapt then combine"): each replica steps on its own gradient, then takes W_s's mean of its
+own and its partners' weights and BN statistics; a difference then shrinks by λ itself,
+|λ| ≤ 1/3, on every exchange. Its optimizer state stays its own.
 """
 import jax
 import jax.numpy as jnp
@@ -29,6 +38,9 @@ from jax import lax
 
 from jaxpar.parallel.averaging import Replicas
 from jaxpar.parallel.collectives import fused, nbytes
+
+# What the neighbours mix (config `gossip_mix`): [L]'s gradients, or the replicas' weights.
+GOSSIP_MIXES = ('gradients', 'parameters')
 
 
 def gossip_mean(tree, axes, s: int, one_buffer: bool = False):
@@ -55,9 +67,10 @@ class Gossip(Replicas):
   `every`-th step after `warmup` steps that all mix (Local SGD(p) + gossip), with its own
   gradient on the others."""
 
-  def __init__(self, mesh, every: int = 1, warmup: int = 0, one_buffer: bool = False):
+  def __init__(self, mesh, every: int = 1, warmup: int = 0, one_buffer: bool = False,
+               mix: str = 'gradients'):
     super().__init__(mesh)
-    self.every, self.warmup, self.one_buffer = every, warmup, one_buffer
+    self.every, self.warmup, self.one_buffer, self.mix = every, warmup, one_buffer, mix
 
   def exchanges(self, step):
     """Whether `step` (traced) exchanges; None when every step does."""
@@ -75,15 +88,22 @@ class Gossip(Replicas):
     cycle = distances(self.devices)
     branches = [lambda g, s=s: gossip_mean(g, self.axes, s, self.one_buffer) for s in cycle]
     exchanging = self.exchanges(state.step)
-    if self.devices == 1:  # its own partner twice: (g + g + g)/3 = g, with nothing sent
-      mixed = grads
-    else:
-      mixed = exchange_when(exchanging, lambda g: lax.switch(
-          state.step % len(cycle), branches, g), lambda g: g, grads)
-    updates, opt_state = tx.update(mixed, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    # The gradient to each of the two partners, on a step that exchanges.
-    sent = self.sent_when(exchanging, 2 * nbytes(grads) if self.devices > 1 else 0)
+
+    def mixed(tree):  # its own partner twice on one device: (t + t + t)/3 = t, nothing sent
+      if self.devices == 1:
+        return tree
+      return exchange_when(exchanging, lambda t: lax.switch(
+          state.step % len(cycle), branches, t), lambda t: t, tree)
+    if self.mix == 'gradients':  # [L]: the mean of the three gradients updates each replica
+      updates, opt_state = tx.update(mixed(grads), opt_state, params)
+      params = optax.apply_updates(params, updates)
+      sent = nbytes(grads)
+    else:  # each replica steps on its own gradient, then takes the mean of the three models
+      updates, opt_state = tx.update(grads, opt_state, params)
+      params, batch_stats = mixed((optax.apply_updates(params, updates), batch_stats))
+      sent = nbytes((params, batch_stats))
+    # What is mixed, to each of the two partners, on a step that exchanges.
+    sent = self.sent_when(exchanging, 2 * sent if self.devices > 1 else 0)
     return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
 
 

@@ -26,9 +26,11 @@ EXCLUDED = {
              "plan does not measure yet: run analysis.accuracy.tta --families=staleness,async",
     'local_sgd': "Local SGD's steps grow with the period τ (steps_model.PERIOD), whose slope the "
                  "plan does not measure yet: run analysis.accuracy.tta --families=period",
-    'gossip': "gossip ([L]) mixes gradients with ring neighbours and never averages replicas: "
-              "its steps to a target are not modelled (on the digits it lagged all-reduce, "
-              "docs/accuracy.md); run analysis.accuracy.tta --families=capacity",
+    'gossip': "gossip's steps to a target are not modelled: its replicas are never averaged, "
+              "and as [L] writes it (gradients mixed) 2 replicas climb apart — each takes 2/3 "
+              "of its partner's gradient, the difference mode's eigenvalue is −1/3 "
+              "(analysis.accuracy.gossip_sim; docs/accuracy.md); run analysis.accuracy.tta "
+              "--families=capacity",
 }
 
 
