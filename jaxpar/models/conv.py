@@ -107,19 +107,30 @@ def _tap(x, i, j, out, strides):
                    (1, sh, sw, 1))
 
 
-def conv_taps(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
-              dimension_numbers=None, feature_group_count=1, batch_group_count=1,
-              precision=None, preferred_element_type=None):
-  """`lax.conv_general_dilated`, NHWC × HWIO, as one matmul per kernel tap (module doc).
+def _lowering(compute, applies=lambda rhs_shape, window_strides: True):
+  """A drop-in for `lax.conv_general_dilated` that computes a plain convolution (`_plain`)
+  for which `applies(rhs.shape, window_strides)` holds by
+  `compute(lhs, rhs, window_strides, pads, precision, preferred_element_type)`, and every
+  other (dilations, feature or batch groups, negative padding, other layouts) by
+  `lax.conv_general_dilated` itself."""
+  def conv(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
+           dimension_numbers=None, feature_group_count=1, batch_group_count=1,
+           precision=None, preferred_element_type=None):
+    pads = _plain(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                  dimension_numbers, feature_group_count, batch_group_count)
+    if pads is None or not applies(rhs.shape, window_strides):
+      return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation,
+                                      rhs_dilation, dimension_numbers, feature_group_count,
+                                      batch_group_count, precision, preferred_element_type)
+    return compute(lhs, rhs, window_strides, pads, precision, preferred_element_type)
+  conv.__name__ = compute.__name__.lstrip('_')
+  conv.__doc__ = compute.__doc__
+  return conv
 
-  Dilations, feature or batch groups, negative padding and other layouts are
-  computed by `lax.conv_general_dilated` itself."""
-  pads = _plain(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
-                dimension_numbers, feature_group_count, batch_group_count)
-  if pads is None:
-    return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation,
-                                    rhs_dilation, dimension_numbers, feature_group_count,
-                                    batch_group_count, precision, preferred_element_type)
+
+def _conv_taps(lhs, rhs, window_strides, pads, precision, preferred_element_type):
+  """`lax.conv_general_dilated`, NHWC × HWIO, as one matmul per kernel tap (module doc).
+  Other geometries and layouts: `lax.conv_general_dilated`."""
   x, out_map, taps = _taps_seeing_data(lhs, rhs, window_strides, pads)
   accumulate, result = _accumulation(lhs, rhs, preferred_element_type)
   out = None
@@ -130,9 +141,7 @@ def conv_taps(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation
   return out.astype(result)
 
 
-def conv_im2col(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
-                dimension_numbers=None, feature_group_count=1, batch_group_count=1,
-                precision=None, preferred_element_type=None):
+def _conv_im2col(lhs, rhs, window_strides, pads, precision, preferred_element_type):
   """`lax.conv_general_dilated`, NHWC × HWIO, as one matmul: the slices every kernel tap
   sees, side by side along the channels (N, oh, ow, T·C) — im2col — times the kernel's
   taps stacked (T·C, D), T the taps that read data:
@@ -141,18 +150,16 @@ def conv_im2col(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilati
 
   the same sum as `conv_taps`, in one contraction of depth T·C. Other geometries and
   layouts: `lax.conv_general_dilated`."""
-  pads = _plain(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
-                dimension_numbers, feature_group_count, batch_group_count)
-  if pads is None:
-    return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation,
-                                    rhs_dilation, dimension_numbers, feature_group_count,
-                                    batch_group_count, precision, preferred_element_type)
   x, out_map, taps = _taps_seeing_data(lhs, rhs, window_strides, pads)
   accumulate, result = _accumulation(lhs, rhs, preferred_element_type)
   patches = jnp.concatenate([_tap(x, i, j, out_map, window_strides) for i, j in taps], -1)
   kernel = jnp.concatenate([rhs[i, j] for i, j in taps], 0)
   return jnp.einsum('nhwk,kd->nhwd', patches, kernel, precision=precision,
                     preferred_element_type=accumulate).astype(result)
+
+
+conv_taps = _lowering(_conv_taps)
+conv_im2col = _lowering(_conv_im2col)
 
 
 # Winograd's F(2×2, 3×3) (Lavin & Gray 2016): a 2×2 output tile of a 3×3 convolution from
@@ -178,9 +185,7 @@ def winograd_applies(rhs_shape, window_strides) -> bool:
   return tuple(rhs_shape[:2]) == (3, 3) and tuple(window_strides) == (1, 1)
 
 
-def conv_winograd(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
-                  dimension_numbers=None, feature_group_count=1, batch_group_count=1,
-                  precision=None, preferred_element_type=None):
+def _conv_winograd(lhs, rhs, window_strides, pads, precision, preferred_element_type):
   """`lax.conv_general_dilated` for 3×3 kernels at stride 1, NHWC × HWIO, by Winograd's
   F(2×2, 3×3): the padded input cut into 4×4 tiles at stride 2 (the map padded to whole
   tiles), each tile transformed V = Bᵀ d B and the kernel U = G g Gᵀ, then for each of the
@@ -190,12 +195,6 @@ def conv_winograd(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dila
   differently from a direct sum (tests/test_conv.py bounds it). Below float32 the whole
   computation runs in float32 and rounds once. Other kernels, strides, geometries and
   layouts: `lax.conv_general_dilated`."""
-  pads = _plain(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
-                dimension_numbers, feature_group_count, batch_group_count)
-  if pads is None or not winograd_applies(rhs.shape, window_strides):
-    return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation,
-                                    rhs_dilation, dimension_numbers, feature_group_count,
-                                    batch_group_count, precision, preferred_element_type)
   accumulate, result = _accumulation(lhs, rhs, preferred_element_type)
   work = accumulate or result
   (pt, pb), (pl, pr) = pads
@@ -220,6 +219,9 @@ def conv_winograd(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dila
   out = jnp.stack([jnp.stack(y[r], axis=3) for r in range(2)], axis=2)
   out = out.reshape(n, 2 * th, 2 * tw, rhs.shape[3])[:, :oh, :ow]
   return out.astype(result)
+
+
+conv_winograd = _lowering(_conv_winograd, winograd_applies)
 
 
 def _sees_data(offset: int, stride: int, out: int, pad_before: int, size: int) -> bool:
