@@ -217,3 +217,8 @@ def test_thesis_report(tmp_path):
   # VGG16E: no parallel setting beats one worker.
   vgg = thesis_report.predictions(*thesis_report.TABLE_6_1['VGG16E'])
   assert max(v for values in vgg.values() for v in values[1:]) < 1
+  # The summary (docs/theory.md): the same findings, one row a network.
+  rows = {line.split(' | ')[0][2:]: line for line in thesis_report.summary_table().splitlines()[2:]}
+  assert 'no parallel setting beats one worker' in rows['VGG16E']
+  assert '| 1.88× at N = 4 |' in rows['SqueezeNet'] and '7.43× with async' in rows['SqueezeNet']
+  assert text == thesis_report.markdown()  # the file is the markdown the report checks

@@ -52,6 +52,21 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir):
                       f"| {jit['peak_memory_bytes_per_device'] / 1e6:.0f} |")
 
 
+def test_the_host_memory_table_pairs_the_two_settings_of_one_step():
+  def run(setting, ms, faults):
+    return {'network': 'resnet34', 'image_size': 32, 'mesh': [2], 'global_batch': 32,
+            'config': {'distributed': {'num_processes': 2}, 'bn_group_size': 1,
+                       'scheme': 'sync-split', 'server': 'allreduce', 'host_memory': setting},
+            'steps': [{'step': 'jaxpar shard_map', 'median_s': ms / 1e3, 'temp_bytes_per_device':
+                       170.4e6, 'page_faults_per_step': faults}]}
+  old = run('keep', 1.0, 0)
+  del old['steps'][0]['page_faults_per_step']  # a file from before the fault counts: left out
+  table = bench_table.host_memory_table([run('system', 144.6, 41603), run('keep', 120.4, 0), old])
+  assert table.splitlines()[2] == ('| resnet34 32², sync-split allreduce, 16 a device, 2 processes, '
+                                   'per-device BN | 170.40 | 144.6 (41,603) | 120.4 (0) |')
+  assert len(table.splitlines()) == 3
+
+
 def test_minor_faults_count_the_pages_a_step_maps_afresh():
   import mmap
   pages = 2048

@@ -14,8 +14,9 @@ from jax import lax
 from analysis.benchmarks.conv_bench import convolutions, positions
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS
 from jaxpar.step import loss_and_logits
-from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS, conv_general_dilated,
-                                conv_taps, use_taps, winograd_applies)
+from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS, choose,
+                                conv_general_dilated, conv_taps, geometry_key, measured_choices,
+                                use_taps, winograd_applies)
 
 DN = ('NHWC', 'HWIO', 'NHWC')
 
@@ -150,14 +151,48 @@ def _tapped_ops(impl, net, size):
   return text.count('stablehlo.convolution')
 
 
-def test_auto_lowers_small_maps_without_convolution_ops():
-  # SqueezeNet at 32²: 26 convolutions, of which those on 3×3 and 1×1 maps go by taps.
-  small = sum(count for c, count in convolutions('squeezenet', 32, 2, jnp.float32).items()
-              if use_taps('auto', positions(c), 'cpu'))
-  assert small > 0
+@pytest.mark.parametrize('impl', ['auto', 'measured'])
+def test_auto_and_measured_lower_each_convolution_as_chosen(impl):
+  # SqueezeNet at 32²: 26 convolutions; a convolution op is left only where XLA's
+  # convolution computes it (chosen, or Winograd's fallback off 3×3 stride 1). `auto`: the
+  # ones on 3×3 and 1×1 maps go by taps.
+  convs = convolutions('squeezenet', 32, 2, jnp.float32)
+  chosen = {c: choose(impl, c.lhs, c.rhs, c.strides, c.padding, 'cpu') for c in convs}
+  by_xla = sum(n for c, n in convs.items() if chosen[c] == 'xla' or (
+      chosen[c] == 'winograd' and not winograd_applies(c.rhs, c.strides)))
+  if impl == 'auto':
+    assert set(chosen.values()) == {'xla', 'taps'}
+    assert all((chosen[c] == 'taps') == use_taps('auto', positions(c), 'cpu') for c in convs)
+  assert by_xla < 26
   assert _tapped_ops('xla', 'squeezenet', 32) == 26
-  assert _tapped_ops('auto', 'squeezenet', 32) == 26 - small
+  assert _tapped_ops(impl, 'squeezenet', 32) == by_xla
   assert _tapped_ops('taps', 'squeezenet', 32) == 0
+
+
+def test_measured_takes_the_measured_fastest_then_the_rule_and_xla_off_the_cpu():
+  table = measured_choices()
+  assert table and set(table.values()) <= set(LOWERINGS)
+  key, lowering = next(iter(table.items()))
+  c = next(c for net in sorted(MODELS) for size, batch in ((224, 2), (32, 32))
+           if size >= MIN_IMAGE_SIZE[net]
+           for c in convolutions(net, size, batch, jnp.float32)
+           if geometry_key(c.lhs, c.rhs, c.strides, c.padding) == key)
+  assert choose('measured', c.lhs, c.rhs, c.strides, c.padding, 'cpu') == lowering
+  assert choose('measured', c.lhs, c.rhs, c.strides, c.padding, 'gpu') == 'xla'
+  assert choose('im2col', c.lhs, c.rhs, c.strides, c.padding, 'cpu') == 'im2col'
+  # A geometry no run measured: the rule (taps on ≤ 16 output positions).
+  for impl in ('auto', 'measured'):
+    assert choose(impl, (1, 3, 3, 7), (3, 3, 7, 5), (1, 1), ((1, 1), (1, 1)), 'cpu') == 'taps'
+    assert choose(impl, (1, 99, 99, 7), (3, 3, 7, 5), (1, 1), ((1, 1), (1, 1)), 'cpu') == 'xla'
+
+
+def test_autos_table_is_what_the_committed_measurements_give():
+  import json
+  import pathlib
+  from analysis.benchmarks import conv_bench
+  folder = pathlib.Path(__file__).parent.parent / 'analysis' / 'report' / 'conv'
+  results = [json.loads(p.read_text()) for p in sorted(folder.glob('lowerings_*.json'))]
+  assert results and conv_bench.choices(results) == measured_choices()
 
 
 
@@ -198,7 +233,8 @@ def _variables(net):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('net,impl', [(net, 'auto') for net in sorted(MODELS)]
-                         + [('resnet34', 'winograd'), ('vgg16e', 'im2col')])
+                         + [('resnet34', 'winograd'), ('vgg16e', 'im2col'),
+                            ('googlenet', 'measured')])
 def test_a_train_step_with_a_lowering_equals_xla(net, impl):
   want_loss, want = _one_step(net, 'xla')
   got_loss, got = _one_step(net, impl)

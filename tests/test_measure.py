@@ -456,6 +456,10 @@ def test_compare_join_penalty_is_the_step_difference_less_the_gradients_by_hand(
   assert row['noise'] == pytest.approx(np.hypot(0.048 * (0.050 / 0.046 - 1),
                                                 0.023 * (0.024 / 0.022 - 1)))
   assert '| processes | allreduce | 2 | +25.0 | +20.0 | +5.0 |' in compare.join_penalty_table([row])
+  # Rows of several runs side by side: a first column names each row's run.
+  table = compare.join_penalty_table([row | {'run': 'keep'}], 'host_memory').splitlines()
+  assert table[0].startswith('| host_memory | setting |') and table[1].startswith('|---|---|')
+  assert table[2].startswith('| keep | processes | allreduce | 2 | +25.0 |')
 
 
 def test_compare_regret_and_log_error_on_a_small_table():

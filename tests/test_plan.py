@@ -94,6 +94,31 @@ def test_ranking_picks_the_hand_worked_fastest():
   assert '| 1 (choice) | sync-split allreduce N=2 B=64 | 175 (175–175) |' in rank.table(ranked)
 
 
+def test_predicting_costs_only_the_candidates_a_bound_cannot_rule_out():
+  # Steps 100 each; step bounds (no collectives) 10, 12, 30, 50 ms; collectives +5 ms each.
+  # Costed in bound order: 1.5 s, then 1.7 s; 30 ms · 100 = 3.0 s ≤ 2 × 1.5 is costed
+  # (3.5 s), 50 ms · 100 = 5.0 s > 2 × 1.5 is not: it keeps its bound, marked.
+  c = candidates.Candidate
+  found = [c('sync-join', 'allreduce', n, 16 * n, '') for n in (4, 2, 1, 8)]
+  bound = {4: 0.030, 2: 0.012, 1: 0.010, 8: 0.050}
+  costed = []
+
+  def cost(row):
+    costed.append(row['candidate'].devices)
+    row.update(collectives=3, t_predicted=bound[row['candidate'].devices] + 0.005)
+    row.pop('pruned', None)
+  rows = rank.predict(found, lambda c: 100, lambda c: bound[c.devices], cost, 2.0)
+  assert costed == [1, 2, 4]
+  pruned = [r for r in rows if r.get('pruned')]
+  assert [r['candidate'].devices for r in pruned] == [8]
+  assert pruned[0]['t_predicted'] == 0.050 and pruned[0]['collectives'] is None
+  rank.rank(rows, 100, 16, (100, 100, 100))
+  assert 'collectives not costed' in ' '.join(pruned[0]['notes'])
+  cost(pruned[0])  # measuring moved the field: costed after all, an ordinary row
+  rank.rank(rows, 100, 16, (100, 100, 100))
+  assert pruned[0]['notes'] == ['step time predicted, not measured']
+
+
 # =============================================================================== bad input
 @pytest.mark.parametrize('fields, message', [
     ({}, 'config.plan.target_loss=0.0, config.plan.target_accuracy=0.0: set exactly one'),
@@ -178,9 +203,14 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   measured = [r for r in plan['candidates'] if r.get('t_measured')]
   assert measured and plan['choice'].get('t_measured')  # the choice is never unmeasured
   assert all(len(r['t_measured']) == 3 for r in measured)  # measure_windows, side by side
+  best = plan['candidates'][0]['T'][0]
   for r in plan['candidates']:
     assert r['K'][1] <= r['K'][0] <= r['K'][2] and r['t_predicted'] > 0
-    assert (r['collectives'] > 0) == (r['devices'] > 1)
+    if r.get('pruned'):  # left uncosted: even without collectives beyond the close ones
+      assert r['collectives'] is None and not r.get('t_measured') and r['T'][0] > best
+      assert 'collectives not costed' in ' '.join(r['notes'])
+    else:
+      assert (r['collectives'] > 0) == (r['devices'] > 1)
   json.dumps(plan)  # JSON as written
   assert any(line.startswith('Plan [') and 'candidates predicted' in line for line in lines)
 

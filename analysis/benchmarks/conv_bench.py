@@ -35,7 +35,7 @@ from jax import lax  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS  # noqa: E402
 from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS,  # noqa: E402
-                                output_positions, use_taps, winograd_applies)
+                                choose, geometry_key, output_positions, winograd_applies)
 
 _NETS = flags.DEFINE_list('nets', sorted(MODELS), 'Networks.')
 _SIZES = flags.DEFINE_list('sizes', ['16:8', '32:8', '32:32', '224:2'],
@@ -47,6 +47,10 @@ _IMPLS = flags.DEFINE_list('impls', ['xla', 'xla_nchw', 'taps', 'im2col', 'winog
 _TORCH = flags.DEFINE_bool('torch', False, "Also time PyTorch's conv2d and its gradients "
                            "(needs the [bench] extra).")
 _OUT = flags.DEFINE_string('out', None, 'Write the JSON here.')
+_FROM = flags.DEFINE_list('from_json', [], 'Measure nothing: read these files of this tool.')
+_CHOICES = flags.DEFINE_string('choices_out', None, "Write `auto`'s table (jaxpar/models/"
+                               'conv_choices.json) from the rows: each geometry\'s fastest '
+                               'lowering.')
 
 Conv = collections.namedtuple('Conv', 'lhs rhs strides padding')
 
@@ -172,8 +176,48 @@ def positions(c: Conv) -> int:
   return output_positions(c.lhs, c.rhs, c.strides, c.padding)
 
 
+CHOOSABLE = ('xla', 'taps', 'im2col', 'winograd')  # `auto` keeps NHWC: no transposes
+
+
+def choices(results) -> dict:
+  """{geometry_key: the fastest of `CHOOSABLE` (three passes summed)} over the rows of these
+  runs (float32 ones); a geometry whose runs (other batches) disagree is left out, to the
+  rule."""
+  found = {}
+  for result in results:
+    if result.get('dtype', 'float32') != 'float32':
+      continue
+    for r in result['rows']:
+      times = {k: total(v) for k, v in r.get('times', {}).items() if k in CHOOSABLE}
+      if times:
+        key = geometry_key(r['lhs'], r['rhs'], r['strides'], r['padding'])
+        found.setdefault(key, set()).add(min(times, key=times.get))
+  return {k: v.pop() for k, v in sorted(found.items()) if len(v) == 1}
+
+
+def write_choices(results, path: str) -> None:
+  made = choices(results)
+  with open(path, 'w') as f:
+    json.dump({'tool': 'analysis.benchmarks.conv_bench --choices_out',
+               'from': [{k: r.get(k) for k in ('created', 'machine', 'versions', 'dtype')}
+                        for r in results],
+               'choices': made}, f, indent=1, sort_keys=True)
+    f.write('\n')
+  print(f'wrote {path}: {len(made)} geometries')
+
+
 def main(argv):
   del argv
+  if _FROM.value:
+    results = []
+    for path in _FROM.value:
+      with open(path) as f:
+        results.append(json.load(f))
+    for result in results:
+      print(lowerings_table(result['summary']))
+    if _CHOICES.value:
+      write_choices(results, _CHOICES.value)
+    return
   dtype = jnp.dtype(_DTYPE.value)
   rows, cache = [], {}
   for net in _NETS.value:
@@ -185,7 +229,7 @@ def main(argv):
         if c not in cache:
           cache[c] = time_geometry(c, dtype, _IMPLS.value, _ROUNDS.value, _TORCH.value)
         t, out = cache[c], positions(c)
-        auto = 'taps' if use_taps('auto', out, 'cpu') else 'xla'
+        auto = choose('auto', c.lhs, c.rhs, c.strides, c.padding, 'cpu')
         jaxs = {k: total(v) for k, v in t.items() if k != 'torch'}
         rows.append(dict(net=net, size=size, batch=batch, count=count, lhs=c.lhs, rhs=c.rhs,
                          strides=c.strides, padding=c.padding, positions=out, times=t,
@@ -206,6 +250,9 @@ def main(argv):
                      dtype=_DTYPE.value, rounds=_ROUNDS.value,
                      rule_max_positions=TAPS_MAX_OUTPUT_POSITIONS, rows=rows,
                      summary=summary), f, indent=1)
+  if _CHOICES.value:
+    write_choices([json.load(open(_OUT.value))] if _OUT.value else
+                  [dict(dtype=_DTYPE.value, rows=rows)], _CHOICES.value)
 
 
 def _seconds(row, impl) -> float:
@@ -217,7 +264,8 @@ def _seconds(row, impl) -> float:
 
 def summarize(rows) -> list:
   """Per network, size and batch: Σ count × the three passes, per lowering, under `auto`'s
-  rule, under the fastest lowering per geometry ('best'), and PyTorch's ('torch')."""
+  choice, under the fastest lowering `auto` can choose per geometry ('best': NHWC, so not
+  XLA's NCHW), and PyTorch's ('torch')."""
   summary = []
   for (net, size, batch), group in _group(rows).items():
     impls = sorted({k for r in group for k in r['times']} - {'torch'})
@@ -225,7 +273,8 @@ def summarize(rows) -> list:
     for impl in impls:
       entry[f'{impl}_s'] = sum(r['count'] * _seconds(r, impl) for r in group)
     entry['auto_s'] = sum(r['count'] * _seconds(r, r['auto']) for r in group)
-    entry['best_s'] = sum(r['count'] * min(_seconds(r, i) for i in impls) for r in group)
+    entry['best_s'] = sum(r['count'] * min(_seconds(r, i) for i in impls if i in CHOOSABLE)
+                          for r in group)
     if all('torch' in r['times'] for r in group):
       entry['torch_s'] = sum(r['count'] * total(r['times']['torch']) for r in group)
     summary.append(entry)

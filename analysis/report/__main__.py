@@ -45,6 +45,11 @@ def _bench(pattern):
   return bench_table.table(_load(pattern))
 
 
+def _host_memory():
+  from analysis.benchmarks import bench_table
+  return bench_table.host_memory_table(_load('host_memory/bench/*.json'))
+
+
 def _methods():
   from analysis.benchmarks import bench_table
   return bench_table.methods_table(_load('bench/methods/*.json'))
@@ -135,6 +140,17 @@ def _thesis(what):
   return getattr(thesis_report, what)()
 
 
+def _conv_lowerings():
+  """Every lowering per network and size, `auto` as the rule picks now (the rows' recorded
+  choice predates `measured`), the best `auto` could pick, and PyTorch's."""
+  from analysis.benchmarks import conv_bench
+  from jaxpar.models.conv import choose
+  rows = [r | {'auto': choose('auto', r['lhs'], r['rhs'], r['strides'], r['padding'], 'cpu')}
+          for result in _load('conv/lowerings_224.json', 'conv/lowerings_32.json')
+          for r in result['rows']]
+  return conv_bench.lowerings_table(conv_bench.summarize(rows))
+
+
 def _gaps():
   from analysis.steptime import gaps
   return gaps.table(_load('measured/collective_gaps.json')[0])
@@ -174,6 +190,7 @@ FILES = {
 # A table named in README.md or docs/*.md ← what generates it.
 TABLES = {
     'conv-small-maps': _conv,
+    'conv-lowerings': _conv_lowerings,
     'small-collectives': _small_collectives,
     'collectives-resnet34': lambda: _bench('collectives/bench_resnet34_32_2p_*.json'),
     'calls-after-compute': _gaps,
@@ -198,6 +215,7 @@ TABLES = {
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
     'bench-methods': _methods,
+    'host-memory-faults': _host_memory,
     'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),
     'join-penalty-host-memory': lambda: _join_penalty(
         {'system': 'host_memory/system.json', 'keep': 'host_memory/keep.json'}, 'host_memory'),

@@ -28,15 +28,64 @@ flax's `nn.Conv(conv_general_dilated=...)` accepts: parameters, their names and
 checkpoints are the same whichever lowering computes the convolution.
 """
 import functools
+import json
+import os
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-CONV_IMPLS = ('auto', 'xla', 'taps', 'im2col', 'winograd')
-# `auto` on CPU: taps where the output map has at most this many positions (oh·ow).
-# Measured on the four networks' convolutions at 16², 32² and 224² (docs/performance.md).
+CONV_IMPLS = ('auto', 'measured', 'xla', 'taps', 'im2col', 'winograd')
+# `auto` on CPU: taps where the output map has at most this many positions (oh·ow), XLA's
+# convolution above. Measured on the four networks' convolutions at 16², 32² and 224²
+# (docs/performance.md).
 TAPS_MAX_OUTPUT_POSITIONS = 16
+# `measured` on CPU, for a geometry the committed measurement has: the lowering it found
+# fastest (forward and both gradients summed, each convolution alone; `conv_choices.json`,
+# written by `analysis.benchmarks.conv_bench --choices_out` from
+# analysis/report/conv/lowerings_*.json); elsewhere `auto`'s rule. Not the default until
+# whole train steps confirm it (docs/performance.md).
+CHOICES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'conv_choices.json')
+
+
+def geometry_key(lhs_shape, rhs_shape, window_strides, padding) -> str:
+  """A convolution's geometry without its batch: input map and channels, kernel and output
+  channels, strides, explicit padding (the key of `conv_choices.json`)."""
+  if isinstance(padding, str):
+    padding = lax.padtype_to_pads(lhs_shape[1:3], rhs_shape[:2], window_strides, padding)
+  (pt, pb), (pl, pr) = padding
+  h, w, c = lhs_shape[1:]
+  kh, kw, _, d = rhs_shape
+  return f'{h}x{w}x{c} {kh}x{kw}x{d} /{window_strides[0]}x{window_strides[1]} ' \
+         f'pad {pt},{pb},{pl},{pr}'
+
+
+@functools.cache
+def measured_choices() -> dict:
+  """{geometry_key: lowering} of `conv_choices.json` ({} where the file is absent)."""
+  if not os.path.exists(CHOICES_FILE):
+    return {}
+  with open(CHOICES_FILE) as f:
+    return json.load(f)['choices']
+
+
+def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
+           backend: str | None = None) -> str:
+  """The lowering that computes this convolution under `impl`: `impl` itself, or for 'auto'
+  and 'measured' XLA's on GPU and TPU; on the CPU, for 'measured' the measured fastest for a
+  geometry the committed table has, and otherwise taps on small output maps (`use_taps`)
+  and XLA's above."""
+  if impl not in ('auto', 'measured'):
+    return impl
+  backend = backend or jax.default_backend()
+  if backend != 'cpu':
+    return 'xla'
+  found = impl == 'measured' and measured_choices().get(
+      geometry_key(lhs_shape, rhs_shape, window_strides, padding))
+  if found:
+    return found
+  positions = output_positions(lhs_shape, rhs_shape, window_strides, padding)
+  return 'taps' if use_taps('auto', positions, backend) else 'xla'
 
 
 def use_taps(impl: str, out_positions: int, backend: str | None = None) -> bool:
@@ -244,14 +293,13 @@ LOWERINGS = {'xla': lax.conv_general_dilated, 'taps': conv_taps, 'im2col': conv_
 
 def conv_general_dilated(impl: str):
   """A drop-in for `lax.conv_general_dilated` (NHWC/HWIO, as flax's `nn.Conv` calls it)
-  that computes each convolution by the lowering `impl` names, or for 'auto' the one
-  `use_taps` chooses for its shape."""
-  if impl != 'auto':
+  that computes each convolution by the lowering `impl` names, or for 'auto' and 'measured'
+  the one `choose` picks for its geometry."""
+  if impl not in ('auto', 'measured'):
     return LOWERINGS[impl]
 
   @functools.wraps(lax.conv_general_dilated)
   def conv(lhs, rhs, window_strides, padding, *args, **kwargs):
-    if use_taps(impl, output_positions(lhs.shape, rhs.shape, window_strides, padding)):
-      return conv_taps(lhs, rhs, window_strides, padding, *args, **kwargs)
-    return lax.conv_general_dilated(lhs, rhs, window_strides, padding, *args, **kwargs)
+    lowering = choose(impl, lhs.shape, rhs.shape, window_strides, padding)
+    return LOWERINGS[lowering](lhs, rhs, window_strides, padding, *args, **kwargs)
   return conv

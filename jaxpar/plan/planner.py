@@ -152,17 +152,29 @@ def make(cfg, log=logging.info) -> dict:
         f"{kind} {pts[-1][0]:,} B {pts[-1][1] * 1e3:.3f} ms" for kind, pts in costs.points.items()))
 
   # --------------------------------------------------------------- 4. predict every candidate
-  rows, calls_of = [], {}
-  for c in found:
-    row = {'candidate': c}
+  # Lowering a candidate's step to read its collectives takes seconds; its time to the target
+  # without them — K(B)·(t_grad + the step's other work) — is known already: `rank.predict`
+  # lowers and costs in that order, leaving a candidate whose bound is beyond `close` × the
+  # best so far at its bound (costed below only if measuring brings the field within it).
+  calls_of = {}
+
+  def cost(row):
+    c = row['candidate']
     cfg_c = with_overrides(one, c.overrides())
     validation.validate(cfg_c)
     collectives, calls_of[c] = probe.step_call(cfg_c, meta, source)
     row['collectives'] = len(collectives)
     comm = costs.step(collectives) if costs else 0.0
     row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, comm)
-    rows.append(row)
-  log(f'Plan [{time.perf_counter() - started:.0f} s]: {len(rows)} candidates predicted.')
+    row.pop('pruned', None)
+
+  rows = rank.predict(
+      found, lambda c: rank.steps_at(k_b, b, noise[0], c.batch),
+      lambda c: rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, 0.0), cost,
+      p.close)
+  log(f'Plan [{time.perf_counter() - started:.0f} s]: {len(rows)} candidates predicted, '
+      f"{sum(1 for r in rows if r.get('pruned'))} of them by a bound without their "
+      f'collectives (beyond {p.close:g} × the best).')
   ranked = rank.rank(rows, k_b, b, noise)
 
   # --------------------------------------------------------------- 5. time the close ones
@@ -181,9 +193,17 @@ def make(cfg, log=logging.info) -> dict:
       log('Plan: budget spent before the fastest predicted candidate was measured: the choice '
           'is the fastest measured one.')
       break
-    ahead = [r for r in ranked if r['candidate'].exact and not r.get('t_measured')
-             and (measured is None or r['T'][0] < measured['T'][0])]
-    group = ahead[:max(1, p.measure_top - 1)] + ([measured] if measured else [])
+    while True:  # measuring moved the field within a pruned bound: cost it, rank again
+      ahead = [r for r in ranked if r['candidate'].exact and not r.get('t_measured')
+               and (measured is None or r['T'][0] < measured['T'][0])]
+      ahead = ahead[:max(1, p.measure_top - 1)]
+      if not any(r.get('pruned') for r in ahead):
+        break
+      for row in ahead:
+        if row.get('pruned'):
+          cost(row)
+      ranked = rank.rank(rows, k_b, b, noise)
+    group = ahead + ([measured] if measured else [])
   calls_of.clear()
   elapsed = time.perf_counter() - started
   choice = _leader(ranked)
@@ -268,6 +288,8 @@ def _row_json(row: dict) -> dict:
          'T': row['T'], 'notes': row['notes'], 'collectives': row['collectives']}
   if row.get('t_measured'):
     out['t_measured'] = list(row['t_measured'])
+  if row.get('pruned'):  # its collectives not costed: T is a lower bound
+    out['pruned'] = True
   return out
 
 

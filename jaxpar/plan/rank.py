@@ -46,6 +46,24 @@ def predicted_step(t_grad: float, overhead: float, comm: float) -> float:
   return t_grad + max(overhead, 0.0) + comm
 
 
+def predict(candidates, steps, step_bound, cost, close: float) -> list:
+  """Rows ({'candidate', 't_predicted', 'collectives'}) for every candidate, costed in order
+  of the bound T ≥ steps(c) · step_bound(c) (its step without collectives): `cost(row)` adds
+  a row's collectives and predicted step time, unless the bound is already beyond `close` ×
+  the best predicted T so far — such a row can be neither the choice nor among the timed
+  ones, and keeps the bound ('pruned', no collectives) until `cost` is called on it."""
+  rows, best = [], math.inf
+  for c in sorted(candidates, key=lambda c: steps(c) * step_bound(c)):
+    row = {'candidate': c}
+    if steps(c) * step_bound(c) > close * best:
+      row.update(pruned=True, collectives=None, t_predicted=step_bound(c))
+    else:
+      cost(row)
+      best = min(best, steps(c) * row['t_predicted'])
+    rows.append(row)
+  return rows
+
+
 def rank(rows: list, k_b: float, b: int, noise: tuple) -> list:
   """Adds to each row ({'candidate': Candidate, 't_predicted', 't_measured'?: [seconds]})
   its 'label', steps 'K' [mid, low, high], step time 't_step' [mid, low, high] (measured if
@@ -70,7 +88,9 @@ def rank(rows: list, k_b: float, b: int, noise: tuple) -> list:
                    'ranked, never chosen')
     if not math.isfinite(b_noise) and c.batch != b:
       notes.append('B_noise not measurable: K at perfect scaling (optimistic)')
-    if not measured:
+    if row.get('pruned'):
+      notes.append('collectives not costed: T is at least this bound, beyond the close ones')
+    elif not measured:
       notes.append('step time predicted, not measured')
     row['notes'] = notes
   return sorted(rows, key=lambda r: r['T'][0])
