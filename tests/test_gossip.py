@@ -9,6 +9,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from analysis.accuracy.gossip_sim import mixing  # numpy W_s: a partner met twice counts twice
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.gossip import Gossip, distances, gossip_mean
 from jaxpar.parallel.sparsify import SparseGossip, capacity_of
@@ -16,14 +17,6 @@ from jaxpar.step import init_state, make_train_step, model_loss, to_global
 from runs import TinyResNet, assert_trees_close, init_plain, random_batches
 
 IMAGE = (1, 16, 16, 3)
-
-
-def _mixing(n, s):
-  w = np.zeros((n, n))
-  for i in range(n):
-    for j in (i, (i + s) % n, (i - s) % n):
-      w[i, j] += 1 / 3  # a partner met twice (n = 2, or s = n/2) counts twice
-  return w
 
 
 @pytest.mark.parametrize('one_buffer', [False, True], ids=['per_tensor', 'one_buffer'])
@@ -40,7 +33,7 @@ def test_one_exchange_applies_the_mixing_matrix(n, s, one_buffer):
   # Two permutes per tensor, or two for the whole buffer (across processes: two calls).
   permutes = exchange.lower(grads).as_text().count('stablehlo.collective_permute')
   assert permutes == 2 * (1 if one_buffer else len(grads))
-  w = _mixing(n, s)
+  w = mixing(n, s)
   for key in grads:
     expected = np.einsum('ij,j...->i...', w, grads[key])
     np.testing.assert_allclose(mixed[key], expected, rtol=1e-6, atol=1e-6)
@@ -103,7 +96,7 @@ def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacit
       grads.append(g)
       stats.append(new_stats)
     exchanges = k < warmup or (k + 1 - warmup) % every == 0
-    w = _mixing(n, distances(n)[k % len(distances(n))]) if exchanges else np.eye(n)
+    w = mixing(n, distances(n)[k % len(distances(n))]) if exchanges else np.eye(n)
     if exchanges and capacity:
       corrected = [jax.tree.map(lambda g, r: np.asarray(g) + r, g, r)
                    for g, r in zip(grads, residuals)]

@@ -239,20 +239,19 @@ def main(argv):
         print(f"{net:10s} {size:3d}² b{batch:<2d} x{count:<2d} {str(c.lhs):18s} "
               f"{c.rhs[0]}×{c.rhs[1]}/{c.strides[0]} {c.rhs[2]:4d}→{c.rhs[3]:<4d} "
               f"out {out:5d}  ms: {cells}{peer}  auto={auto}", flush=True)
-  summary = summarize(rows)
-  print('\n' + lowerings_table(summary))
+  result = dict(tool='analysis.benchmarks.conv_bench',
+                created=datetime.datetime.now().isoformat(timespec='seconds'),
+                machine=machine(), versions=versions(), backend=jax.default_backend(),
+                dtype=_DTYPE.value, rounds=_ROUNDS.value,
+                rule_max_positions=TAPS_MAX_OUTPUT_POSITIONS, rows=rows,
+                summary=summarize(rows))
+  print('\n' + lowerings_table(result['summary']))
   if _OUT.value:
     os.makedirs(os.path.dirname(_OUT.value) or '.', exist_ok=True)
     with open(_OUT.value, 'w') as f:
-      json.dump(dict(tool='analysis.benchmarks.conv_bench',
-                     created=datetime.datetime.now().isoformat(timespec='seconds'),
-                     machine=machine(), versions=versions(), backend=jax.default_backend(),
-                     dtype=_DTYPE.value, rounds=_ROUNDS.value,
-                     rule_max_positions=TAPS_MAX_OUTPUT_POSITIONS, rows=rows,
-                     summary=summary), f, indent=1)
+      json.dump(result, f, indent=1)
   if _CHOICES.value:
-    write_choices([json.load(open(_OUT.value))] if _OUT.value else
-                  [dict(dtype=_DTYPE.value, rows=rows)], _CHOICES.value)
+    write_choices([result], _CHOICES.value)
 
 
 def _seconds(row, impl) -> float:

@@ -141,12 +141,10 @@ def _thesis(what):
 
 
 def _conv_lowerings():
-  """Every lowering per network and size, `auto` as the rule picks now (the rows' recorded
-  choice predates `measured`), the best `auto` could pick, and PyTorch's."""
+  """Every lowering per network and size, `auto`'s choice, the best it could pick, and
+  PyTorch's, summarised afresh from the rows (`summarize` as it is now)."""
   from analysis.benchmarks import conv_bench
-  from jaxpar.models.conv import choose
-  rows = [r | {'auto': choose('auto', r['lhs'], r['rhs'], r['strides'], r['padding'], 'cpu')}
-          for result in _load('conv/lowerings_224.json', 'conv/lowerings_32.json')
+  rows = [r for result in _load('conv/lowerings_224.json', 'conv/lowerings_32.json')
           for r in result['rows']]
   return conv_bench.lowerings_table(conv_bench.summarize(rows))
 
