@@ -82,11 +82,6 @@ def strategy(cfg, mesh, model):
   one_buffer = cfg.grad_fusion == 'one_buffer' or (cfg.grad_fusion == 'auto'
                                                     and jax.process_count() > 1)
   every = cfg.sync_every or 1  # gossip: exchange on every p-th step (Local SGD(p) + gossip)
-  if (config_lib.method(cfg) == 'gossip' and cfg.gossip_mix == 'gradients'
-      and mesh.size == 2):
-    logging.warning("Gossip on 2 devices mixing gradients ([L] as written): each replica takes "
-                    "2/3 of its partner's gradient and the two climb apart (docs/accuracy.md); "
-                    "--config.gossip_mix=parameters mixes the models instead.")
   make = {
       'hybrid': lambda: HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype,
                                  config_lib.device_batch(cfg), cfg.dtype),

@@ -175,6 +175,10 @@ class Strategy(Protocol):
     """The model's {'params', 'batch_stats'} as global arrays replicated on the mesh, for
     evaluation and for reading the trained weights whatever the layout."""
 
+  def describe(self) -> str:
+    """What the method exchanges, in words, for the run's log (e.g. 'all-reduces gradients
+    (psum, one buffer) in float32')."""
+
 
 class ReplicatedParams:
   """For strategies whose parameters and BN statistics are replicated (`P()`) on every

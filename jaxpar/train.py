@@ -82,17 +82,13 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
                             'not in the published network)' if cfg.batch_norm else ''),
                cfg.scheme, global_batch, tuple(cfg.mesh.shape), tuple(cfg.mesh.axes),
                total_steps, source.num_train_global, source.num_test_global)
-  exchange = (f'mixes {"sparsified gradients" if cfg.sparsify.capacity else cfg.gossip_mix} '
-              'with two ring neighbours' if cfg.server == 'gossip'
-              else f'gradients: {cfg.grad_reduce} in {cfg.grad_reduce_dtype}')
-  logging.info('Server %s, %s; BN groups of %d devices; compute in %s; '
-               '%s, %s schedule.', cfg.server, exchange,
-               cfg.bn_group_size or config_lib.num_devices(cfg), cfg.dtype, cfg.optimizer.name,
-               cfg.optimizer.schedule)
 
   # ------------------------------------------------------------------ model and optimizer
   model = build.model(cfg, source.num_classes, source.channels, mesh)
   strategy = build.strategy(cfg, mesh, model)
+  logging.info('Server %s: %s; BN groups of %d devices; compute in %s; %s, %s schedule.',
+               cfg.server, strategy.describe(), cfg.bn_group_size or config_lib.num_devices(cfg),
+               cfg.dtype, cfg.optimizer.name, cfg.optimizer.schedule)
   tx, schedule = build.optimizer(cfg, model, source.channels, strategy, global_batch, total_steps)
 
   # ------------------------------------------------------------------ state

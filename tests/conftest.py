@@ -14,11 +14,19 @@ LLVM's optimisation passes (`--xla_backend_optimization_level=0`): the same arit
 compiling is most of the suite's time (43 tests of test_servers, test_gossip and
 test_one_device: 176 s optimised, 110 s without). Runs and measurements outside the tests
 keep XLA's defaults.
+
+With `JAXPAR_TEST_REPORT=PATH` the session writes what it ran to PATH as JSON (counts by
+outcome, seconds, the marker expression, date, machine, versions, commit; `JAXPAR_TEST_LEG`
+names the run): `.ci/run` sets both for each leg, and docs/install.md's CI tables and the
+README's suite line are generated from the files it wrote (analysis/report/ci/).
 """
 import atexit
+import json
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 _FAST_COMPILE = '--xla_backend_optimization_level=0'
@@ -53,6 +61,47 @@ def pytest_report_header(config):
     except importlib.metadata.PackageNotFoundError:
       found.append(f'{name} absent')
   return f"jaxpar on Python {platform.python_version()}: {', '.join(found)}"
+
+
+_STARTED = time.time()
+_VERSIONED = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'tensorflow-cpu',
+              'tensorflow-datasets', 'ray', 'torch')
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """The session's JSON report where `JAXPAR_TEST_REPORT` asks for one (the controller only,
+  not xdist's workers: its terminal reporter holds every worker's results)."""
+  path = os.environ.get('JAXPAR_TEST_REPORT')
+  if not path or hasattr(session.config, 'workerinput'):
+    return
+  import datetime
+  import importlib.metadata
+
+  from jaxpar.plan import probe
+  reporter = session.config.pluginmanager.get_plugin('terminalreporter')
+  stats = reporter.stats if reporter is not None else {}
+  versions = {}
+  for name in _VERSIONED:
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = None
+  try:
+    commit = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                            cwd=os.path.dirname(__file__), check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    commit = None
+  report = {
+      'tool': 'pytest', 'leg': os.environ.get('JAXPAR_TEST_LEG', ''),
+      'created': datetime.datetime.now().isoformat(timespec='seconds'), 'commit': commit,
+      'machine': probe.machine(), 'versions': versions,
+      'markexpr': session.config.option.markexpr or '', 'collected': session.testscollected,
+      'outcomes': {kind: len(reports) for kind, reports in stats.items()
+                   if kind and kind != 'warnings'},
+      'seconds': round(time.time() - _STARTED, 1), 'exitstatus': int(exitstatus)}
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, 'w') as f:
+    json.dump(report, f, indent=1)
 
 
 @pytest.fixture(scope='session')

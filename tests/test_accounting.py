@@ -89,6 +89,17 @@ def test_local_sgd_sends_only_when_averaging():
       [2 * 7 / 8 * B, 0.0, 2 * 7 / 8 * B])
 
 
+def test_gossip_sends_once_to_a_partner_met_twice():
+  """Where both ring partners are one device (2 devices; distance s = 2 of 4) its gradient
+  travels once and counts twice: 4 devices send 2·B, then B at s = 2; 2 devices B a step,
+  sparsified gossip one message per tensor likewise."""
+  quad, pair = make_mesh((4,), ('data',)), make_mesh((2,), ('data',))
+  assert _sent(Gossip(quad), quad, steps=3) == pytest.approx([2 * B, B, 2 * B])
+  assert _sent(Gossip(pair), pair, steps=2) == pytest.approx([B, B])
+  # ⌈10 %⌉ of each tensor (336, 7, 35, 5 entries: 34, 1, 4, 1), 4-byte values and indices.
+  assert _sent(SparseGossip(pair, 0.0, 0.1, True), pair) == pytest.approx([8 * (34 + 1 + 4 + 1)])
+
+
 def _lowered_bytes(strategy, mesh):
   """Bytes per device of the lowered step's collectives of arrays (the
   metrics' scalars aside), as `jaxpar.plan.hlo` reads them from the StableHLO: of a
@@ -106,6 +117,8 @@ def _config(**overrides):
 
 
 TORUS = dict(grad_reduce='torus2d', mesh__shape=(2, 4), mesh__axes=('x', 'y'))
+PAIR = make_mesh((2,), ('data',))
+ON_PAIR = dict(mesh__shape=(2,), mesh__axes=('data',))
 
 
 @pytest.mark.parametrize('name, strategy, cfg, over_analytic, over_reported', [
@@ -126,13 +139,17 @@ TORUS = dict(grad_reduce='torus2d', mesh__shape=(2, 4), mesh__axes=('x', 'y'))
     ('sparse gossip', SparseGossip(LINE, 0.0, 0.1, True),
      _config(server='gossip', sparsify__capacity=0.1), 1.0, 1.0),
     ('local SGD', LocalSGD(LINE, every=1), _config(sync_every=1), 1.0, 1.0),
+    # 2 devices: both partners are the other device, one permute (XLA merged two before).
+    ('gossip pair', Gossip(PAIR), _config(server='gossip', **ON_PAIR), 1.0, 1.0),
+    ('sparse gossip pair', SparseGossip(PAIR, 0.0, 0.1, True),
+     _config(server='gossip', sparsify__capacity=0.1, **ON_PAIR), 1.0, 1.0),
 ])
 def test_compiled_program_sends_the_analytic_volume(name, strategy, cfg, over_analytic,
                                                     over_reported):
   """The volume table's three counts for each method: the lowered program's collectives,
   the method's equations (`analysis.steptime.volume`) and its own `sent_bytes`, equal up to the
   padding the program adds to split tensors evenly."""
-  mesh = GRID if name == 'torus2d' else LINE
+  mesh = GRID if name == 'torus2d' else PAIR if name.endswith('pair') else LINE
   params = jax.eval_shape(lambda: Tiny().init(jax.random.key(0), jnp.zeros((1, 4, 4, 3)),
                                               train=True))['params']
   program = _lowered_bytes(strategy, mesh)

@@ -162,6 +162,7 @@ def test_distributed_server_is_the_thesis_equation_without_latency():
 
 def test_gossip_round():
   assert cc.gossip_round(P, ALPHA, BETA) == approx(2 * (ALPHA + P / BETA))
+  assert cc.gossip_round(P, ALPHA, BETA, partners=1) == approx(ALPHA + P / BETA)
   assert cc.point_to_point(P, ALPHA, BETA) == approx(ALPHA + P / BETA)
 
 

@@ -376,3 +376,59 @@ def test_an_unprepared_dataset_offline_is_one_line_in_seconds(tmp_path, monkeypa
   assert message.startswith("config.dataset.name='cifar10' is not prepared in ")
   assert '`tfds build cifar10 --data_dir DIR`' in message and '\n' not in message
   assert ('config.dataset.download=False' in message) != download
+
+
+@pytest.mark.parametrize('overrides, words', [
+    ({}, 'all-reduces gradients (psum) in float32'),
+    ({'grad_fusion': 'one_buffer', 'grad_reduce_dtype': 'bfloat16'},
+     'all-reduces gradients (psum, one buffer) in bfloat16'),
+    ({'scheme': 'sync-join', 'server': 'central'}, 'gradients to the central server'),
+    ({'server': 'distributed'}, 'reduce-scatters gradients in float32'),
+    ({'server': 'gossip'}, 'mixes gradients with two ring neighbours'),
+    ({'server': 'gossip', 'gossip_mix': 'parameters', 'sync_every': 4},
+     'mixes parameters with two ring neighbours, exchanging every 4 steps after 0'),
+    ({'server': 'gossip', 'sparsify.capacity': 0.25, 'sparsify.threshold': 0.001},
+     'mixes sparsified gradients (|g| > 0.001, at most 25% of each tensor, error feedback)'),
+    ({'sync_every': 4}, 'averages the replicas every 4 steps after 0 synchronous'),
+    ({'scheme': 'async', 'server': 'central'}, '8 workers push gradients to the central server'),
+    ({'fc_parallel': 'auto', 'mesh.axes': ('data', 'model'), 'model': 'vgg16e'},
+     "split over 'model'"),
+])
+def test_each_method_says_what_it_exchanges(overrides, words):
+  """The run's log line reads the strategy's own description (no per-method branch in
+  train.py); it names what the chosen method sends."""
+  import jax
+
+  from jaxpar import build
+  from jaxpar.mesh import make_mesh
+  c = _config(**overrides)
+  validation.validate(c)
+  mesh = make_mesh(c.mesh.shape, c.mesh.axes, devices=jax.devices()[:8])
+  described = build.strategy(c, mesh, build.model(c, 10, 3, mesh)).describe()
+  assert words in described, described
+
+
+@pytest.mark.parametrize('overrides, fix', [
+    ({'server': 'gossip'}, 'gossip_mix=parameters'),
+    ({'server': 'gossip', 'sparsify.capacity': 0.25}, 'server=allreduce'),
+    ({'server': 'gossip', 'gossip_mix': 'parameters'}, None),
+])
+def test_two_device_gradient_gossip_warns_with_the_method_s_own_fix(overrides, fix, caplog):
+  """On 2 devices gradient gossip's replicas climb apart (docs/accuracy.md): the strategy
+  warns once, naming a fix its method accepts (sparsified gossip cannot mix parameters)."""
+  import jax
+
+  from jaxpar import build
+  from jaxpar.mesh import make_mesh
+  c = _config(**overrides)
+  c.mesh.shape, c.mesh.axes = (2,), ('data',)
+  validation.validate(c)
+  mesh = make_mesh((2,), ('data',), devices=jax.devices()[:2])
+  with caplog.at_level('WARNING'):
+    build.strategy(c, mesh, build.model(c, 10, 3, mesh))
+  warned = [r.getMessage() for r in caplog.records if 'climb apart' in r.getMessage()]
+  if fix is None:
+    assert not warned
+  else:
+    assert len(warned) == 1 and fix in warned[0], warned
+    assert ('gossip_mix' in warned[0]) == (fix == 'gossip_mix=parameters')

@@ -14,7 +14,7 @@ from jax import lax
 from analysis.benchmarks.conv_bench import convolutions, positions
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS
 from jaxpar.step import loss_and_logits
-from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS, choose,
+from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS, auto_choices, choose,
                                 conv_general_dilated, conv_taps, geometry_key, measured_choices,
                                 use_taps, winograd_applies)
 
@@ -154,15 +154,19 @@ def _tapped_ops(impl, net, size):
 @pytest.mark.parametrize('impl', ['auto', 'measured'])
 def test_auto_and_measured_lower_each_convolution_as_chosen(impl):
   # SqueezeNet at 32²: 26 convolutions; a convolution op is left only where XLA's
-  # convolution computes it (chosen, or Winograd's fallback off 3×3 stride 1). `auto`: the
-  # ones on 3×3 and 1×1 maps go by taps.
+  # convolution computes it (chosen, or Winograd's fallback off 3×3 stride 1). `auto`: its
+  # table's choice (whole steps confirmed im2col here), and the rule elsewhere (the ones on
+  # 3×3 and 1×1 maps by taps).
   convs = convolutions('squeezenet', 32, 2, jnp.float32)
   chosen = {c: choose(impl, c.lhs, c.rhs, c.strides, c.padding, 'cpu') for c in convs}
   by_xla = sum(n for c, n in convs.items() if chosen[c] == 'xla' or (
       chosen[c] == 'winograd' and not winograd_applies(c.rhs, c.strides)))
   if impl == 'auto':
-    assert set(chosen.values()) == {'xla', 'taps'}
-    assert all((chosen[c] == 'taps') == use_taps('auto', positions(c), 'cpu') for c in convs)
+    table = auto_choices()
+    assert 'im2col' in chosen.values()
+    for c in convs:
+      rule = 'taps' if use_taps('auto', positions(c), 'cpu') else 'xla'
+      assert chosen[c] == table.get(geometry_key(c.lhs, c.rhs, c.strides, c.padding), rule)
   assert by_xla < 26
   assert _tapped_ops('xla', 'squeezenet', 32) == 26
   assert _tapped_ops(impl, 'squeezenet', 32) == by_xla
@@ -186,13 +190,32 @@ def test_measured_takes_the_measured_fastest_then_the_rule_and_xla_off_the_cpu()
     assert choose(impl, (1, 99, 99, 7), (3, 3, 7, 5), (1, 1), ((1, 1), (1, 1)), 'cpu') == 'xla'
 
 
-def test_autos_table_is_what_the_committed_measurements_give():
+def test_the_tables_are_what_the_committed_measurements_give():
+  """`measured`'s table: each geometry's fastest lowering alone (conv_bench); `auto`'s: the
+  part of it whose kind made whole steps of the network faster (conv_step_ab)."""
   import json
   import pathlib
-  from analysis.benchmarks import conv_bench
+  from analysis.benchmarks import conv_bench, conv_step_ab
   folder = pathlib.Path(__file__).parent.parent / 'analysis' / 'report' / 'conv'
   results = [json.loads(p.read_text()) for p in sorted(folder.glob('lowerings_*.json'))]
   assert results and conv_bench.choices(results) == measured_choices()
+  steps = [json.loads(p.read_text()) for p in sorted(folder.glob('step_ab/*.json'))]
+  assert steps and conv_step_ab.verified(steps) == auto_choices()
+  assert auto_choices() and all(measured_choices()[k] == v for k, v in auto_choices().items())
+
+
+def test_auto_keeps_a_kind_only_where_every_step_with_it_ran_faster():
+  from analysis.benchmarks.conv_step_ab import verified
+
+  def run(ratios, differing):
+    return {'rows': [{'variant': v, 'over_rule': r} for v, r in ratios.items()],
+            'table_differs_from_rule': differing}
+  a = run({'rule': 1.0, 'measured:im2col': 0.9, 'measured:taps': 0.99},
+          {'g1': 'im2col', 'g2': 'taps', 'shared': 'im2col'})
+  b = run({'rule': 1.0, 'measured:im2col': 1.05}, {'shared': 'im2col', 'g3': 'im2col'})
+  assert verified([a, b]) == {'g1': 'im2col'}  # g2: 1 % only; shared: slower in b
+  assert verified([a]) == {'g1': 'im2col', 'shared': 'im2col'}
+  assert verified([a], faster=0.005) == {'g1': 'im2col', 'g2': 'taps', 'shared': 'im2col'}
 
 
 
@@ -243,3 +266,18 @@ def test_a_train_step_with_a_lowering_equals_xla(net, impl):
     # Parameters of order 0.1–1; BatchNorm over 2 images of ResNet34's 1×1 maps amplifies
     # the lowerings' rounding differences to ~1e-5 in single elements.
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=5e-5, err_msg=jax.tree_util.keystr(path))
+
+
+def test_autos_table_applies_to_the_dtype_its_steps_were_measured_in():
+  from jaxpar.models.conv import auto_dtypes
+  assert auto_dtypes() == ('float32',)
+  key, lowering = next(iter(auto_choices().items()))
+  c = next(c for net in sorted(MODELS) for size, batch in ((224, 2), (32, 32))
+           if size >= MIN_IMAGE_SIZE[net]
+           for c in convolutions(net, size, batch, jnp.float32)
+           if geometry_key(c.lhs, c.rhs, c.strides, c.padding) == key)
+  rule = 'taps' if use_taps('auto', positions(c), 'cpu') else 'xla'
+  assert lowering != rule
+  assert choose('auto', c.lhs, c.rhs, c.strides, c.padding, 'cpu', jnp.float32) == lowering
+  assert choose('auto', c.lhs, c.rhs, c.strides, c.padding, 'cpu', jnp.bfloat16) == rule
+  assert choose('auto', c.lhs, c.rhs, c.strides, c.padding, 'gpu', jnp.float32) == 'xla'

@@ -676,3 +676,22 @@ def test_compare_rejects_a_file_measure_did_not_write(tmp_path):
   with pytest.raises(SystemExit) as e:
     compare.main([str(bogus), '--out', str(tmp_path / 'r')])
   assert e.value.code == 2
+
+
+def test_other_work_during_a_run_is_recorded_and_named_in_a_warning(tmp_path, capsys,
+                                                                     monkeypatch):
+  """/proc/stat's busy time less this process tree's: what other work took from the run."""
+  stat = tmp_path / 'stat'
+  stat.write_text('cpu  100 5 50 1000 20 3 2 7 0 0\ncpu0 50 2 25 500 10 1 1 3 0 0\n')
+  busy, own = measure.cpu_clock(str(stat))
+  assert busy == pytest.approx((100 + 5 + 50 + 3 + 2) / os.sysconf('SC_CLK_TCK')) and own > 0
+  assert measure.cpu_clock(str(tmp_path / 'absent')) is None
+  assert measure.other_cpu((10.0, 4.0), (16.0, 7.0)) == pytest.approx(3.0)
+  assert measure.other_cpu((10.0, 4.0), (10.5, 5.0)) == 0.0  # clock grains: never below 0
+  assert measure.other_cpu(None, (1.0, 1.0)) is None
+  monkeypatch.setattr(measure, 'OTHER_LOAD', [])
+  measure._record_load('loopback', 2, 20.0, 1.0)  # 5 % of a core: recorded only
+  measure._record_load('link-1gbit', 2, 20.0, 4.0)  # 20 %
+  err = capsys.readouterr().err
+  assert err.count('WARNING') == 1 and '20% of a core during the link-1gbit run with 2' in err
+  assert [r['other_cpu_s'] for r in measure.OTHER_LOAD] == [1.0, 4.0]

@@ -35,3 +35,42 @@ def test_a_marked_table_is_replaced_and_an_unknown_name_is_refused(tmp_path, mon
   monkeypatch.setattr(report, 'TABLES', {})
   with pytest.raises(KeyError, match="no generator for table 't'"):
     report.main(['--check'])
+
+
+def test_a_session_writes_what_it_ran_and_the_ci_tables_read_it(tmp_path):
+  """The conftest hook `.ci/run` relies on, in a real pytest session (one quick test passing,
+  one deselected): the counts, marker expression, versions and machine it writes, and the
+  CI tables and README line generated from two legs' files."""
+  import json
+  import subprocess
+  import sys
+
+  import jax
+
+  from analysis.report import ci
+  path = tmp_path / 'floor.json'
+  env = dict(os.environ, JAXPAR_TEST_REPORT=str(path), JAXPAR_TEST_LEG='floor')
+  env.pop('PYTEST_XDIST_WORKER', None)
+  node = 'tests/test_report.py::test_a_marked_table_is_replaced_and_an_unknown_name_is_refused'
+  run = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-n', '0', '-p', 'no:cacheprovider',
+                        node, 'tests/test_report.py::test_the_readme_holds_the_headline_tables',
+                        '-k', 'marked_table'],
+                       cwd=report.ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+  leg = json.loads(path.read_text())
+  assert leg['leg'] == 'floor' and leg['markexpr'] == '' and leg['exitstatus'] == 0
+  assert leg['outcomes'].get('passed') == 1 and ci.tests(leg) == 1, leg['outcomes']
+  assert leg['versions']['jax'] == jax.__version__
+  assert leg['machine']['cores'] == os.cpu_count() and leg['seconds'] >= 0
+  newest = leg | {'leg': 'newest', 'markexpr': 'not slow',
+                  'outcomes': {'passed': 5, 'skipped': 2, 'deselected': 9},
+                  'versions': leg['versions'] | {'jax': '0.12.0.1', 'jaxlib': '0.12.0.1'}}
+  runs = ci.runs_table([newest, leg])  # rows in .ci/run's order, whatever the files' order
+  assert runs.index('first leg') < runs.index('second leg')
+  assert '| without the slow marker | 5 passed, 2 skipped, ' in runs
+  versions = ci.versions_table([leg, newest])
+  assert f"| jax / jaxlib | {ci._pair(leg, 'jax', 'jaxlib')} | 0.12.0.1 |" in versions, versions
+  line = ci.suite_line([leg, newest])
+  assert line.startswith('The suite (1 tests, whole suite) took ') and 'the 7 without' in line
+  with pytest.raises(ValueError, match="leg 'other'.*JAXPAR_TEST_LEG"):
+    ci.ordered([leg | {'leg': 'other'}])

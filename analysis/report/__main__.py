@@ -149,6 +149,11 @@ def _conv_lowerings():
   return conv_bench.lowerings_table(conv_bench.summarize(rows))
 
 
+def _conv_steps(folder):
+  from analysis.benchmarks import conv_step_ab
+  return conv_step_ab.table(_load(f'conv/{folder}/*.json'))
+
+
 def _gaps():
   from analysis.steptime import gaps
   return gaps.table(_load('measured/collective_gaps.json')[0])
@@ -157,6 +162,11 @@ def _gaps():
 def _small_collectives():
   from analysis.benchmarks import small_collectives
   return small_collectives.table(_load('collectives/small_collectives.json')[0])
+
+
+def _ci(what):
+  from analysis.report import ci
+  return getattr(ci, what)(_load('ci/*.json'))
 
 
 FOUR_NETWORKS = ('measured/squeezenet.json', 'measured/vgg16e.json', 'measured/resnet34.json',
@@ -189,6 +199,8 @@ FILES = {
 TABLES = {
     'conv-small-maps': _conv,
     'conv-lowerings': _conv_lowerings,
+    'conv-step-ab': lambda: _conv_steps('step_ab'),
+    'conv-step-auto': lambda: _conv_steps('step_auto'),
     'small-collectives': _small_collectives,
     'collectives-resnet34': lambda: _bench('collectives/bench_resnet34_32_2p_*.json'),
     'calls-after-compute': _gaps,
@@ -220,6 +232,9 @@ TABLES = {
     'thesis-best': lambda: _thesis('summary_table'),
     'gossip-modes': lambda: _gossip('modes'),
     'gossip-simulation': lambda: _gossip('simulation'),
+    'ci-versions': lambda: _ci('versions_table'),
+    'ci-runs': lambda: _ci('runs_table'),
+    'ci-suite': lambda: _ci('suite_line'),
     'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
 }
 

@@ -41,6 +41,12 @@ point keeps each repetition's samples: the noise a prediction is judged against.
 
 Progress lines go to stderr; the JSON records the machine, versions, the config and every
 sample. Each setting runs in child processes (`analysis.steptime.timing`).
+
+Other work on the machine spoils the timings, even at idle priority (two cores: a test run
+under SCHED_IDLE made one repetition's collective-heavy steps ~2× slower). Each run records
+the CPU time the machine spent outside this measurement's processes (/proc/stat's busy time
+less this process's and its children's, `other_cpu`), the JSON keeps it under 'other_load',
+and a run where it passes 10 % of one core is named in a warning.
 """
 import datetime
 import importlib.util
@@ -304,6 +310,35 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
 
 
 # --------------------------------------------------------------------------- running
+OTHER_LOAD_WARNING = 0.10  # of one core, over a run
+
+
+def cpu_clock(stat: str = '/proc/stat') -> tuple | None:
+  """(seconds every CPU of the machine has been busy, seconds this process and its
+  waited-for children have used), or None where the system has no /proc/stat. Busy: user,
+  nice, system, irq and softirq time (steal is the hypervisor's, not this machine's work)."""
+  try:
+    with open(stat) as f:
+      fields = f.readline().split()
+  except OSError:
+    return None
+  user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[1:8])
+  own = os.times()
+  return ((user + nice + system + irq + softirq) / os.sysconf('SC_CLK_TCK'),
+          own.user + own.system + own.children_user + own.children_system)
+
+
+def other_cpu(before: tuple | None, after: tuple | None) -> float | None:
+  """CPU seconds the machine spent on other work between two `cpu_clock` readings (none
+  below zero: the two clocks tick at different grains)."""
+  if before is None or after is None:
+    return None
+  return max(0.0, (after[0] - before[0]) - (after[1] - before[1]))
+
+
+OTHER_LOAD = []  # per run of child processes: {setting, processes, seconds, other_cpu_s}
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
@@ -372,6 +407,8 @@ def _run_children(setting, processes, fields, common, folder, emulated, module, 
     logs.append(log)
     procs.append(subprocess.Popen(cmd, env=_child_env(cache), stdout=log if i else None,
                                   stderr=log if i else None))
+    if i == 0:
+      clock, started = cpu_clock(), time.perf_counter()
   while any(p.poll() is None for p in procs):
     failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
     if failed:
@@ -381,6 +418,7 @@ def _run_children(setting, processes, fields, common, folder, emulated, module, 
       break
     time.sleep(0.5)
   codes = [p.wait() for p in procs]
+  _record_load(setting, processes, time.perf_counter() - started, other_cpu(clock, cpu_clock()))
   if any(codes):
     tails = []
     for i, log in enumerate(logs):
@@ -390,6 +428,16 @@ def _run_children(setting, processes, fields, common, folder, emulated, module, 
                        + '\n'.join(tails))
   with open(out) as f:
     return json.load(f)
+
+
+def _record_load(setting: str, processes: int, seconds: float, other: float | None):
+  OTHER_LOAD.append({'setting': setting, 'processes': processes, 'seconds': seconds,
+                     'other_cpu_s': other})
+  if other is not None and other > OTHER_LOAD_WARNING * seconds:
+    print(f'[measure] WARNING: other work used {other / seconds:.0%} of a core during the '
+          f'{setting} run with {processes} process(es) ({other:.1f} of {seconds:.0f} s): its '
+          'timings may be spoilt; measure on an otherwise idle machine', file=sys.stderr,
+          flush=True)
 
 
 def _merge(results: list) -> dict:
@@ -505,7 +553,7 @@ def measure(cfg, argv) -> dict:
           'rounds': FLAGS.rounds,
           'steps_per_round': FLAGS.steps_per_round, 'repetitions': FLAGS.repetitions,
           'compilation_cache': FLAGS.compilation_cache, 'skipped': skipped,
-          'settings': settings}
+          'other_load': list(OTHER_LOAD), 'settings': settings}
 
 
 def summary(result) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxpar.plan import hlo
 from jaxpar import config as config_lib
+from jaxpar.parallel import gossip
 from jaxpar.parallel.collectives import nbytes
 from jaxpar.parallel.sparsify import capacity_of
 
@@ -46,9 +47,9 @@ def analytic_bytes(cfg, params, batch_stats):
   all-reduce over X, then 1/X of it over Y: (2(X−1)/X + 2(Y−1)/(XY))·P_g. central and
   distributed servers ([T] §3.3): N−1 gradient and N−1 weight messages per device's worth,
   (N−1)/N·(P_g + P_w) on average (central: device 0 is also a worker, so N−1 pushes,
-  not [T]'s N). gossip ([L]): the gradient to two partners, 2·P_w (none on one device). Sparsified gossip:
-  two messages of ⌈c·size⌉ values and int32 indices per tensor. Local SGD ([S], [L]),
-  an averaging step: an all-reduce of weights and BN statistics, 2(N−1)/N·(P_w + S), and
+  not [T]'s N). gossip ([L]): the gradient to two partners, 2·P_w (P_w on 2 devices, where
+  both are the other device; none on one). Sparsified gossip: a message of ⌈c·size⌉ values
+  and int32 indices per tensor to each partner. Local SGD ([S], [L]), an averaging step: an all-reduce of weights and BN statistics, 2(N−1)/N·(P_w + S), and
   with groups of G (hierarchical) their gradients' all-reduce, 2(G−1)/G·P_g.
   Gossip with Local SGD(p): a step that exchanges sends what gossip's does.
   """
@@ -62,11 +63,14 @@ def analytic_bytes(cfg, params, batch_stats):
   if name == 'local_sgd':  # hierarchical: and the group's all-reduce of the gradients
     g = cfg.local_sgd_group_size
     return 2 * (n - 1) / n * (p_w + nbytes(batch_stats)) + 2 * (g - 1) / g * p_g
+  # Gossip's messages on its costliest ring distance: one per partner (one where both
+  # partners are one device: n = 2).
+  partners = max(gossip.messages(n, s) for s in gossip.distances(n))
   if name == 'sparse_gossip':
-    return 2 * sum(capacity_of(math.prod(g.shape), cfg.sparsify.capacity)
-                   * (np.dtype(g.dtype).itemsize + 4) for g in jax.tree.leaves(params))
+    return partners * sum(capacity_of(math.prod(g.shape), cfg.sparsify.capacity)
+                          * (np.dtype(g.dtype).itemsize + 4) for g in jax.tree.leaves(params))
   if name == 'gossip':
-    return 2 * p_w if n > 1 else 0.0
+    return partners * p_w
   if name in ('central', 'distributed'):
     return (n - 1) / n * (p_g + p_w)
   if cfg.grad_reduce == 'torus2d':

@@ -19,9 +19,17 @@ rounding (tests/test_conv.py), selectable by `conv_impl` and timed per geometry 
 Why: XLA's CPU backend computes convolutions whose *output map is small* far below
 its speed on larger maps (measured here, forward + backward of a 3×3 256→256
 convolution on a 32×2×2 input: 68 ms as `lax.conv_general_dilated`, 7.5 ms as taps;
-the same FLOPs on 32×8×8×64: 3.8 ms). `conv_impl='auto'` uses the taps where the
-rule of `use_taps` says they are faster — on the CPU backend only; GPU and TPU keep
-XLA's convolutions (docs/performance.md has the measurements behind the rule).
+the same FLOPs on 32×8×8×64: 3.8 ms). On the CPU backend `conv_impl='auto'` takes, for a
+geometry in `conv_auto.json`, the lowering whole train steps confirmed (below), and
+elsewhere the rule of `use_taps`: taps on small output maps, XLA's convolution above; GPU
+and TPU keep XLA's convolutions (docs/performance.md has the measurements behind both).
+
+Convolutions timed alone do not predict a step: the lowering fastest alone for every
+geometry (`conv_choices.json`, `conv_impl='measured'`) made ResNet34's and GoogLeNet's
+224² steps 7–8 % faster but VGG16E's 32² step 11 % slower. `auto`'s table keeps only the
+choices of a kind (im2col, taps, XLA's, Winograd) whose whole-step A/B in that network
+and input size beat the rule (`analysis.benchmarks.conv_step_ab --choices_out`), for the
+compute dtype those steps ran in (float32; other dtypes keep the rule).
 
 `conv_general_dilated(impl)` returns a drop-in for `lax.conv_general_dilated`, which
 flax's `nn.Conv(conv_general_dilated=...)` accepts: parameters, their names and
@@ -43,9 +51,12 @@ TAPS_MAX_OUTPUT_POSITIONS = 16
 # `measured` on CPU, for a geometry the committed measurement has: the lowering it found
 # fastest (forward and both gradients summed, each convolution alone; `conv_choices.json`,
 # written by `analysis.benchmarks.conv_bench --choices_out` from
-# analysis/report/conv/lowerings_*.json); elsewhere `auto`'s rule. Not the default until
-# whole train steps confirm it (docs/performance.md).
+# analysis/report/conv/lowerings_*.json); elsewhere `auto`'s rule.
 CHOICES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'conv_choices.json')
+# `auto` on CPU, for a geometry listed: the part of `measured`'s table that whole train steps
+# confirmed (`conv_auto.json`, written by `analysis.benchmarks.conv_step_ab --choices_out`
+# from analysis/report/conv/step_ab/*.json); elsewhere the rule.
+AUTO_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'conv_auto.json')
 
 
 def geometry_key(lhs_shape, rhs_shape, window_strides, padding) -> str:
@@ -63,25 +74,47 @@ def geometry_key(lhs_shape, rhs_shape, window_strides, padding) -> str:
 @functools.cache
 def measured_choices() -> dict:
   """{geometry_key: lowering} of `conv_choices.json` ({} where the file is absent)."""
-  if not os.path.exists(CHOICES_FILE):
+  return _table(CHOICES_FILE)
+
+
+@functools.cache
+def auto_choices() -> dict:
+  """{geometry_key: lowering} of `conv_auto.json` ({} where the file is absent)."""
+  return _table(AUTO_FILE)
+
+
+@functools.cache
+def auto_dtypes() -> tuple:
+  """The compute dtypes whose whole steps made `conv_auto.json` (its choices apply to
+  those only)."""
+  return tuple(_table(AUTO_FILE, 'dtypes') or ())
+
+
+def _table(path: str, field: str = 'choices'):
+  if not os.path.exists(path):
     return {}
-  with open(CHOICES_FILE) as f:
-    return json.load(f)['choices']
+  with open(path) as f:
+    return json.load(f).get(field) or {}
 
 
 def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
-           backend: str | None = None) -> str:
+           backend: str | None = None, dtype=None) -> str:
   """The lowering that computes this convolution under `impl`: `impl` itself, or for 'auto'
-  and 'measured' XLA's on GPU and TPU; on the CPU, for 'measured' the measured fastest for a
-  geometry the committed table has, and otherwise taps on small output maps (`use_taps`)
-  and XLA's above."""
+  and 'measured' XLA's on GPU and TPU; on the CPU the lowering its table has for this
+  geometry (`auto_choices`: confirmed in whole steps of the compute dtypes `auto_dtypes`,
+  and for those only where `dtype` is given; `measured_choices`: fastest alone), and
+  otherwise taps on small output maps (`use_taps`) and XLA's above."""
   if impl not in ('auto', 'measured'):
     return impl
   backend = backend or jax.default_backend()
   if backend != 'cpu':
     return 'xla'
-  found = impl == 'measured' and measured_choices().get(
-      geometry_key(lhs_shape, rhs_shape, window_strides, padding))
+  if impl == 'measured':
+    table = measured_choices()
+  else:
+    judged = dtype is None or jnp.dtype(dtype).name in auto_dtypes()
+    table = auto_choices() if judged else {}
+  found = table.get(geometry_key(lhs_shape, rhs_shape, window_strides, padding))
   if found:
     return found
   positions = output_positions(lhs_shape, rhs_shape, window_strides, padding)
@@ -300,6 +333,6 @@ def conv_general_dilated(impl: str):
 
   @functools.wraps(lax.conv_general_dilated)
   def conv(lhs, rhs, window_strides, padding, *args, **kwargs):
-    lowering = choose(impl, lhs.shape, rhs.shape, window_strides, padding)
+    lowering = choose(impl, lhs.shape, rhs.shape, window_strides, padding, dtype=lhs.dtype)
     return LOWERINGS[lowering](lhs, rhs, window_strides, padding, *args, **kwargs)
   return conv

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel.collectives import (fused_psum, nbytes, replicate, ring_psum, spanning,
-                                        torus2d_psum)
+                                        torus2d_psum, travelling)
 from jaxpar.step import ReplicatedParams
 
 SUMS = {'psum': lax.psum, 'ring': ring_psum, 'torus2d': torus2d_psum}
@@ -60,8 +60,12 @@ class AllReduce(ReplicatedParams, optim.WholeTensors):
   parameters and optimizer state (replicated), averages the gradients with
   `mean_all_reduce` and applies the same update."""
   def __init__(self, axes, kind: str = 'psum', dtype=None, one_buffer: bool = False):
-    self.axes, self.kind, self.dtype = axes, kind, dtype
+    self.axes, self.kind, self.dtype, self.one_buffer = axes, kind, dtype, one_buffer
     self.reduce = mean_all_reduce(axes, kind, dtype, one_buffer)
+
+  def describe(self):
+    fusion = ', one buffer' if self.one_buffer and self.kind == 'psum' else ''
+    return f'all-reduces gradients ({self.kind}{fusion}) {travelling(self.dtype)}'
 
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state)

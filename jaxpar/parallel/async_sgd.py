@@ -63,6 +63,9 @@ class AsyncServer:
     self.owners = None  # per parameter leaf, its device's index; set by make_optimizer
     self.parts = None   # (device index, leaf indices) of every device that owns tensors
 
+  def describe(self):
+    return f'{self.workers} workers push gradients to the {self.server} server, asynchronously'
+
   def make_optimizer(self, opt_config, schedule, params):
     leaves = jax.tree.leaves(params)
     if self.server == 'central':

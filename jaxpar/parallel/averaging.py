@@ -72,6 +72,11 @@ class LocalSGD(Replicas):
     super().__init__(mesh)
     self.every, self.warmup, self.inner = every, warmup, tuple(inner_axes or ())
 
+  def describe(self):
+    inner = f', one replica per group over {self.inner}' if self.inner else ''
+    return (f'averages the replicas every {self.every} steps after {self.warmup} synchronous'
+            f'{inner}')
+
   def update(self, tx, grads, batch_stats, state):
     params, opt_state = self.layout.own((state.params, state.opt_state))
     if self.devices == 1:  # one replica: every average is the identity

@@ -117,6 +117,12 @@ def nbytes(tree, dtype=None) -> int:
              for x in jax.tree.leaves(tree))
 
 
+def travelling(dtype) -> str:
+  """'in bfloat16', or 'in their own dtype' (`dtype` None): what a strategy's description
+  says its gradients travel in."""
+  return f'in {jnp.dtype(dtype).name}' if dtype is not None else 'in their own dtype'
+
+
 def _pad_to(v, multiple):
   return jnp.pad(v, (0, -v.size % multiple))
 

@@ -7,14 +7,16 @@ own replica with the mean of the three (weights 1/3 each); the distance s runs
 1, 2, …, ⌊P/2⌋ and wraps, so information crosses the ring in a few steps. In matrix
 form the step applies W_s = (I + S^s + S^−s)/3 (S the cyclic shift) to the stacked
 per-device gradients. When both partners are the same device — P = 2, or s = P/2 for
-even P — its gradient is received twice and counts twice (2/3), as the formula says;
-for P = 1 the device is its own partner and the step is plain SGD.
+even P — its gradient counts twice (2/3), as the formula says, but travels once: one
+`ppermute` brings it (XLA merged the two identical permutes anyway; the program now says
+so, and the accounting and the parts model count one message); for P = 1 the device is
+its own partner and the step is plain SGD.
 
 Each device keeps its own replica (parameters, BN statistics, optimizer state: `P(axes)`
 on a leading dimension of size N), which the mixing keeps close but not equal;
-evaluation reads their average. Per step a device sends its gradient twice (to r and
-l): 2·|g| values, against the ring all-reduce's 2(N−1)/N·|g| — less only in the number
-of partners, which is the point on a slow or irregular network.
+evaluation reads their average. Per step a device sends its gradient to r and to l:
+2·|g| values (|g| where r = l), against the ring all-reduce's 2(N−1)/N·|g| — less only
+in the number of partners, which is the point on a slow or irregular network.
 
 Local SGD(p) with gossip ([L]'s best configuration, with sparsification:
 `sparsify.py`): config `sync_every` = p > 1 makes the exchange happen only on every
@@ -34,6 +36,7 @@ own and its partners' weights and BN statistics; a difference then shrinks by λ
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 from jax import lax
 
 from jaxpar.parallel.averaging import Replicas
@@ -43,17 +46,41 @@ from jaxpar.parallel.collectives import fused, nbytes
 GOSSIP_MIXES = ('gradients', 'parameters')
 
 
+def ring_partners(n: int, s: int) -> tuple:
+  """The permutations bringing device i the values of i + s and of i − s on a ring of n:
+  two, one where both partners are the same device (n = 2, or s = n/2), none for n = 1
+  (the device is its own partner)."""
+  if n == 1:
+    return ()
+  from_right = [(j, (j - s) % n) for j in range(n)]  # device i receives from i + s
+  from_left = [(j, (j + s) % n) for j in range(n)]   # device i receives from i − s
+  return (from_right,) if from_right == from_left else (from_right, from_left)
+
+
+def messages(n: int, s: int) -> int:
+  """Messages a device sends in one exchange at distance s on a ring of n."""
+  return len(ring_partners(n, s))
+
+
+def mean_with_partners(own, received: list):
+  """(own + right + left) / 3, `received` holding one value per distinct partner: a partner
+  that is both counts twice; with none the device is its own partner, and the mean is own."""
+  if not received:
+    return own
+  partners = received[0] * 2 if len(received) == 1 else received[0] + received[1]
+  return (own + partners) / 3
+
+
 def gossip_mean(tree, axes, s: int, one_buffer: bool = False):
   """(g_i + g_{i+s} + g_{i−s}) / 3 on every device i of the ring over `axes`, inside
-  shard_map; `s` a Python int. `one_buffer`: every leaf in one buffer per dtype, two
-  permutes a step instead of two per tensor (across processes each call costs a
-  latency and is a rendezvous of the partners; docs/performance.md)."""
-  n = lax.axis_size(axes)
-  from_right = [(j, (j - s) % n) for j in range(n)]  # device i receives g_{i+s}
-  from_left = [(j, (j + s) % n) for j in range(n)]   # device i receives g_{i−s}
+  shard_map; `s` a Python int. One permute per partner: where both partners are one
+  device, its values arrive once and count twice. `one_buffer`: every leaf in one buffer
+  per dtype, one or two permutes a step instead of one or two per tensor (across processes
+  each call costs a latency and is a rendezvous of the partners; docs/performance.md)."""
+  perms = ring_partners(lax.axis_size(axes), s)
 
   def mix(g):
-    return (g + lax.ppermute(g, axes, from_right) + lax.ppermute(g, axes, from_left)) / 3
+    return mean_with_partners(g, [lax.ppermute(g, axes, perm) for perm in perms])
   return fused(tree, mix) if one_buffer else jax.tree.map(mix, tree)
 
 
@@ -66,11 +93,26 @@ class Gossip(Replicas):
   """Strategy: one replica per device, updated with its gossip-mixed gradient on every
   `every`-th step after `warmup` steps that all mix (Local SGD(p) + gossip), with its own
   gradient on the others."""
+  # What the 2-device warning suggests instead (SparseGossip mixes gradients only).
+  TWO_DEVICES_FIX = '--config.gossip_mix=parameters mixes the models instead'
 
   def __init__(self, mesh, every: int = 1, warmup: int = 0, one_buffer: bool = False,
                mix: str = 'gradients'):
     super().__init__(mesh)
     self.every, self.warmup, self.one_buffer, self.mix = every, warmup, one_buffer, mix
+    if mix == 'gradients' and self.devices == 2:
+      logging.warning("%s on 2 devices mixing gradients ([L] as written): each replica takes "
+                      "2/3 of its partner's gradient and the two climb apart "
+                      "(docs/accuracy.md); %s.", type(self).__name__, self.TWO_DEVICES_FIX)
+
+  def describe(self):
+    every = (f', exchanging every {self.every} steps after {self.warmup}' if self.every > 1
+             else '')
+    return f'mixes {self.what()} with two ring neighbours{every}'
+
+  def what(self) -> str:
+    """What the neighbours mix, in words."""
+    return self.mix
 
   def exchanges(self, step):
     """Whether `step` (traced) exchanges; None when every step does."""
@@ -102,9 +144,17 @@ class Gossip(Replicas):
       updates, opt_state = tx.update(grads, opt_state, params)
       params, batch_stats = mixed((optax.apply_updates(params, updates), batch_stats))
       sent = nbytes((params, batch_stats))
-    # What is mixed, to each of the two partners, on a step that exchanges.
-    sent = self.sent_when(exchanging, 2 * sent if self.devices > 1 else 0)
+    # What is mixed, to each partner, on a step that exchanges.
+    sent = self.sent_when(exchanging, self.messages_on(state.step) * sent)
     return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
+
+  def messages_on(self, step):
+    """Messages a device sends on `step` (traced) if it exchanges: one per partner, by the
+    step's ring distance."""
+    counts = [messages(self.devices, s) for s in distances(self.devices)]
+    if len(set(counts)) == 1:
+      return float(counts[0])
+    return jnp.asarray(counts, jnp.float32)[step % len(counts)]
 
 
 def exchange_when(condition, exchange, keep, *args):

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel.allreduce import all_reduce_bytes
-from jaxpar.parallel.collectives import nbytes, replicate
+from jaxpar.parallel.collectives import nbytes, replicate, travelling
 from jaxpar.step import ReplicatedParams
 
 FC_PARALLEL = ('data', 'model', 'auto')
@@ -62,6 +62,10 @@ class HybridFC(ReplicatedParams):
     self.per_device_batch, self.compute_dtype = per_device_batch, jnp.dtype(compute_dtype)
     self.data_axes = tuple(a for a in self.axes if a != model_axis)
     self.tx = None
+
+  def describe(self):
+    return (f"FC layers {', '.join(self.split) or 'none'} split over '{self.model_axis}'; "
+            f"all-reduces the other gradients over {self.data_axes} {travelling(self.dtype)}")
 
   def _param_specs(self, params):
     def spec(path, _):

@@ -62,7 +62,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel import layouts
-from jaxpar.parallel.collectives import fused, nbytes, replicate
+from jaxpar.parallel.collectives import fused, nbytes, replicate, travelling
 from jaxpar.step import ReplicatedParams, data_axes
 
 PLACEMENTS = ('even', 'greedy')
@@ -82,6 +82,10 @@ class CentralServer(optim.WholeTensors):
     self.layout = layouts.PerDevice(mesh)
     self._first = jax.jit(lambda tree: self.layout.pick(tree, SERVER),
                           out_shardings=NamedSharding(mesh, P()))
+
+  def describe(self):
+    return (f"gradients to the central server (device 0; {'serial' if self.serial else 'parallel'}"
+            f" rounds) {travelling(self.dtype)}, the weights back")
 
   def state_specs(self, state):
     return self.layout.state_specs(state, 'params', 'opt_state')
@@ -253,6 +257,11 @@ class DistributedServer(ReplicatedParams):
     self.placement = placement
     self.one_buffer = one_buffer
     self.packing = None         # set by make_optimizer, which sees the parameters
+
+  def describe(self):
+    fusion = ', one buffer' if self.one_buffer else ''
+    return (f'reduce-scatters gradients {travelling(self.dtype)} to the parts\' owners '
+            f'({self.placement} placement{fusion}), all-gathers the weights')
 
   def make_optimizer(self, opt_config, schedule, params):
     """The optimizer of the owned runs; `params` (shapes suffice) fixes the packing."""

@@ -14,8 +14,9 @@ gradient, so no gradient is ever lost — only delayed (without it, accuracy dro
 sparsity). The residual is per device, kept with the optimizer state.
 
 Per step the metrics report `sent_fraction` (entries above the threshold that were sent
-over all entries) and `sent_bytes`: what the compiled program moves, two messages of
-k values and k int32 indices per tensor, whatever the threshold let through.
+over all entries) and `sent_bytes`: what the compiled program moves, a message of k values
+and k int32 indices per tensor to each partner (one partner where both are one device),
+whatever the threshold let through.
 """
 import math
 
@@ -24,7 +25,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from jaxpar.parallel.gossip import Gossip, distances, exchange_when
+from jaxpar.parallel.gossip import (Gossip, distances, exchange_when, mean_with_partners,
+                                   ring_partners)
 
 
 def capacity_of(size: int, capacity: float) -> int:
@@ -57,9 +59,7 @@ def with_error_feedback(g, residual, threshold: float, k: int):
 def sparse_gossip_mean(tree, axes, s: int, threshold: float, capacity: float, residuals=None):
   """Inside shard_map: (mixed gradients, new residuals, entries sent, entries) for this
   device; `residuals` None = no error feedback."""
-  n = lax.axis_size(axes)
-  from_right = [(j, (j - s) % n) for j in range(n)]
-  from_left = [(j, (j + s) % n) for j in range(n)]
+  perms = ring_partners(lax.axis_size(axes), s)
   leaves, treedef = jax.tree.flatten(tree)
   old = jax.tree.leaves(residuals) if residuals is not None else [None] * len(leaves)
   mixed, new, sent, total = [], [], 0, 0
@@ -70,8 +70,8 @@ def sparse_gossip_mean(tree, axes, s: int, threshold: float, capacity: float, re
     else:
       values, index, count, r = with_error_feedback(g, r, threshold, k)
     received = [densify(lax.ppermute(values, axes, perm), lax.ppermute(index, axes, perm), g)
-                for perm in (from_right, from_left)]
-    mixed.append((densify(values, index, g) + received[0] + received[1]) / 3)
+                for perm in perms]  # one where both partners are one device
+    mixed.append(mean_with_partners(densify(values, index, g), received))
     new.append(r)
     sent, total = sent + count, total + g.size
   residuals = None if residuals is None else jax.tree.unflatten(treedef, new)
@@ -81,11 +81,18 @@ def sparse_gossip_mean(tree, axes, s: int, threshold: float, capacity: float, re
 class SparseGossip(Gossip):
   """Strategy: gossip of sparsified gradients; the optimizer state is (the optimizer's,
   the error-feedback residual — () without it)."""
+  TWO_DEVICES_FIX = ('all-reduce (server=allreduce) or Local SGD (sync_every) keep them '
+                     'together')
 
   def __init__(self, mesh, threshold: float, capacity: float, error_feedback: bool = True,
                every: int = 1, warmup: int = 0):
     super().__init__(mesh, every, warmup)
     self.threshold, self.capacity, self.error_feedback = threshold, capacity, error_feedback
+
+  def what(self):
+    feedback = ', error feedback' if self.error_feedback else ''
+    return (f'sparsified gradients (|g| > {self.threshold}, at most {self.capacity:.0%} of each '
+            f'tensor{feedback})')
 
   def init(self, tx, params, batch_stats):
     residual = jax.tree.map(jnp.zeros_like, params) if self.error_feedback else ()
@@ -109,8 +116,8 @@ class SparseGossip(Gossip):
     params = optax.apply_updates(params, updates)
     leaves = jax.tree.leaves(grads)
     entries = sum(g.size for g in leaves)
-    wire = self.sent_when(exchanging, jnp.float32(
-        2 * sum(capacity_of(g.size, self.capacity) * (g.dtype.itemsize + 4) for g in leaves)))
+    wire = self.sent_when(exchanging, self.messages_on(state.step) * jnp.float32(
+        sum(capacity_of(g.size, self.capacity) * (g.dtype.itemsize + 4) for g in leaves)))
     report = {'sent_bytes': wire, 'sent_fraction': sent / entries}
     residual = residual if self.error_feedback else ()
     return (*self.layout.stack((params, batch_stats, (opt_state, residual))), report)

@@ -76,11 +76,12 @@ def distributed_server_sync_iteration(nbytes: float, n: int, alpha: float, beta:
   return reduce_scatter(nbytes, n, alpha, beta) + t_grad + all_gather(nbytes, n, alpha, beta)
 
 
-def gossip_round(nbytes: float, alpha: float, beta: float) -> float:
+def gossip_round(nbytes: float, alpha: float, beta: float, partners: int = 2) -> float:
   """[L]'s gossip: each worker exchanges its whole gradient with two partners,
   r = (i+s) mod P and l = (i−s) mod P. With one duplex port the two exchanges run
-  one after the other: 2·(α + P/β), independent of the number of workers."""
-  return 2 * point_to_point(nbytes, alpha, beta)
+  one after the other: 2·(α + P/β), independent of the number of workers; where r = l
+  (2 workers, or s = P/2) one exchange, `partners` = 1 (`jaxpar.parallel.gossip.messages`)."""
+  return partners * point_to_point(nbytes, alpha, beta)
 
 
 def collective_time(op: str, nbytes: float, group: int, alpha: float, beta: float) -> float:

@@ -8,7 +8,7 @@ what a step sends.
 `lax.cond` and `lax.switch` lower to `stablehlo.case` with every branch in the text;
 each collective records the branch it sits in, and `step_bytes` counts one branch of
 each conditional: the most expensive, i.e. the step that communicates (Local SGD's
-averaging step; one of gossip's equally expensive ring distances).
+averaging step; a gossip ring distance with two partners, not one whose partners coincide).
 """
 import dataclasses
 import math

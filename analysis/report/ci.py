@@ -1,0 +1,92 @@
+"""What CI's legs ran, from the JSON each leg's pytest session wrote (tests/conftest.py,
+`JAXPAR_TEST_REPORT`; `.ci/run` writes .ci/results/LEG.json, copied to analysis/report/ci/):
+docs/install.md's versions and runs tables and the README's line on the suite.
+
+A leg's file records the counts by outcome, the marker expression, the seconds from the
+session's start to its end, the date, machine, versions and commit; every figure these
+tables show is one of those fields.
+"""
+
+# The legs `.ci/run` runs, in its order, and how the tables name them.
+LEGS = {'floor': "CI's first leg", 'newest': "CI's second leg"}
+_ROWS = (('Python', lambda leg: leg['machine']['python']),
+         ('jax / jaxlib', lambda leg: _pair(leg, 'jax', 'jaxlib')),
+         ('flax', lambda leg: _version(leg, 'flax')),
+         ('optax, orbax-checkpoint', lambda leg: _pair(leg, 'optax', 'orbax-checkpoint', ', ')),
+         ('tensorflow-cpu, tensorflow-datasets',
+          lambda leg: _pair(leg, 'tensorflow-cpu', 'tensorflow-datasets', ', ')),
+         ('ray', lambda leg: _version(leg, 'ray')),
+         ('torch (optional: the PyTorch peer)', lambda leg: _version(leg, 'torch')))
+_ORDER = ('passed', 'failed', 'error', 'skipped', 'xfailed', 'xpassed')
+
+
+def ordered(legs: list) -> list:
+  """The legs in `.ci/run`'s order; a leg it does not name is an error (one line)."""
+  unknown = [leg.get('leg') for leg in legs if leg.get('leg') not in LEGS]
+  if unknown:
+    raise ValueError(f"CI result of leg {unknown[0]!r}: known legs are {', '.join(LEGS)} "
+                     "(.ci/run's JAXPAR_TEST_LEG)")
+  return sorted(legs, key=lambda leg: list(LEGS).index(leg['leg']))
+
+
+def _version(leg, name):
+  return leg['versions'].get(name) or '—'
+
+
+def _pair(leg, a, b, sep=' / '):
+  first, second = _version(leg, a), _version(leg, b)
+  return first if first == second and sep == ' / ' else f'{first}{sep}{second}'
+
+
+def tests(leg) -> int:
+  """Tests the leg ran to an outcome (deselected ones not counted)."""
+  return sum(leg['outcomes'].get(kind, 0) for kind in _ORDER)
+
+
+def selection(leg) -> str:
+  return ('whole suite' if not leg['markexpr']
+          else 'without the slow marker' if leg['markexpr'] == 'not slow'
+          else f"-m '{leg['markexpr']}'")
+
+
+def result(leg) -> str:
+  counts = ', '.join(f"{leg['outcomes'][k]} {k}" for k in _ORDER if leg['outcomes'].get(k))
+  return f"{counts}, {leg['seconds'] / 60:.1f} min" + ('' if leg['exitstatus'] == 0 else
+                                                       f" (pytest exit {leg['exitstatus']})")
+
+
+def machine(leg) -> str:
+  m = leg['machine']
+  return f"{m['cores']} cores of an {m['cpu'] or m['system']}, {m['memory_bytes'] / 2**30:.0f} GiB"
+
+
+def versions_table(legs: list) -> str:
+  legs = ordered(legs)
+  head = '| | ' + ' | '.join(f"{LEGS[leg['leg']]} ({leg['created'][:10]})" for leg in legs) + ' |'
+  lines = [head, '|---|' + '---|' * len(legs)]
+  lines += ['| ' + ' | '.join([name] + [get(leg) for leg in legs]) + ' |' for name, get in _ROWS]
+  return '\n'.join(lines)
+
+
+def runs_table(legs: list) -> str:
+  lines = ['| leg | date | machine | commit | Python | jax | tests | result |',
+           '|---|---|---|---|---|---|---|---|']
+  for leg in ordered(legs):
+    lines.append(f"| {LEGS[leg['leg']]}, fresh install | {leg['created'][:10]} | {machine(leg)} | "
+                 f"{(leg['commit'] or '—')[:7]} | {leg['machine']['python']} | "
+                 f"{_version(leg, 'jax')} | {selection(leg)} | {result(leg)} |")
+  return '\n'.join(lines)
+
+
+def suite_line(legs: list) -> str:
+  """The README's sentence on how long the suite takes, from the legs."""
+  first, *rest = ordered(legs)
+  text = (f"The suite ({tests(first)} tests, {selection(first)}) took "
+          f"{first['seconds'] / 60:.1f} minutes on {machine(first)} ({first['created'][:10]}, "
+          f"Python {first['machine']['python']}, jax {_version(first, 'jax')}: "
+          f"{result(first).rsplit(', ', 1)[0]})")
+  for leg in rest:
+    text += (f"; CI also runs the {tests(leg)} {selection(leg)} on Python "
+             f"{leg['machine']['python']} with jax {_version(leg, 'jax')} "
+             f"({leg['seconds'] / 60:.1f} minutes)")
+  return text + '.'
