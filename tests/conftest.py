@@ -49,23 +49,27 @@ jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)  # unoptimise
 assert jax.device_count() == 8, jax.devices()
 
 
+_STARTED = time.time()
+
+
+def _versions() -> dict:
+  """{package: installed version, or None}: what the header prints and the report records."""
+  import importlib.metadata
+  found = {}
+  for name in ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'tensorflow-cpu',
+               'tensorflow-datasets', 'ray', 'torch'):
+    try:
+      found[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      found[name] = None
+  return found
+
+
 def pytest_report_header(config):
   """The versions this run tests (CI runs the suite on the oldest and the newest supported)."""
-  import importlib.metadata
   import platform
-  found = []
-  for name in ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'tensorflow-cpu',
-               'tensorflow-datasets', 'ray'):
-    try:
-      found.append(f'{name} {importlib.metadata.version(name)}')
-    except importlib.metadata.PackageNotFoundError:
-      found.append(f'{name} absent')
-  return f"jaxpar on Python {platform.python_version()}: {', '.join(found)}"
-
-
-_STARTED = time.time()
-_VERSIONED = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'tensorflow-cpu',
-              'tensorflow-datasets', 'ray', 'torch')
+  found = ', '.join(f"{name} {version or 'absent'}" for name, version in _versions().items())
+  return f'jaxpar on Python {platform.python_version()}: {found}'
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -75,17 +79,10 @@ def pytest_sessionfinish(session, exitstatus):
   if not path or hasattr(session.config, 'workerinput'):
     return
   import datetime
-  import importlib.metadata
 
   from jaxpar.plan import probe
   reporter = session.config.pluginmanager.get_plugin('terminalreporter')
   stats = reporter.stats if reporter is not None else {}
-  versions = {}
-  for name in _VERSIONED:
-    try:
-      versions[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      versions[name] = None
   try:
     commit = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
                             cwd=os.path.dirname(__file__), check=True).stdout.strip()
@@ -94,7 +91,7 @@ def pytest_sessionfinish(session, exitstatus):
   report = {
       'tool': 'pytest', 'leg': os.environ.get('JAXPAR_TEST_LEG', ''),
       'created': datetime.datetime.now().isoformat(timespec='seconds'), 'commit': commit,
-      'machine': probe.machine(), 'versions': versions,
+      'machine': probe.machine(), 'versions': _versions(),
       'markexpr': session.config.option.markexpr or '', 'collected': session.testscollected,
       'outcomes': {kind: len(reports) for kind, reports in stats.items()
                    if kind and kind != 'warnings'},

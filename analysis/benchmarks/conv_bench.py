@@ -35,7 +35,8 @@ from jax import lax  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS  # noqa: E402
 from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS,  # noqa: E402
-                                choose, geometry_key, output_positions, winograd_applies)
+                                choose, geometry_key, output_positions, winograd_applies,
+                                write_table)
 
 _NETS = flags.DEFINE_list('nets', sorted(MODELS), 'Networks.')
 _SIZES = flags.DEFINE_list('sizes', ['16:8', '32:8', '32:32', '224:2'],
@@ -196,14 +197,8 @@ def choices(results) -> dict:
 
 
 def write_choices(results, path: str) -> None:
-  made = choices(results)
-  with open(path, 'w') as f:
-    json.dump({'tool': 'analysis.benchmarks.conv_bench --choices_out',
-               'from': [{k: r.get(k) for k in ('created', 'machine', 'versions', 'dtype')}
-                        for r in results],
-               'choices': made}, f, indent=1, sort_keys=True)
-    f.write('\n')
-  print(f'wrote {path}: {len(made)} geometries')
+  write_table(path, 'analysis.benchmarks.conv_bench --choices_out', results,
+              ('created', 'machine', 'versions', 'dtype'), choices(results))
 
 
 def main(argv):

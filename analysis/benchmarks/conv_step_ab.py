@@ -155,17 +155,10 @@ def verified(results: list, faster: float = FASTER) -> dict:
 
 
 def write_choices(results: list, path: str, faster: float = FASTER) -> None:
-  made = verified(results, faster)
-  with open(path, 'w') as f:
-    dtypes = sorted({r['dtype'] for r in results})
-    json.dump({'tool': 'analysis.benchmarks.conv_step_ab --choices_out', 'faster': faster,
-               'dtypes': dtypes,
-               'from': [{k: r.get(k) for k in ('created', 'machine', 'versions', 'network',
-                                               'image_size', 'global_batch')}
-                        for r in results],
-               'choices': made}, f, indent=1, sort_keys=True)
-    f.write('\n')
-  print(f'wrote {path}: {len(made)} geometries')
+  conv.write_table(
+      path, 'analysis.benchmarks.conv_step_ab --choices_out', results,
+      ('created', 'machine', 'versions', 'network', 'image_size', 'global_batch'),
+      verified(results, faster), faster=faster, dtypes=sorted({r['dtype'] for r in results}))
 
 
 def table(results: list) -> str:

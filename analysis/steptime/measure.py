@@ -389,6 +389,7 @@ def _run_children(setting, processes, fields, common, folder, emulated, module, 
   host = emulated.addresses[0] if emulated else '127.0.0.1'
   cores = os.cpu_count() or 1
   procs, logs = [], []
+  clock, started = cpu_clock(), time.perf_counter()  # other work on the machine meanwhile
   for i in range(processes):
     spec = {**common, **fields, 'setting': setting, 'process_id': i,
             'num_processes': processes, 'coordinator': f'{host}:{port}' if port else '',
@@ -407,8 +408,6 @@ def _run_children(setting, processes, fields, common, folder, emulated, module, 
     logs.append(log)
     procs.append(subprocess.Popen(cmd, env=_child_env(cache), stdout=log if i else None,
                                   stderr=log if i else None))
-    if i == 0:
-      clock, started = cpu_clock(), time.perf_counter()
   while any(p.poll() is None for p in procs):
     failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
     if failed:

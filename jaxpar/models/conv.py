@@ -71,30 +71,40 @@ def geometry_key(lhs_shape, rhs_shape, window_strides, padding) -> str:
          f'pad {pt},{pb},{pl},{pr}'
 
 
-@functools.cache
 def measured_choices() -> dict:
   """{geometry_key: lowering} of `conv_choices.json` ({} where the file is absent)."""
-  return _table(CHOICES_FILE)
+  return _table(CHOICES_FILE).get('choices', {})
 
 
-@functools.cache
 def auto_choices() -> dict:
   """{geometry_key: lowering} of `conv_auto.json` ({} where the file is absent)."""
-  return _table(AUTO_FILE)
+  return _table(AUTO_FILE).get('choices', {})
 
 
-@functools.cache
 def auto_dtypes() -> tuple:
   """The compute dtypes whose whole steps made `conv_auto.json` (its choices apply to
   those only)."""
-  return tuple(_table(AUTO_FILE, 'dtypes') or ())
+  return tuple(_table(AUTO_FILE).get('dtypes', ()))
 
 
-def _table(path: str, field: str = 'choices'):
+@functools.cache
+def _table(path: str) -> dict:
+  """A committed table file, read once ({} where it is absent)."""
   if not os.path.exists(path):
     return {}
   with open(path) as f:
-    return json.load(f).get(field) or {}
+    return json.load(f)
+
+
+def write_table(path: str, tool: str, results, fields, made: dict, **extra) -> None:
+  """A table file of the kind `_table` reads (`conv_bench --choices_out`, `conv_step_ab
+  --choices_out`): the tool that made it, the runs it was made from (their `fields`), any
+  `extra` fields, and {geometry_key: lowering}."""
+  with open(path, 'w') as f:
+    json.dump({'tool': tool, **extra, 'from': [{k: r.get(k) for k in fields} for r in results],
+               'choices': made}, f, indent=1, sort_keys=True)
+    f.write('\n')
+  print(f'wrote {path}: {len(made)} geometries')
 
 
 def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
