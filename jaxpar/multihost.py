@@ -25,7 +25,7 @@ import jax
 from absl import logging
 from jax._src import distributed as jax_distributed  # the joined run's client and ids
 
-from jaxpar.config import ConfigError
+from jaxpar.config import ConfigError, RunError
 
 EXIT_PEER_LOST = 3
 _PREFIX = 'jaxpar/'
@@ -160,6 +160,15 @@ def gloo_loop_threads(tasks: str = '/proc/self/task') -> list:
         and int(fields[4], 16) == 10:
       found.append(int(tid))
   return found
+
+
+def process_count_of(coordinator: str, num_processes: int, cluster: str, **_) -> int:
+  """How many processes a run of these `config.distributed` fields joins, before joining:
+  the explicit count with a coordinator, else the cluster environment's, else 1."""
+  if coordinator:
+    return num_processes
+  env = _cluster_env(cluster)
+  return env.get_process_count() if env is not None else 1
 
 
 def _cluster_env(cluster: str):
@@ -305,6 +314,33 @@ def process_0_first(name: str, fn):
     result = fn()
   state.client.wait_at_barrier(f'{_PREFIX}{name}/all', _BARRIER_MS)
   return result
+
+
+def from_process_0(name: str, fn):
+  """`fn()`'s value (JSON-serialisable) computed in process 0 only and handed to every
+  process through the coordination service: a measurement whose outcome shapes what every
+  process compiles next must be one number everywhere, not each process's own. An error in
+  process 0 is raised in every process (a `ConfigError` as one, anything else as
+  `RunError`, with its message; process 0 re-raises its own). `name`: unique within the
+  run. Without a joined run, just `fn()`."""
+  import json
+  state = jax_distributed.global_state
+  if state.client is None or state.num_processes == 1:
+    return fn()
+  key = f'{_PREFIX}from0/{name}'
+  if state.process_id == 0:
+    try:
+      value = fn()
+    except BaseException as e:
+      state.client.key_value_set(key, json.dumps({'error': str(e),
+                                                  'config': isinstance(e, ConfigError)}))
+      raise
+    state.client.key_value_set(key, json.dumps({'value': value}))
+    return value
+  got = json.loads(state.client.blocking_key_value_get(key, _BARRIER_MS))
+  if 'error' in got:
+    raise (ConfigError if got['config'] else RunError)(f'process 0: {got["error"]}')
+  return got['value']
 
 
 def barrier(name: str):

@@ -17,6 +17,16 @@ compiles, evaluations excluded) on the devices the plan was made on.
 A row's measured T is its seeds' mean; the regret of the plan is the choice's measured T ÷
 the smallest measured T (1 = it picked the fastest of those run). Beside each: the plan's
 predicted K and T, and the error |log(predicted/measured)| of both.
+
+Across processes (`--processes P`, over loopback or an emulated link, `--link 1gbit`:
+`analysis.steptime.link`): `--make_plan` first makes the plan as P processes (`python -m
+jaxpar.plan`, each process pinned to a core, in its namespace of the link), then each row
+trains as its choice runs — all P processes over the same link, or one device as one
+process pinned to one core (the plan timed it so).
+
+  python -m analysis.accuracy.plan_regret --config configs/squeezenet.py \
+      --config.image_size=16 --config.mesh.shape='(2,)' --config.plan.target_loss=0.5 \
+      --processes 2 --link 1gbit --make_plan --plan plan.json --ranks 1,2,3,4,5 --out r.json
 """
 import datetime
 import json
@@ -43,9 +53,17 @@ def define_flags():
                                   'made for (with its --config.* overrides).', lock_config=False)
   flags.DEFINE_string('plan', None, 'The plan (`python -m jaxpar.plan --out`).')
   flags.DEFINE_list('ranks', ['1', '2', '3', '4', '5', '6'], "The plan's ranks to train (and "
-                    'its choice, always).')
+                    "its choice, always), or exact:K: its K best-ranked candidates that it can "
+                    'choose (computing the serial maths; per-device BatchNorm is not).')
   flags.DEFINE_integer('seeds', 2, 'Seeds of every row.')
   flags.DEFINE_string('out', None, 'The JSON file to write.')
+  flags.DEFINE_integer('processes', 1, 'Processes of the plan and of its rows\' runs on all '
+                       'devices (one device: one process).')
+  flags.DEFINE_string('link', '', "The processes' emulated link (tc rate, e.g. 1gbit; "
+                      "default: loopback).")
+  flags.DEFINE_bool('make_plan', False, 'Make the plan first (python -m jaxpar.plan as '
+                    '--processes processes over --link, the target from --config.plan.*), '
+                    'written to --plan.')
 
 
 def config_args(argv: list) -> list:
@@ -63,22 +81,54 @@ def config_args(argv: list) -> list:
   return out
 
 
-def train(configuration: list, plan_file: str, seed: int, workdir: str) -> dict:
-  """One `python -m jaxpar.train` with the plan (a fresh process, as a user runs it): its
-  `plan_outcome.json`."""
+def ranks_of(given: list, plan: dict) -> list:
+  """--ranks: the numbers given, or for ['exact:K'] the ranks of the plan's first K
+  candidates computing the serial maths (the ones it may choose)."""
+  if len(given) == 1 and given[0].startswith('exact:'):
+    k = int(given[0].removeprefix('exact:'))
+    return [i + 1 for i, row in enumerate(plan['candidates']) if row['exact']][:k]
+  return [int(r) for r in given]
+
+
+def train(configuration: list, plan_file: str, seed: int, workdir: str, processes: int = 1,
+          rate: str = '') -> dict:
+  """One `python -m jaxpar.train` with the plan (fresh processes, as a user runs it): its
+  `plan_outcome.json`. `processes` > 0 launches them pinned to cores (`link.launch`, over
+  `rate`); 0: one process as the shell starts it (a plan made in one process)."""
   from jaxpar.plan import planner
-  command = [sys.executable, '-m', 'jaxpar.train', *configuration, '--config.scheme=auto',
-             f'--config.plan.file={plan_file}', f'--config.seed={seed}',
-             '--config.total_steps=0', '--config.eval_every=0',
-             '--config.checkpoint_every=1000000000', f'--workdir={workdir}']
-  done = subprocess.run(command, capture_output=True, text=True)
-  if done.returncode:
-    raise RuntimeError(f'{shlex.join(command)} failed: {done.stderr[-3000:]}')
+  args = [*configuration, '--config.scheme=auto', f'--config.plan.file={plan_file}',
+          f'--config.seed={seed}', '--config.total_steps=0', '--config.eval_every=0',
+          '--config.checkpoint_every=1000000000', f'--workdir={workdir}']
+  if processes:
+    from analysis.steptime import link
+    link.launch('jaxpar.train', args, processes, rate, os.path.join(workdir, 'logs'))
+  else:
+    command = [sys.executable, '-m', 'jaxpar.train', *args]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+      raise RuntimeError(f'{shlex.join(command)} failed: {done.stderr[-3000:]}')
   with open(os.path.join(workdir, planner.OUTCOME_FILE)) as f:
     return json.load(f)
 
 
-def run(configuration: list, plan: dict, ranks: list, seeds: int) -> dict:
+def make_plan(configuration: list, out: str, processes: int, rate: str) -> dict:
+  """`python -m jaxpar.plan` as `processes` processes over `rate` (`link.launch`): the plan
+  written to `out`, its link recorded in it; process 0's output goes to stderr."""
+  from analysis.steptime import link
+  from jaxpar.plan import planner
+  with tempfile.TemporaryDirectory() as folder:
+    logs = link.launch('jaxpar.plan', [*configuration, f'--out={os.path.abspath(out)}'],
+                       processes, rate, folder)
+    with open(logs[0]) as f:
+      sys.stderr.write(f.read())
+  plan = planner.read(out)
+  plan['link'] = rate or 'loopback'
+  with open(out, 'w') as f:
+    json.dump(plan, f, indent=1)
+  return plan
+
+
+def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = '') -> dict:
   from jaxpar.plan import probe
   chosen = plan.get('choice_rank', 1) - 1
   indices = sorted({chosen} | {r - 1 for r in ranks})
@@ -91,7 +141,10 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int) -> dict:
         path = os.path.join(scratch, f'plan_{i}.json')
         with open(path, 'w') as f:
           json.dump({**plan, 'choice': row}, f)
-        outcome = train(configuration, path, seed, os.path.join(scratch, f'run_{i}_{seed}'))
+        processes = plan.get('processes', 1)  # one device: one process
+        processes = 0 if processes == 1 else 1 if row['devices'] == 1 else processes
+        outcome = train(configuration, path, seed, os.path.join(scratch, f'run_{i}_{seed}'),
+                        processes, rate)
         runs[i].append({'seed': seed, 'step': outcome['step'], 'seconds': outcome['seconds']})
         print(f"{row['label']} seed {seed}: {outcome['summary']}", file=sys.stderr, flush=True)
   results = []
@@ -116,7 +169,8 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int) -> dict:
           'command': 'python -m analysis.accuracy.plan_regret ' + shlex.join(sys.argv[1:]),
           'machine': probe.machine(), 'versions': probe.versions(),
           'network': plan['network'], 'image_size': plan['image_size'],
-          'setting': plan['setting'], 'target': plan['target'],
+          'setting': plan['setting'], 'processes': plan.get('processes', 1),
+          'link': plan.get('link', 'loopback'), 'target': plan['target'],
           'planning_s': plan['planning_s'], 'plan_created': plan['created'],
           'seeds': seeds, 'rows': results,
           'best_measured': best['label'] if best else None, 'regret': regret,
@@ -167,11 +221,26 @@ def main(argv):
   from jaxpar.plan import planner
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  configuration = config_args(sys.argv[1:])
+  if FLAGS.link:
+    from analysis.steptime import link
+    try:
+      link.bits_per_second(FLAGS.link)
+    except ValueError as e:
+      raise app.UsageError(f'--link: {e}.')
+    why_not = link.unavailable()
+    if why_not:
+      raise app.UsageError(f'--link={FLAGS.link}: {why_not}')
+  if FLAGS.make_plan:
+    make_plan(configuration, FLAGS.plan, FLAGS.processes, FLAGS.link)
   plan = planner.read(FLAGS.plan)
-  ranks = [int(r) for r in FLAGS.ranks]
+  if plan.get('processes', 1) != FLAGS.processes:
+    raise app.UsageError(f"--processes={FLAGS.processes}: the plan was made with "
+                         f"{plan.get('processes', 1)}; train its rows as it was made")
+  ranks = ranks_of(FLAGS.ranks, plan)
   if any(not 1 <= r <= len(plan['candidates']) for r in ranks):
     raise app.UsageError(f"--ranks: the plan ranks 1..{len(plan['candidates'])}")
-  result = run(config_args(sys.argv[1:]), plan, ranks, FLAGS.seeds)
+  result = run(configuration, plan, ranks, FLAGS.seeds, FLAGS.link)
   with open(FLAGS.out, 'w') as f:
     json.dump(result, f, indent=1)
   print(table(result))

@@ -129,3 +129,53 @@ class Link:
     links = subprocess.run(['ip', 'link', 'show'], capture_output=True, text=True).stdout
     return (any(ns in listed for ns in self.namespaces) or self.bridge in links
             or any(os.path.exists(f'/etc/netns/{ns}') for ns in self.namespaces))
+
+
+def launch(module: str, args: list, processes: int, rate: str, folder: str,
+           timeout_s: float = 3600) -> list:
+  """`python -m module ARGS` as `processes` processes joined by `config.distributed` flags
+  (process 0 coordinates), process i pinned to core i mod cores, each in its namespace of
+  an emulated link of `rate` ('' or 'loopback': over loopback); one process: pinned to core
+  0, nothing joined. Each one's output goes to FOLDER/process_i.log. Returns those logs'
+  paths; a process that fails stops the others and raises with the tails of the logs."""
+  import contextlib
+  import sys
+  import time
+  emulated = rate and rate != 'loopback' and processes > 1
+  cores = os.cpu_count() or 1
+  os.makedirs(folder, exist_ok=True)
+  with (Link(processes, rate) if emulated else contextlib.nullcontext()) as made:
+    host = made.addresses[0] if made else '127.0.0.1'
+    with socket.socket() as s:
+      s.bind(('127.0.0.1', 0))
+      port = s.getsockname()[1]
+    procs, logs = [], []
+    for i in range(processes):
+      cmd = [sys.executable, '-m', module, *args]
+      if processes > 1:
+        cmd += [f'--config.distributed.coordinator={host}:{port}',
+                f'--config.distributed.num_processes={processes}',
+                f'--config.distributed.process_id={i}']
+      if made:
+        cmd = made.command(i, cmd)
+      logs.append(os.path.join(folder, f'process_{i}.log'))
+      with open(logs[-1], 'w') as log:
+        procs.append(subprocess.Popen(['taskset', '-c', str(i % cores), *cmd], stdout=log,
+                                      stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout_s
+    while any(p.poll() is None for p in procs):
+      if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+        for p in procs:
+          if p.poll() is None:
+            p.kill()
+        break
+      time.sleep(0.2)
+    codes = [p.wait() for p in procs]
+  if any(codes):
+    tails = []
+    for i, path in enumerate(logs):
+      with open(path) as f:
+        tails.append(f'--- process {i} (exit {codes[i]}) ---\n' + f.read()[-2500:])
+    raise RuntimeError(f"python -m {module} on {processes} process(es)"
+                       f"{' over ' + rate if emulated else ''} failed:\n" + '\n'.join(tails))
+  return logs

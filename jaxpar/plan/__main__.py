@@ -5,8 +5,15 @@
 
 Measures on this process's devices (`jaxpar.plan.planner`), prints every candidate ranked
 by predicted time to the target with its range, the methods not ranked and why, and
-writes the plan; `python -m jaxpar.train --config ... --config.scheme=auto
---config.plan.file=plan.json` trains with its choice (or `scheme=auto` alone plans first).
+writes the plan. Across processes it runs in every one, as training would, and process 0
+prints and writes:
+
+  launch/local.sh 2 --module jaxpar.plan --workdir LOGS --config configs/squeezenet.py \
+      --config.image_size=16 '--config.mesh.shape=(2,)' --target_loss 0.5 --out plan.json
+
+`python -m jaxpar.train --config ... --config.scheme=auto --config.plan.file=plan.json`
+trains with its choice (launched as the plan was; `scheme=auto` alone plans first, in one
+process).
 """
 import json
 import os
@@ -51,6 +58,9 @@ def main(argv):
   except config_lib.RunError as e:
     print(f'{e}', file=sys.stderr)
     sys.exit(1)
+  import jax
+  if jax.process_index():  # process 0 prints and writes
+    return
   plan['command'] = 'python -m jaxpar.plan ' + shlex.join(sys.argv[1:])
   with open(_OUT.value, 'w') as f:
     json.dump(plan, f, indent=1)

@@ -79,14 +79,22 @@ def device_counts(available: int) -> list:
   return counts + [available]
 
 
-def enumerate_candidates(cfg, available: int) -> tuple:
+def enumerate_candidates(cfg, available: int, local: int | None = None) -> tuple:
   """(candidates, excluded): every synchronous candidate on 1..`available` devices at the
   config's global_batch (sync-split) and per_device_batch (sync-join), and
   [{'method', 'reason'}] for what is not ranked (a sync-split whose G does not divide over
-  N; the methods of `EXCLUDED`)."""
+  N; the methods of `EXCLUDED`). Across processes (`local`: each one's devices) N is one
+  device (a run of one process) or all of them: a run on some of the processes is planned
+  by launching that many."""
   has_bn = cfg.model == 'resnet34' or bool(cfg.batch_norm)
   found, excluded, seen = [], [], set()
-  for n in device_counts(available):
+  counts = device_counts(available)
+  if local is not None:
+    excluded += [{'method': f'N={n}', 'reason': f'a run on {n} of the {available} devices is '
+                  f'one of fewer processes: make its plan launching those'}
+                 for n in counts if n not in (1, available)]
+    counts = sorted({1, available})
+  for n in counts:
     for scheme in SCHEMES:
       if scheme == 'sync-split' and cfg.global_batch % n:
         excluded.append({'method': f'sync-split N={n}',

@@ -23,6 +23,9 @@ import datetime
 import json
 import math
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
@@ -83,35 +86,43 @@ def check(cfg) -> probe.Target:
 def make(cfg, log=logging.info) -> dict:
   """Measures, predicts and ranks (see the module docstring); returns the plan as JSON-ready
   dict, its 'choice' the overrides of the fastest candidate."""
-  from jaxpar import build, validation
+  from jaxpar import build, multihost, validation
   from jaxpar.data import sources
 
   target = check(cfg)
   p = cfg.plan
   started = time.perf_counter()
   deadline = started + p.budget_s
-  if jax.process_count() > 1:
-    raise config_lib.ConfigError(
-        'config.scheme=auto across processes: make the plan on one host first (python -m '
-        'jaxpar.plan), then give it to every process with config.plan.file')
+  agree = _Agree()
+  processes = jax.process_count()
   source = sources.open_source(cfg.dataset)
   meta = {'num_classes': source.num_classes, 'channels': source.channels}
-  # The devices the run would use (its mesh), of those this process sees.
+  # The devices the run would use (its mesh), of those this process sees; across processes
+  # the run's mesh is all of them (and one device is a run of one process).
   available = min(config_lib.num_devices(cfg), jax.device_count())
-  found, excluded = candidates.enumerate_candidates(cfg, available)
+  found, excluded = candidates.enumerate_candidates(
+      cfg, available, jax.local_device_count() if processes > 1 else None)
   b = cfg.per_device_batch
   log(f'Plan: {len(found)} candidates on up to {available} {jax.default_backend()} devices '
-      f'to {target.describe()}, within {p.budget_s:g} s; excluded: '
+      f'({_setting(available)}) to {target.describe()}, within {p.budget_s:g} s; excluded: '
       f"{', '.join(e['method'] for e in excluded)}.")
 
   # --------------------------------------------------------------- 1. the serial run
+  # With t_grad at every one-device batch; across processes in a process of its own on
+  # process 0's cores (`one_device`), which also times the one-device candidates' steps.
   one = with_overrides(cfg, {**probe.one_device_overrides(cfg, b), 'total_steps': p.max_steps})
   validation.validate(one)
   log(f'Plan: serial run at batch {b} on one device (B_noise from {p.noise_batches} '
       f'gradients every {p.eval_every} steps).')
-  serial = probe.serial_run(one, source, target, eval_every=p.eval_every, max_steps=p.max_steps,
-                            deadline=started + p.budget_s / 2, noise_batches=p.noise_batches,
-                            log=log)
+  singles = sorted({c.device_batch for c in found if c.devices == 1} | {b})
+  timed_alone = [c for c in found if c.devices == 1] if processes > 1 else []
+  if processes > 1:
+    alone = multihost.from_process_0('plan/one-device', lambda: one_device_in_child(
+        one, target, singles, timed_alone, started + p.budget_s / 2, log))
+  else:
+    alone = measure_one_device(one, source, meta, target, singles, [],
+                               started + p.budget_s / 2, log)
+  serial = alone['serial']
   k_b, how = serial['K'], 'reached'
   if k_b is None:
     k_b, how = steps_model.extrapolate(serial['curve'], target.threshold), 'extrapolated'
@@ -127,11 +138,14 @@ def make(cfg, log=logging.info) -> dict:
       f'{1e3 * (t_one or 0):.2f} ms.')
 
   # --------------------------------------------------------------- 2. t_grad per device batch
-  # On N devices at once where a candidate computes on N (emulated CPU devices share cores).
-  t_grad = {}
-  for key in sorted({(c.device_batch, c.devices) for c in found} | {(b, 1)}):
-    call = probe.gradient_call(with_overrides(one, {'per_device_batch': key[0]}), meta, *key)
-    t_grad[key] = float(np.median(calibrate.timed(call, p.measure_steps, 2)))
+  # On N devices at once where a candidate computes on N (emulated CPU devices share cores;
+  # across processes each process computes on its own devices at once).
+  t_grad = {(int(batch), 1): seconds for batch, seconds in alone['t_grad'].items()}
+  for key in sorted({(c.device_batch, c.devices) for c in found if c.devices > 1}):
+    call = probe.gradient_call(with_overrides(one, {'per_device_batch': key[0]}), meta,
+                               key[0], key[1] // processes)
+    multihost.barrier(f'plan/t_grad/{key}')
+    t_grad[key] = agree(float(np.median(calibrate.timed(call, p.measure_steps, 2))))
   overhead = (t_one - t_grad[b, 1]) if t_one else 0.0
   log(f'Plan [{time.perf_counter() - started:.0f} s]: t_grad ' + ', '.join(
       f'b={k[0]} on {k[1]}: {v * 1e3:.2f} ms' for k, v in t_grad.items())
@@ -146,7 +160,7 @@ def make(cfg, log=logging.info) -> dict:
         one, meta['num_classes'], meta['channels'], make_mesh((1,), ('data',), jax.devices()[:1])),
         meta['channels'])['params']
     sizes = sorted({4096, max(4096, nbytes(params) // 8 * 8)})
-    calls = calibrate.time_calls(sizes, repeats=5, warmup=1)
+    calls = agree(calibrate.time_calls(sizes, repeats=5, warmup=1))
     costs = calibrate.from_calls(calls)
     log(f'Plan [{time.perf_counter() - started:.0f} s]: per-call costs ' + ', '.join(
         f"{kind} {pts[-1][0]:,} B {pts[-1][1] * 1e3:.3f} ms" for kind, pts in costs.points.items()))
@@ -157,14 +171,18 @@ def make(cfg, log=logging.info) -> dict:
   # lowers and costs in that order, leaving a candidate whose bound is beyond `close` × the
   # best so far at its bound (costed below only if measuring brings the field within it).
   calls_of = {}
+  alone_rows = {c: alone['windows'][c.label] for c in timed_alone}
 
   def cost(row):
     c = row['candidate']
-    cfg_c = with_overrides(one, c.overrides())
-    validation.validate(cfg_c)
-    collectives, calls_of[c] = probe.step_call(cfg_c, meta, source)
+    if c in alone_rows:  # one device of several processes: timed alone, no collectives
+      collectives = []
+    else:
+      cfg_c = with_overrides(one, c.overrides())
+      validation.validate(cfg_c)
+      collectives, calls_of[c] = probe.step_call(cfg_c, meta, source)
     row['collectives'] = len(collectives)
-    comm = costs.step(collectives) if costs else 0.0
+    comm = costs.step(collectives) if costs and collectives else 0.0
     row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, comm)
     row.pop('pruned', None)
 
@@ -172,6 +190,10 @@ def make(cfg, log=logging.info) -> dict:
       found, lambda c: rank.steps_at(k_b, b, noise[0], c.batch),
       lambda c: rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, 0.0), cost,
       p.close)
+  for row in rows:
+    if row['candidate'] in alone_rows:  # timed already: costed (no collectives), not bound
+      cost(row)
+      row['t_measured'] = alone_rows[row['candidate']]
   log(f'Plan [{time.perf_counter() - started:.0f} s]: {len(rows)} candidates predicted, '
       f"{sum(1 for r in rows if r.get('pruned'))} of them by a bound without their "
       f'collectives (beyond {p.close:g} × the best).')
@@ -181,15 +203,19 @@ def make(cfg, log=logging.info) -> dict:
   # Side by side: windows taken in turn, so that a machine whose speed drifts (a shared
   # host) moves every measured candidate alike. Until the leader (`_leader`) is a measured
   # one: candidates that measurement moves ahead are timed in turn with the best measured.
-  best = ranked[0]['T'][0]
-  group = [r for r in ranked if r['T'][0] <= p.close * best][:p.measure_top] or ranked[:1]
+  # Only candidates that can be chosen (`_leader`: computing the serial maths) are timed.
+  best = _leader(ranked)['T'][0]
+  group = [r for r in ranked if r['candidate'].exact and r['T'][0] <= p.close * best
+           and not r.get('t_measured')]
+  group = group[:p.measure_top] or [r for r in [_leader(ranked)] if not r.get('t_measured')]
   while True:  # each round measures at least one exact candidate not yet measured: it ends
-    group = _measure(group, calls_of, p, deadline, log, started)
+    group = _measure(group, calls_of, p, lambda: agree(time.perf_counter() > deadline), agree,
+                     log, started)
     ranked = rank.rank(rows, k_b, b, noise)
     if _leader(ranked).get('t_measured'):
       break
     measured = _fastest_measured(ranked)
-    if time.perf_counter() > deadline and measured:
+    if agree(time.perf_counter() > deadline) and measured:
       log('Plan: budget spent before the fastest predicted candidate was measured: the choice '
           'is the fastest measured one.')
       break
@@ -217,7 +243,8 @@ def make(cfg, log=logging.info) -> dict:
       'created': datetime.datetime.now().isoformat(timespec='seconds'),
       'machine': probe.machine(), 'versions': probe.versions(),
       'network': cfg.model, 'image_size': cfg.image_size, 'dataset': cfg.dataset.name,
-      'devices': available, 'backend': jax.default_backend(), 'setting': _setting(available),
+      'devices': available, 'processes': processes, 'backend': jax.default_backend(),
+      'setting': _setting(available),
       'target': target.to_dict(), 'budget_s': p.budget_s, 'planning_s': elapsed,
       'serial': {'batch': b, 'K': k_b, 'K_how': how, 'curve': serial['curve'],
                  'noise': serial['noise'], 'B_noise': list(noise), 't_step': t_one,
@@ -239,11 +266,89 @@ def make(cfg, log=logging.info) -> dict:
 
 def _setting(available: int) -> str:
   """What the devices are: emulated CPU devices share the process's cores, so their N > 1
-  step times include that contention (right for one host's CPU, not for a cluster's)."""
+  step times include that contention (right for one host's CPU, not for a cluster's);
+  across processes, how many and each one's devices and cores."""
   cores = len(os.sched_getaffinity(0))
-  if jax.default_backend() == 'cpu' and available > 1:
+  backend = jax.default_backend()
+  if jax.process_count() > 1:
+    local = jax.local_device_count()
+    return (f'{jax.process_count()} processes × {local} {backend} device'
+            f'{"s" if local > 1 else ""}'
+            + (f', {cores} core{"s" if cores > 1 else ""} each' if backend == 'cpu' else ''))
+  if backend == 'cpu' and available > 1:
     return f'{available} emulated CPU devices sharing {cores} cores'
-  return f'{available} {jax.default_backend()} device{"s" if available > 1 else ""}'
+  return f'{available} {backend} device{"s" if available > 1 else ""}'
+
+
+class _Agree:
+  """Process 0's value of a measurement, in every process (`multihost.from_process_0`):
+  what the processes compile and time next depends on it, so it must be one value. Each
+  call under a name of its own; in one process, the value itself."""
+
+  def __init__(self):
+    self.calls = 0
+
+  def __call__(self, value):
+    from jaxpar import multihost
+    self.calls += 1
+    return multihost.from_process_0(f'plan/agree/{self.calls}', lambda: value)
+
+
+# =============================================================================== one device
+def measure_one_device(one, source, meta, target, batches, timed, deadline, log) -> dict:
+  """Phase 1 and the one-device part of phase 2: the serial run of `one` (the one-device
+  config, until the target, `plan.max_steps` or `deadline`), t_grad at each of `batches`
+  on one device, and — for a plan across processes, whose one-device candidates run as
+  a process of their own — the steps of `timed` ([(label, overrides)]) timed as phase 5
+  does (windows in turn). JSON-ready: {'serial', 't_grad': {batch: s}, 'windows': {label:
+  [s, ...]}}."""
+  from jaxpar import validation
+  p = one.plan
+  serial = probe.serial_run(one, source, target, eval_every=p.eval_every,
+                            max_steps=p.max_steps, deadline=deadline,
+                            noise_batches=p.noise_batches, log=log)
+  t_grad = {}
+  for batch in batches:
+    call = probe.gradient_call(with_overrides(one, {'per_device_batch': batch}), meta, batch, 1)
+    t_grad[str(batch)] = float(np.median(calibrate.timed(call, p.measure_steps, 2)))
+  calls, windows = {}, {}
+  for label, overrides in timed:
+    cfg_c = with_overrides(one, overrides)
+    validation.validate(cfg_c)
+    calls[label] = probe.step_call(cfg_c, meta, source)[1]
+    calls[label](2)  # compiles, starts the input pipeline
+    windows[label] = []
+  labels = list(calls)
+  for w in range(p.measure_windows if labels else 0):
+    for label in labels[w % len(labels):] + labels[:w % len(labels)]:
+      windows[label].append(calls[label](p.measure_steps))
+  for label, call in calls.items():
+    call.close()
+    log(f'  one device: {label}: {np.median(windows[label]) * 1e3:.2f} ms a step.')
+  return {'serial': serial, 't_grad': t_grad, 'windows': windows}
+
+
+def one_device_in_child(one, target, batches, timed, deadline, log) -> dict:
+  """`measure_one_device` in a process of its own (`python -m jaxpar.plan.one_device`, on
+  this process's cores): in a run of several processes, data, evaluation and meshes are
+  every process's, and a one-device run is a run of one process. Its progress goes to
+  stderr; a failure is one `RunError`."""
+  with tempfile.TemporaryDirectory() as folder:
+    spec = os.path.join(folder, 'spec.json')
+    out = os.path.join(folder, 'out.json')
+    with open(spec, 'w') as f:
+      json.dump({'config': one.to_json(), 'target': target.to_dict(), 'batches': batches,
+                 'timed': [[c.label, c.overrides()] for c in timed],
+                 'seconds': deadline - time.perf_counter(), 'out': out}, f)
+    log(f'Plan: the one-device measurements in a process of their own ({len(timed)} '
+        f'one-device candidates timed there).')
+    done = subprocess.run([sys.executable, '-m', 'jaxpar.plan.one_device', spec],
+                          stdout=sys.stderr)
+    if done.returncode or not os.path.exists(out):
+      raise config_lib.RunError(f'jaxpar.plan: the one-device measurements failed (exit '
+                                f'{done.returncode}; their output is above)')
+    with open(out) as f:
+      return json.load(f)
 
 
 def _leader(ranked: list) -> dict:
@@ -258,12 +363,13 @@ def _fastest_measured(ranked: list):
   return next((r for r in ranked if r['candidate'].exact and r.get('t_measured')), None)
 
 
-def _measure(group, calls_of, p, deadline, log, started) -> list:
+def _measure(group, calls_of, p, past_deadline, agree, log, started) -> list:
   """Times each row of `group` (its windows in turn across the group, `measure_windows`
-  each, replacing any earlier measurement): the rows measured."""
+  each, replacing any earlier measurement): the rows measured. Across processes every
+  window's time and the deadline's verdict are process 0's (`agree`)."""
   chosen = []
   for row in group:
-    if chosen and time.perf_counter() > deadline:
+    if chosen and past_deadline():
       log('Plan: budget spent; the other candidates keep their predicted step times.')
       break
     calls_of[row['candidate']](2)  # compiles, starts the input pipeline
@@ -271,7 +377,7 @@ def _measure(group, calls_of, p, deadline, log, started) -> list:
     chosen.append(row)
   for w in range(p.measure_windows):
     for row in chosen[w % len(chosen):] + chosen[:w % len(chosen)]:
-      row['t_measured'].append(calls_of[row['candidate']](p.measure_steps))
+      row['t_measured'].append(agree(calls_of[row['candidate']](p.measure_steps)))
   for row in chosen:
     calls_of[row['candidate']].close()
     log(f"Plan [{time.perf_counter() - started:.0f} s]: measured {row['candidate'].label}: "
@@ -337,15 +443,17 @@ def run_length(plan: dict, total_steps: int) -> int:
 
 def prepare(cfg):
   """Before a plan is made in this process: the config checked as the synchronous run the
-  candidates are (one line per bad field, nothing compiled), freed memory kept and the CPU
-  devices of its mesh emulated, as `build.mesh` would. Returns that synchronous config."""
-  from jaxpar import host_memory, validation
+  candidates are (one line per bad field, nothing compiled), freed memory kept, the other
+  processes joined (`config.distributed`, as `build.mesh` does) and this process's share of
+  the mesh's CPU devices emulated. Returns that synchronous config."""
+  from jaxpar import host_memory, multihost, validation
   from jaxpar import mesh as mesh_lib
   sync = with_overrides(cfg, {'scheme': 'sync-join'} if cfg.scheme == 'auto' else {})
   validation.validate(with_overrides(sync, {}))  # settles `auto` fields of a copy only
   host_memory.keep_freed_memory(cfg.host_memory)
+  processes = multihost.join(**cfg.distributed)
   if cfg.mesh.emulate_cpu_devices:
-    mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg))
+    mesh_lib.emulate_cpu_devices(max(1, config_lib.num_devices(cfg) // processes))
   return sync
 
 
@@ -357,20 +465,40 @@ def resolve(cfg, workdir: str):
   else:
     if cfg.distributed.coordinator or cfg.distributed.num_processes > 1:
       raise config_lib.ConfigError(
-          "config.scheme='auto' across processes needs config.plan.file: make the plan on one "
-          'host first (python -m jaxpar.plan --config ... --out plan.json)')
+          "config.scheme='auto' across processes needs config.plan.file: make the plan with "
+          'the same processes first (e.g. launch/local.sh 2 --module jaxpar.plan --workdir '
+          'LOGS --config ... --target_loss 0.5 --out plan.json)')
     plan = make(prepare(cfg))
     path = os.path.join(workdir, PLAN_FILE)
     os.makedirs(workdir, exist_ok=True)
     with open(path, 'w') as f:
       json.dump(plan, f, indent=1)
     logging.info('Plan written to %s.', path)
+  _check_processes(cfg, plan)
   chosen = apply(cfg, plan)
   c = plan['choice']
   logging.info('Plan: training with %s; predicted %.0f steps, %.2f s to %s (range %.2f–%.2f s).',
                c['label'], c['K'][0], c['T'][0], probe.Target(**plan['target']).describe(),
                c['T'][1], c['T'][2])
   return chosen, plan
+
+
+def _check_processes(cfg, plan: dict) -> None:
+  """A plan made across processes is trained as its choice runs: one device as one process,
+  all devices with the processes it was made with (where this run's count is configured)."""
+  from jaxpar import multihost
+  made = plan.get('processes', 1)
+  if made == 1:
+    return
+  devices, run = plan['choice']['devices'], multihost.process_count_of(**cfg.distributed)
+  if devices == 1 and run > 1:
+    raise config_lib.ConfigError(
+        f"config.plan.file={cfg.plan.file!r} chose one device ({plan['choice']['label']}): run "
+        f'jaxpar.train as one process (without launch/local.sh or config.distributed)')
+  if devices > 1 and run != made:
+    raise config_lib.ConfigError(
+        f"config.plan.file={cfg.plan.file!r} chose {devices} devices over the {made} processes "
+        f'it was made with: launch {made} processes (e.g. launch/local.sh {made} ...)')
 
 
 class TargetClock:

@@ -68,12 +68,15 @@ class Target:
 # =============================================================================== the serial run
 def one_device_overrides(cfg, batch: int) -> dict:
   """sync-join on one device at `batch` with the config's optimizer at a constant rate after
-  its warm-up (K must not depend on a run length the plan does not know yet)."""
+  its warm-up (K must not depend on a run length the plan does not know yet); one process
+  (the plan's own processes are joined already)."""
   return {'scheme': 'sync-join', 'server': 'allreduce', 'mesh.shape': (1,), 'mesh.axes': ('data',),
           'per_device_batch': batch, 'bn_group_size': None, 'sync_every': 0,
           'local_sgd_warmup': 0, 'fc_parallel': 'data', 'sparsify.capacity': 0.0,
           'placement': 'auto', 'central_schedule': 'serial', 'grad_reduce': 'psum',
-          'optimizer.schedule': 'constant', 'eval_every': 0, 'stop_after_steps': 0}
+          'optimizer.schedule': 'constant', 'eval_every': 0, 'stop_after_steps': 0,
+          'distributed.coordinator': '', 'distributed.num_processes': 1,
+          'distributed.process_id': 0}
 
 
 def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
@@ -203,7 +206,8 @@ def step_call(cfg, meta, source):
   mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
   model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'], mesh)
   step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps)
-  batch = to_global(mesh, synthetic_batch(config_lib.global_batch(cfg), cfg, meta))
+  batch = to_global(mesh, synthetic_batch(config_lib.global_batch(cfg) // jax.process_count(),
+                                           cfg, meta))
   collectives = hlo.collectives(step.lower(state, batch, jax.random.key(1)).as_text())
   box = {'state': state}
 

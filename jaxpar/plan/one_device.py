@@ -1,0 +1,49 @@
+"""`python -m jaxpar.plan.one_device SPEC.json`: a plan's one-device measurements
+(`planner.measure_one_device`: the serial run, t_grad on one device, the one-device
+candidates' steps) in a process of its own, for a plan made across processes — where a
+one-device run is a run of one process (`planner.one_device_in_child` writes SPEC: the
+one-device config as JSON, the target, the batches, the candidates to time, the seconds
+left and the file to write).
+"""
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+
+def tuples(value):
+  """JSON's lists back to the tuples a config holds (mesh.shape, mesh.axes)."""
+  if isinstance(value, dict):
+    return {k: tuples(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return tuple(tuples(v) for v in value)
+  return value
+
+
+def main(path: str) -> None:
+  import ml_collections
+
+  from jaxpar import host_memory, metrics
+  from jaxpar import mesh as mesh_lib
+  from jaxpar.data import sources
+  from jaxpar.plan import planner, probe
+  with open(path) as f:
+    spec = json.load(f)
+  metrics.quiet_libraries()
+  cfg = ml_collections.ConfigDict(tuples(json.loads(spec['config'])))
+  host_memory.keep_freed_memory(cfg.host_memory)
+  mesh_lib.emulate_cpu_devices(1)
+  source = sources.open_source(cfg.dataset)
+  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  result = planner.measure_one_device(
+      cfg, source, meta, probe.Target(**spec['target']), spec['batches'],
+      [(label, tuples(overrides)) for label, overrides in spec['timed']],
+      time.perf_counter() + spec['seconds'], log=lambda line: print(line, flush=True))
+  with open(spec['out'], 'w') as f:
+    json.dump(result, f)
+
+
+if __name__ == '__main__':
+  main(sys.argv[1])
