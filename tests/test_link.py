@@ -1,5 +1,6 @@
 """The emulated cluster link (`analysis.steptime.link`): namespaces joined by a bridge, each sending
 through a token bucket of the given rate; made and removed by the tool (needs root)."""
+import os
 import subprocess
 import sys
 
@@ -61,3 +62,41 @@ def test_a_failed_link_leaves_nothing_behind(monkeypatch):
     with made:
       pass
   assert not made.exists()
+
+
+_ECHO = ("import json, os, socket, sys\n"
+         "print(json.dumps({'argv': sys.argv[1:], 'cores': sorted(os.sched_getaffinity(0)),\n"
+         "                  'address': socket.gethostbyname(socket.gethostname())}))\n"
+         "sys.exit(3 if '--fail' in sys.argv and sys.argv[-1].endswith('=1') else 0)\n")
+
+
+def _echoes(logs):
+  import json
+  return [json.loads(open(path).read().strip().splitlines()[-1]) for path in logs]
+
+
+@pytest.mark.parametrize('rate', ['loopback', pytest.param('100mbit', marks=needs_root)])
+def test_processes_are_launched_joined_pinned_and_in_their_namespaces(tmp_path, monkeypatch,
+                                                                      rate):
+  """`link.launch`: each process gets the coordinator (process 0's address), the count and
+  its id, a core of its own, and (over an emulated link) its namespace's address; one
+  process gets none of the flags; a failed process is one error naming it, with its log."""
+  (tmp_path / 'jp_echo.py').write_text(_ECHO)
+  monkeypatch.setenv('PYTHONPATH', str(tmp_path))
+  (alone,) = _echoes(link.launch('jp_echo', ['--x=1'], 1, rate, str(tmp_path / 'one')))
+  assert alone['argv'] == ['--x=1'] and alone['cores'] == [0]
+  echoes = _echoes(link.launch('jp_echo', ['--x=1'], 2, rate, str(tmp_path / 'two')))
+  coordinator = {e['argv'][1].split('=')[1] for e in echoes}
+  assert len(coordinator) == 1
+  host = coordinator.pop().split(':')[0]
+  for i, e in enumerate(echoes):
+    assert e['argv'][0] == '--x=1' and e['argv'][2:] == [
+        '--config.distributed.num_processes=2', f'--config.distributed.process_id={i}']
+    assert e['cores'] == [i % (os.cpu_count() or 1)]
+  if rate == 'loopback':
+    assert host == '127.0.0.1'
+  else:  # each process in its namespace, process 0's address the coordinator's
+    assert echoes[0]['address'] == host and echoes[1]['address'] != host
+    assert host.startswith('10.213.')
+  with pytest.raises(RuntimeError, match=r'(?s)jp_echo on 2 process\(es\).*process 1 \(exit 3\)'):
+    link.launch('jp_echo', ['--fail'], 2, rate, str(tmp_path / 'fail'))

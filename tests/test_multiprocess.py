@@ -116,6 +116,15 @@ def test_a_failed_process_ends_the_other_with_its_name(fault, survivor, message)
   assert 'never reached' not in logs[0] + logs[1]
 
 
+def _two_processes(code: str) -> list:
+  """`python -c code I` for I = 0, 1 at once: their outputs, after both exited 0."""
+  procs = [subprocess.Popen([sys.executable, '-c', code, str(i)], env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(2)]
+  logs = [p.communicate(timeout=PROCESS_TIMEOUT)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+  return logs
+
+
 def test_two_processes_prepare_a_fresh_data_dir_once(tmp_path):
   """Process 0 builds the digits into an empty data_dir, process 1 waits for it and then opens
   them (two building at once took minutes, and process 1 opened an empty dataset), and
@@ -127,10 +136,7 @@ def test_two_processes_prepare_a_fresh_data_dir_once(tmp_path):
           's = sources.open_source(c); '
           "print('share', s.num_train, s.num_train_global, flush=True); "
           "multihost_utils.sync_global_devices('opened')")
-  procs = [subprocess.Popen([sys.executable, '-c', code, str(i)], env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(2)]
-  logs = [p.communicate(timeout=PROCESS_TIMEOUT)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+  logs = _two_processes(code)
   assert 'Generating splits' in logs[0] and 'Generating splits' not in logs[1], logs[1][-3000:]
   assert 'share 719 1437' in logs[0] and 'share 718 1437' in logs[1]
 
@@ -260,3 +266,25 @@ def test_sigterm_to_one_process_stops_both_at_one_saved_step_and_the_run_resumes
   losses = train_losses(workdir)
   assert sorted(losses) == list(range(1, 13))
   assert all(len(v) == 1 for v in losses.values())  # no step run twice: it resumed where it saved
+
+
+def test_a_value_of_process_0_reaches_every_process_and_so_does_its_error():
+  """`multihost.from_process_0`: process 0 alone computes (the other's function never runs),
+  every process gets its value; a ConfigError in process 0 is one in the other too, a
+  RunError otherwise."""
+  code = ('import sys, json; from jaxpar import multihost; from jaxpar.config import ConfigError; '
+          f"multihost.join('127.0.0.1:{_port()}', 2, int(sys.argv[1]), 'none', 60, 20); "
+          'me = int(sys.argv[1]); '
+          "print('value', json.dumps(multihost.from_process_0('v', lambda: {'by': me, 'x': [1.5]})), flush=True)\n"
+          'def bad():\n'
+          "  raise ConfigError('config.plan.close=0 is invalid')\n"
+          'try:\n'
+          "  multihost.from_process_0('e', bad)\n"
+          'except ConfigError as e:\n'
+          "  print('raised', type(e).__name__, e, flush=True)\n"
+          "multihost.barrier('end')")
+  logs = _two_processes(code)
+  for log in logs:
+    assert 'value {"by": 0, "x": [1.5]}' in log, log[-3000:]
+  assert 'raised ConfigError config.plan.close=0 is invalid' in logs[0]
+  assert 'raised ConfigError process 0: config.plan.close=0 is invalid' in logs[1]

@@ -65,6 +65,58 @@ def test_candidates_cover_scheme_server_n_and_bn_and_say_what_they_leave_out():
   assert [c.devices for c in found if c.scheme == 'sync-split'] == [1, 2, 2, 2, 4, 4, 4]
 
 
+def test_across_processes_a_candidate_runs_on_one_device_or_all_of_them():
+  # 2 processes × 1 device: N = 1 (a run of one process) and 2, nothing left out.
+  found, excluded = candidates.enumerate_candidates(_config(), 2, local=1)
+  assert {c.devices for c in found} == {1, 2}
+  assert len(found) == 14 and not [e for e in excluded if e['method'].startswith('N=')]
+  # 4 processes × 1: N = 2 is a run of 2 of the processes, planned by launching those.
+  found, excluded = candidates.enumerate_candidates(_config(), 4, local=1)
+  assert {c.devices for c in found} == {1, 4}
+  (two,) = [e for e in excluded if e['method'].startswith('N=')]
+  assert two['method'] == 'N=2' and 'fewer processes' in two['reason']
+
+
+def test_a_plan_across_processes_is_trained_as_it_was_made(tmp_path):
+  choice = candidates.Candidate('sync-join', 'allreduce', 2, 32, 'all')
+  alone = candidates.Candidate('sync-split', 'allreduce', 1, 64, 'all')
+
+  def config(plan_choice, processes, made=2):
+    path = tmp_path / f'{plan_choice.devices}_{processes}_{made}.json'
+    plan = _plan_json(plan_choice, {'kind': 'loss', 'value': 0.5})
+    plan['processes'], plan['choice']['devices'] = made, plan_choice.devices
+    path.write_text(json.dumps(plan))
+    c = _config(**{'scheme': 'auto', 'plan.file': str(path), 'distributed.cluster': 'none'})
+    if processes > 1:
+      c.distributed.coordinator, c.distributed.num_processes = '127.0.0.1:1234', processes
+    return c, planner.read(str(path))
+
+  planner._check_processes(*config(choice, 2))          # all devices, as made
+  planner._check_processes(*config(alone, 1))           # one device, one process
+  planner._check_processes(*config(choice, 1, made=1))  # a plan of one process: any launch
+  with pytest.raises(config_lib.ConfigError, match='chose one device .*run jaxpar.train as '
+                     'one process'):
+    planner._check_processes(*config(alone, 2))
+  with pytest.raises(config_lib.ConfigError, match='chose 2 devices over the 2 processes it '
+                     'was made with: launch 2 processes'):
+    planner._check_processes(*config(choice, 1))
+
+
+def test_measuring_nothing_is_nothing():
+  # Across processes the one-device candidates arrive timed: where the choice is one of
+  # them, no candidate is left to time (this divided by zero on a 1 Gb/s link).
+  p = _config().plan
+  assert planner._measure([], {}, p, lambda: False, lambda v: v, print, 0.0) == []
+
+
+def test_the_one_device_process_reads_the_config_it_was_given():
+  from jaxpar.plan import one_device
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',)})
+  c.plan.target_loss = 0.5
+  back = one_device.tuples(json.loads(c.to_json()))
+  assert back == c.to_dict()
+
+
 def test_a_candidate_s_overrides_make_a_valid_config_of_its_method():
   for c in candidates.enumerate_candidates(_config(), 2)[0]:
     cfg = planner.with_overrides(_config(), c.overrides())
@@ -222,6 +274,51 @@ def test_training_and_the_plan_import_nothing_of_analysis():
       capture_output=True, text=True, env=process_env(), timeout=120, cwd=ROOT)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip() == '[]'
+
+
+@pytest.mark.slow
+def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhere(
+    data_dir, tmp_path):
+  """launch/local.sh 2 --module jaxpar.plan: both processes measure; the one-device work
+  (serial run, t_grad at N = 1, the one-device candidates' steps) runs in a process of its
+  own; process 0 alone prints and writes the plan."""
+  out = tmp_path / 'plan.json'
+  done = subprocess.run(
+      ['bash', 'launch/local.sh', '2', '--module', 'jaxpar.plan', '--workdir', str(tmp_path),
+       '--config', 'configs/squeezenet.py', '--config.image_size=16', '--config.batch_norm=True',
+       '--config.mesh.shape=(2,)', '--config.global_batch=64', '--config.per_device_batch=16',
+       f'--config.dataset.data_dir={data_dir}', '--config.plan.eval_every=5',
+       '--config.plan.max_steps=200', '--config.plan.measure_top=2',
+       '--config.plan.measure_steps=3', '--target_loss=2.0', '--budget_s=600',
+       f'--out={out}'],
+      capture_output=True, text=True, env={**process_env(), 'PYTHON': sys.executable},
+      cwd=ROOT, timeout=900)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  plan = json.loads(out.read_text())
+  assert plan['processes'] == 2 and plan['devices'] == 2
+  assert plan['setting'] == '2 processes × 1 cpu device, 1 core each'
+  assert len(plan['candidates']) == 14 and plan['choice']['exact']
+  alone = [r for r in plan['candidates'] if r['devices'] == 1]
+  assert len(alone) == 2 and all(len(r['t_measured']) == 3 and r['collectives'] == 0
+                                 and not r.get('pruned') for r in alone)
+  assert plan['choice'].get('t_measured')
+  assert all(r['collectives'] > 0 for r in plan['candidates'] if r['devices'] == 2
+             and not r.get('pruned'))
+  assert 'one-device measurements in a process of their own' in done.stdout
+  second = (tmp_path / 'process_1.log').read_text()
+  assert 'choice:' not in second and 'candidates predicted' in second
+
+
+def test_the_regret_tool_trains_the_candidates_the_plan_may_choose():
+  from analysis.accuracy import plan_regret
+  plan = {'candidates': [{'exact': e} for e in (False, True, False, True, True)]}
+  assert plan_regret.ranks_of(['exact:2'], plan) == [2, 4]
+  assert plan_regret.ranks_of(['1', '3'], plan) == [1, 3]
+  # A plan made by link.launch records the command once, without each process's flags.
+  command = ("python -m jaxpar.plan --config c.py '--config.mesh.shape=(2,)' "
+             '--config.distributed.coordinator=10.0.0.1:5 --config.distributed.process_id=0')
+  assert plan_regret.launched(command, 2, '1gbit') == (
+      "2 processes (1gbit), each: python -m jaxpar.plan --config c.py '--config.mesh.shape=(2,)'")
 
 
 def test_the_regret_tool_passes_the_config_on_as_given():

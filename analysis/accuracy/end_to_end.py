@@ -274,14 +274,8 @@ def main(argv):
   if tta.measured_batch(measured) != result['batch']:
     raise app.UsageError(f'--steps_json={FLAGS.steps_json} was measured at batch '
                          f"{tta.measured_batch(measured)}, the tta run at {result['batch']}.")
-  if FLAGS.link:
-    try:
-      link.bits_per_second(FLAGS.link)
-    except ValueError as e:
-      raise app.UsageError(f'--link: {e}.')
-    why_not = link.unavailable()
-    if why_not:
-      raise app.UsageError(f'--link={FLAGS.link}: {why_not}')
+  if FLAGS.link and (why_not := link.refusal(FLAGS.link)):
+    raise app.UsageError(why_not)
   cases = plan(FLAGS.cases, FLAGS.processes, result, FLAGS.seed)
   base = FLAGS.config
   with tempfile.TemporaryDirectory() as folder:

@@ -111,18 +111,26 @@ def train(configuration: list, plan_file: str, seed: int, workdir: str, processe
     return json.load(f)
 
 
+def launched(command: str, processes: int, rate: str) -> str:
+  """A command as `link.launch` ran it, said once for all its processes: without the
+  `config.distributed` flags each process was given."""
+  kept = [a for a in shlex.split(command) if not a.startswith('--config.distributed.')]
+  return f'{processes} processes ({rate}), each: {shlex.join(kept)}'
+
+
 def make_plan(configuration: list, out: str, processes: int, rate: str) -> dict:
   """`python -m jaxpar.plan` as `processes` processes over `rate` (`link.launch`): the plan
   written to `out`, its link recorded in it; process 0's output goes to stderr."""
   from analysis.steptime import link
   from jaxpar.plan import planner
   with tempfile.TemporaryDirectory() as folder:
-    logs = link.launch('jaxpar.plan', [*configuration, f'--out={os.path.abspath(out)}'],
-                       processes, rate, folder)
+    logs = link.launch('jaxpar.plan', [*configuration, f'--out={out}'], processes, rate,
+                       folder)
     with open(logs[0]) as f:
       sys.stderr.write(f.read())
   plan = planner.read(out)
   plan['link'] = rate or 'loopback'
+  plan['command'] = launched(plan['command'], processes, plan['link'])
   with open(out, 'w') as f:
     json.dump(plan, f, indent=1)
   return plan
@@ -224,13 +232,8 @@ def main(argv):
   configuration = config_args(sys.argv[1:])
   if FLAGS.link:
     from analysis.steptime import link
-    try:
-      link.bits_per_second(FLAGS.link)
-    except ValueError as e:
-      raise app.UsageError(f'--link: {e}.')
-    why_not = link.unavailable()
-    if why_not:
-      raise app.UsageError(f'--link={FLAGS.link}: {why_not}')
+    if why_not := link.refusal(FLAGS.link):
+      raise app.UsageError(why_not)
   if FLAGS.make_plan:
     make_plan(configuration, FLAGS.plan, FLAGS.processes, FLAGS.link)
   plan = planner.read(FLAGS.plan)
@@ -255,6 +258,19 @@ if __name__ == '__main__':
   app.run(main)
 
 
+def setting(plan: dict) -> str:
+  """The plan's devices, and across processes the link between them."""
+  if plan.get('processes', 1) == 1:
+    return plan['setting']
+  rate = plan.get('link', 'loopback')
+  if rate == 'loopback':
+    return f"{plan['setting']}, loopback"
+  from analysis.steptime import link
+  bits = link.bits_per_second(rate)
+  speed = f'{bits / 1e9:g} Gb/s' if bits >= 1e9 else f'{bits / 1e6:g} Mb/s'
+  return f"{plan['setting']}, emulated {speed} link"
+
+
 def summary_table(pairs: list) -> str:
   """One row per (plan, regret) pair: what the plan chose and how it fared end to end."""
   lines = ['| network | devices | target | candidates ranked | planning | choice | T predicted '
@@ -265,9 +281,9 @@ def summary_table(pairs: list) -> str:
     spread = f" ({min(seconds):.2f}–{max(seconds):.2f})" if len(seconds) > 1 else ''
     target = plan['target']
     lines.append(
-        f"| {plan['network']} {plan['image_size']}² | {plan['setting']} | {target['kind']} "
+        f"| {plan['network']} {plan['image_size']}² | {setting(plan)} | {target['kind']} "
         f"{target['value']:g} | {len(plan['candidates'])} ({len(result['rows'])} trained × "
-        f"{result['seeds']} seeds) | {plan['planning_s']:.0f} s | {choice['label']} | "
+        f"{result['seeds']} seed{'s' if result['seeds'] > 1 else ''}) | {plan['planning_s']:.0f} s | {choice['label']} | "
         f"{choice['predicted_T'][0]:.2f} s | {_cell(choice['measured_T'], '.2f')} s{spread} | "
         f"{result['best_measured']} | {_cell(result['regret'], '.2f')} | "
         f"{_cell(result['median_T_error'], '.0%')} ({_cell(result['median_K_error'], '.0%')}) |")
@@ -278,7 +294,7 @@ def report(plan: dict, result: dict) -> str:
   """The plan's ranked table and its end-to-end check, as one Markdown page."""
   from jaxpar.plan import planner
   m, v = plan['machine'], plan['versions']
-  lines = [f"# Plan: {plan['network']} at {plan['image_size']}², {plan['setting']}", '',
+  lines = [f"# Plan: {plan['network']} at {plan['image_size']}², {setting(plan)}", '',
            f"Target: {plan['target']['kind']} {plan['target']['value']:g}. Plan made "
            f"{plan['created']} on {m['cores']} cores of {m['cpu'] or m['system']} "
            f"({m['memory_bytes'] / 2**30:.0f} GiB), Python {m['python']}, jax {v['jax']}, "

@@ -98,6 +98,12 @@ def _end_to_end_table(pattern):
   return end_to_end.table(_load(pattern)[0])
 
 
+# Plans made and judged by 2 processes (analysis.accuracy.plan_regret --processes 2).
+PLANS_ACROSS_PROCESSES = ('squeezenet16_p2_loopback', 'squeezenet16_p2_1gbit',
+                          'resnet34_16_p2_loopback', 'resnet34_16_p2_1gbit',
+                          'squeezenet16_p2_100mbit')
+
+
 def _plan(name):
   from analysis.accuracy import plan_regret
   return plan_regret.report(*_load(f'plan/{name}.json', f'plan/{name}_regret.json'))
@@ -192,6 +198,7 @@ FILES = {
     'plan/squeezenet16.md': lambda: _plan('squeezenet16'),
     'plan/resnet34_16.md': lambda: _plan('resnet34_16'),
     'plan/googlenet16.md': lambda: _plan('googlenet16'),
+    **{f'plan/{name}.md': (lambda n=name: _plan(n)) for name in PLANS_ACROSS_PROCESSES},
     'thesis_report.md': lambda: _thesis('markdown'),
 }
 
@@ -236,6 +243,7 @@ TABLES = {
     'ci-runs': lambda: _ci('runs_table'),
     'ci-suite': lambda: _ci('suite_line'),
     'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
+    'plan-regret-processes': lambda: _plan_summary(*PLANS_ACROSS_PROCESSES),
 }
 
 _MARKED = re.compile(r'(<!-- generated: (?P<name>[\w-]+) \(python -m analysis\.report\) -->\n)'

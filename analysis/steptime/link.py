@@ -57,6 +57,17 @@ def unavailable() -> str | None:
   return None
 
 
+def refusal(rate: str) -> str | None:
+  """Why a tool's `--link=rate` cannot be used here, in one line, or None: a rate tc does
+  not read, or a machine that cannot make the link (`unavailable`)."""
+  try:
+    bits_per_second(rate)
+  except ValueError as e:
+    return f'--link: {e}.'
+  why_not = unavailable()
+  return f'--link={rate}: {why_not}' if why_not else None
+
+
 def _run(*cmd):
   done = subprocess.run(cmd, capture_output=True, text=True)
   if done.returncode:

@@ -375,7 +375,7 @@ def _measure(group, calls_of, p, past_deadline, agree, log, started) -> list:
     calls_of[row['candidate']](2)  # compiles, starts the input pipeline
     row['t_measured'] = []
     chosen.append(row)
-  for w in range(p.measure_windows):
+  for w in range(p.measure_windows if chosen else 0):
     for row in chosen[w % len(chosen):] + chosen[:w % len(chosen)]:
       row['t_measured'].append(agree(calls_of[row['candidate']](p.measure_steps)))
   for row in chosen:
