@@ -14,9 +14,12 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   steps on the real input, as the run will (`probe.step_call`); re-ranked
                   with the measured times.
 
-Everything runs on this process's devices (one host: real accelerators or emulated CPU
-devices, `mesh.emulate_cpu_devices`); a plan for several processes is made on one of them
-and read by the run (`plan.file`).
+In one process everything runs on its devices (real accelerators or emulated CPU devices,
+`mesh.emulate_cpu_devices`). Launched as several processes, as their training will be, every
+process measures: the one-device work (1, t_grad on one device, and the one-device
+candidates' steps) in a process of its own on process 0's cores (`one_device_in_child`), the
+rest on all devices together, each decision on process 0's numbers (`_Agree`); the run then
+reads the plan (`plan.file`).
 """
 import copy
 import datetime
