@@ -15,6 +15,7 @@ checkpoint.
 """
 import atexit
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -323,7 +324,6 @@ def from_process_0(name: str, fn):
   process 0 is raised in every process (a `ConfigError` as one, anything else as
   `RunError`, with its message; process 0 re-raises its own). `name`: unique within the
   run. Without a joined run, just `fn()`."""
-  import json
   state = jax_distributed.global_state
   if state.client is None or state.num_processes == 1:
     return fn()

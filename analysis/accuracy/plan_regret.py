@@ -139,6 +139,7 @@ def make_plan(configuration: list, out: str, processes: int, rate: str) -> dict:
 def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = '') -> dict:
   from jaxpar.plan import probe
   chosen = plan.get('choice_rank', 1) - 1
+  made = plan.get('processes', 1)
   indices = sorted({chosen} | {r - 1 for r in ranks})
   runs = {i: [] for i in indices}
   with tempfile.TemporaryDirectory() as scratch:
@@ -149,8 +150,8 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = ''
         path = os.path.join(scratch, f'plan_{i}.json')
         with open(path, 'w') as f:
           json.dump({**plan, 'choice': row}, f)
-        processes = plan.get('processes', 1)  # one device: one process
-        processes = 0 if processes == 1 else 1 if row['devices'] == 1 else processes
+        # One device runs as one process; all devices as the processes the plan was made by.
+        processes = 0 if made == 1 else 1 if row['devices'] == 1 else made
         outcome = train(configuration, path, seed, os.path.join(scratch, f'run_{i}_{seed}'),
                         processes, rate)
         runs[i].append({'seed': seed, 'step': outcome['step'], 'seconds': outcome['seconds']})
@@ -266,9 +267,7 @@ def setting(plan: dict) -> str:
   if rate == 'loopback':
     return f"{plan['setting']}, loopback"
   from analysis.steptime import link
-  bits = link.bits_per_second(rate)
-  speed = f'{bits / 1e9:g} Gb/s' if bits >= 1e9 else f'{bits / 1e6:g} Mb/s'
-  return f"{plan['setting']}, emulated {speed} link"
+  return f"{plan['setting']}, emulated {link.describe(rate)} link"
 
 
 def summary_table(pairs: list) -> str:
@@ -283,7 +282,8 @@ def summary_table(pairs: list) -> str:
     lines.append(
         f"| {plan['network']} {plan['image_size']}² | {setting(plan)} | {target['kind']} "
         f"{target['value']:g} | {len(plan['candidates'])} ({len(result['rows'])} trained × "
-        f"{result['seeds']} seed{'s' if result['seeds'] > 1 else ''}) | {plan['planning_s']:.0f} s | {choice['label']} | "
+        f"{result['seeds']} seed{'s' if result['seeds'] > 1 else ''}) | "
+        f"{plan['planning_s']:.0f} s | {choice['label']} | "
         f"{choice['predicted_T'][0]:.2f} s | {_cell(choice['measured_T'], '.2f')} s{spread} | "
         f"{result['best_measured']} | {_cell(result['regret'], '.2f')} | "
         f"{_cell(result['median_T_error'], '.0%')} ({_cell(result['median_K_error'], '.0%')}) |")

@@ -56,14 +56,15 @@ def ticks(rows) -> dict:
 def table(out: dict) -> str:
   """A written file's calls after compute, one column per gap g (loopback's), one row per
   setting: each call's cost in ms (docs/measuring.md)."""
-  names = {'processes': 'loopback', 'link-1gbit': '1 Gb/s', 'link-100mbit': '100 Mb/s'}
+  from analysis.steptime import link
   settings = out['settings']
   first = next(iter(settings.values()))['rows']
   lines = ['| g (ms) | ' + ' | '.join(f"{r['gap_s'] * 1e3:.1f}" for r in first) + ' |',
            '|---|' + '---:|' * len(first)]
   for name, setting in settings.items():
     where = setting.get('setting', name)
-    where = names.get(where, where)
+    where = ('loopback' if where == 'processes' else
+             link.describe(where.removeprefix('link-')) if where.startswith('link-') else where)
     if 'collective_threads' in setting:  # files of one loop priority have none
       where += f", gloo loop {setting['collective_threads']}"
     lines.append(f'| call, {where} (ms) | '

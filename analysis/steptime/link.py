@@ -57,6 +57,19 @@ def unavailable() -> str | None:
   return None
 
 
+def describe(rate: str) -> str:
+  """'1gbit' → '1 Gb/s', '100mbit' → '100 Mb/s': a rate as the reports name it."""
+  bits = bits_per_second(rate)
+  return f'{bits / 1e9:g} Gb/s' if bits >= 1e9 else f'{bits / 1e6:g} Mb/s'
+
+
+def free_port() -> int:
+  """A TCP port free on this host now: where a joined run's process 0 coordinates."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
 def refusal(rate: str) -> str | None:
   """Why a tool's `--link=rate` cannot be used here, in one line, or None: a rate tc does
   not read, or a machine that cannot make the link (`unavailable`)."""
@@ -157,9 +170,7 @@ def launch(module: str, args: list, processes: int, rate: str, folder: str,
   os.makedirs(folder, exist_ok=True)
   with (Link(processes, rate) if emulated else contextlib.nullcontext()) as made:
     host = made.addresses[0] if made else '127.0.0.1'
-    with socket.socket() as s:
-      s.bind(('127.0.0.1', 0))
-      port = s.getsockname()[1]
+    port = free_port()
     procs, logs = [], []
     for i in range(processes):
       cmd = [sys.executable, '-m', module, *args]

@@ -54,7 +54,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -339,12 +338,6 @@ def other_cpu(before: tuple | None, after: tuple | None) -> float | None:
 OTHER_LOAD = []  # per run of child processes: {setting, processes, seconds, other_cpu_s}
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def _child_env(cache: str | None = None):
   """The children choose their device count: no inherited forced host device count. With
   `cache` a folder, they keep and load compiled programs there (JAX's persistent
@@ -385,7 +378,7 @@ def run_setting(setting: str, processes: int, fields: dict, common: dict, folder
 
 def _run_children(setting, processes, fields, common, folder, emulated, module, cache) -> dict:
   out = os.path.join(folder, f'{setting}_{processes}.json')
-  port = _free_port() if processes > 1 else 0
+  port = link.free_port() if processes > 1 else 0
   host = emulated.addresses[0] if emulated else '127.0.0.1'
   cores = os.cpu_count() or 1
   procs, logs = [], []

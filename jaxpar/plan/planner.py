@@ -211,14 +211,16 @@ def make(cfg, log=logging.info) -> dict:
   group = [r for r in ranked if r['candidate'].exact and r['T'][0] <= p.close * best
            and not r.get('t_measured')]
   group = group[:p.measure_top] or [r for r in [_leader(ranked)] if not r.get('t_measured')]
+  def past_deadline():  # process 0's clock decides, as it decides what is timed
+    return agree(time.perf_counter() > deadline)
+
   while True:  # each round measures at least one exact candidate not yet measured: it ends
-    group = _measure(group, calls_of, p, lambda: agree(time.perf_counter() > deadline), agree,
-                     log, started)
+    group = _measure(group, calls_of, p, past_deadline, agree, log, started)
     ranked = rank.rank(rows, k_b, b, noise)
     if _leader(ranked).get('t_measured'):
       break
     measured = _fastest_measured(ranked)
-    if agree(time.perf_counter() > deadline) and measured:
+    if past_deadline() and measured:
       log('Plan: budget spent before the fastest predicted candidate was measured: the choice '
           'is the fastest measured one.')
       break
