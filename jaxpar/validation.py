@@ -98,7 +98,13 @@ def validate(c) -> None:
       _fail('dataset.synthetic.channels', synthetic.channels, 'expected 1 or 3')
   else:
     try:
-      sources.tfds_registered().builder_cls(c.dataset.name)
+      tfds = sources.tfds_registered()
+    except ImportError as e:  # an environment without TensorFlow (a GPU image's, say)
+      _fail('dataset.name', c.dataset.name,
+            f"{sources.NEEDS_TFDS}, which does not import here ({e}): `pip install -e .` "
+            f"installs it; '{sources.SYNTHETIC}' (random images) needs no TensorFlow")
+    try:
+      tfds.builder_cls(c.dataset.name)
     except Exception:  # tfds raises DatasetNotFoundError with a long listing
       _fail('dataset.name', c.dataset.name,
             f"not a TFDS dataset; use 'sklearn_digits' (bundled), a name from "

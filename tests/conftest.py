@@ -23,6 +23,7 @@ README's suite line are generated from the files it wrote (analysis/report/ci/).
 import atexit
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -99,6 +100,36 @@ def pytest_sessionfinish(session, exitstatus):
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, 'w') as f:
     json.dump(report, f, indent=1)
+
+
+def _tensorflow_absent() -> str | None:
+  """The TensorFlow package this environment lacks, or None: jaxpar's install has both,
+  a GPU image with JAX and PyTorch only (docs/benchmark.md) has neither."""
+  import importlib.util
+  return next((name for name in ('tensorflow', 'tensorflow_datasets')
+               if importlib.util.find_spec(name) is None), None)
+
+
+_ABSENT = _tensorflow_absent()
+# What a test's failure says when it failed for want of TensorFlow: an import, or the
+# config check's one line (`sources.NEEDS_TFDS`), in this process or in one it launched.
+# (a launched process's stderr shows inside a repr, its quotes escaped).
+_WANTS_TENSORFLOW = re.compile(r"No module named \\*'tensorflow|reading it needs TensorFlow Datasets")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """Where TensorFlow is not installed, a test that failed for want of it (and of nothing
+  else: its error names the missing import or the config check's line) is reported
+  skipped, saying so; every other failure stays a failure. With TensorFlow installed
+  (jaxpar's install, CI) nothing changes."""
+  outcome = yield
+  report = outcome.get_result()
+  if (_ABSENT and report.failed and call.excinfo is not None
+      and _WANTS_TENSORFLOW.search(str(call.excinfo.value))):
+    report.outcome = 'skipped'
+    report.longrepr = (item.location[0], (item.location[1] or 0) + 1,
+                       f'Skipped: needs {_ABSENT}, not installed here')
 
 
 @pytest.fixture(scope='session')

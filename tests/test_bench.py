@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from analysis.benchmarks import bench, bench_table, torch_peer
@@ -125,11 +126,73 @@ def test_bench_alternates_the_torch_peer(data_dir):
   pytest.importorskip('torch')
   result = bench.bench(_config(data_dir, model='resnet34', image_size=16, global_batch=8),
                        steps=1, warmup=1, profile_steps=1, with_torch=True)
+  assert len(result['steps']) == 3 and 'shard_map_over_torch_compile_throughput' not in result
   peer = result['steps'][2]
   assert peer['step'] == 'PyTorch eager' and len(peer['samples']) == 1 and peer['flops_per_device']
   assert result['shard_map_over_torch_throughput'] == pytest.approx(
       peer['median_s'] / result['steps'][0]['median_s'])
   assert "PyTorch's" in bench.markdown(result) and 'Time by HLO op' in bench.markdown(result)
+
+
+@pytest.mark.slow
+def test_the_compiled_torch_peer_trains_as_the_eager_one():
+  """torch.compile's step is the eager step's arithmetic: from the same seed and batch, two
+  steps of each leave the same parameters (Inductor fuses and reorders float32 sums).
+  SqueezeNet's dropout is switched off in both: Inductor draws its own random numbers."""
+  pytest.importorskip('torchvision')
+  import torch
+  c = config_lib.defaults()
+  c.model, c.image_size, c.batch_norm = 'squeezenet', 32, False
+  rng = np.random.default_rng(0)
+  batch = {'image': rng.normal(size=(4, 32, 32, 3)).astype(np.float32),
+           'label': rng.integers(0, 10, 4).astype(np.int32)}
+  runners = [torch_peer.TorchRunner(c, 10, batch, 0.05, 1, 0, compiled=compiled)
+             for compiled in (False, True)]
+  for r in runners:
+    for m in r.model.modules():
+      if isinstance(m, torch.nn.Dropout):
+        m.p = 0.0
+    r(timed=False)
+    r()
+  eager, compiled = runners
+  assert (eager.name, compiled.name) == ('PyTorch eager', 'torch.compile')
+  assert eager.compile_time == 0 and compiled.compile_time > 0 and len(compiled.times) == 1
+  assert isinstance(compiled.model, torch._dynamo.eval_frame.OptimizedModule)
+  assert compiled.flops == eager.flops > 0
+  moved = 0.0
+  for a, b, before in zip(eager.model.parameters(), compiled.model.parameters(),
+                          torch_peer.network('squeezenet', 10, 3, 32).parameters()):
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    moved = max(moved, float((a - before).abs().max()))
+  assert moved > 1e-3  # the two steps changed the parameters the comparison covers
+
+
+def test_the_gpu_table_adds_torch_compile_and_the_fraction_of_peak():
+  result = json.loads((ROOT / 'analysis/report/bench/gpu/vgg16e_224_bfloat16_gpu.json').read_text())
+  jaxpar, _, peer = result['steps']
+  compiled = dict(peer, step='torch.compile (CUDA)', median_s=peer['median_s'] / 2)
+  with_compiled = dict(result, steps=[*result['steps'], compiled],
+                       shard_map_over_torch_compile_throughput=compiled['median_s']
+                       / jaxpar['median_s'])
+  cells = _cells(bench_table.table([with_compiled]))
+  assert cells['torch.compile step (s)'] == f"{compiled['median_s']:.4f}"
+  assert cells['jaxpar / torch.compile'] == f"{compiled['median_s'] / jaxpar['median_s']:.2f}×"
+  # An H200 in bfloat16: 989.4 dense TFLOP/s; the step's FLOPs are PyTorch's count.
+  rate = peer['flops_per_device'] / jaxpar['median_s']
+  assert cells["jaxpar / GPU's peak"] == f'{100 * rate / 989.4e12:.0f} %'
+  assert bench_table.peak_flops(dict(result, dtype='float32')) == 494.7e12
+  for other in (dict(result, device_kind='TPU v5 lite'), dict(result, backend='cpu',
+                                                              device_kind='cpu')):
+    assert bench_table.peak_flops(other) is None
+    assert "GPU's peak" not in bench_table.table([other]).splitlines()[0]
+  assert 'torch.compile' not in bench_table.table([result]).splitlines()[0]
+  # Runs on two kinds of GPU (the README's table): a first column names each one's.
+  h100 = json.loads((ROOT / 'analysis/report/bench/gpu_h100/resnet34_224_bfloat16_gpu.json')
+                    .read_text())
+  both = bench_table.table([result, h100])
+  assert [_cells(both, i)['device'] for i in range(2)] == ['H100 80GB HBM3', 'H200']
+  assert _cells(both, 0)["jaxpar / GPU's peak"] == '13 %' and _cells(both, 1)[
+      'torch.compile step (s)'] == '–'
 
 
 def test_torch_peer_is_refused_for_a_variant_it_does_not_have(data_dir):
@@ -156,12 +219,18 @@ def test_on_a_gpu_the_table_takes_the_steps_flops_from_the_peer():
   assert jaxpar['flops_per_device'] < peer['flops_per_device'] / 100
   text = bench_table.table([result])
   expected = peer['flops_per_device'] / jaxpar['median_s'] / 1e9
-  assert text.splitlines()[2].endswith(f'| {expected:,.0f}* |')
+  assert _cells(text)['jaxpar GFLOP/s/device'] == f'{expected:,.0f}*'
   assert text.splitlines()[-1] == bench_table.PEER_FLOPS
   on_cpu = dict(result, backend='cpu')  # there XLA's count is the step's
   counted = jaxpar['flop_per_s_per_device'] / 1e9
   assert counted >= 1000 and bench_table.table([on_cpu]).splitlines()[-1].endswith(
       f'| {counted:,.0f} |')
+
+
+def _cells(text: str, row: int = 0) -> dict:
+  """{column: cell} of a markdown table's row (0: the first after the header)."""
+  head, _, *rows = text.splitlines()
+  return dict(zip(head.strip('| ').split(' | '), rows[row].strip('| ').split(' | ')))
 
 
 def test_the_torch_peer_on_jaxs_gpu_needs_a_cuda_torch(data_dir, monkeypatch):

@@ -432,3 +432,17 @@ def test_two_device_gradient_gossip_warns_with_the_method_s_own_fix(overrides, f
   else:
     assert len(warned) == 1 and fix in warned[0], warned
     assert ('gossip_mix' in warned[0]) == (fix == 'gossip_mix=parameters')
+
+
+def test_a_tfds_dataset_without_tensorflow_is_one_line_naming_the_fix(monkeypatch):
+  """Where TensorFlow Datasets does not import (a GPU image with JAX and PyTorch only), a
+  dataset read through it is refused in one line saying so, not called 'not a TFDS
+  dataset'; 'synthetic' needs none."""
+  monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)  # `import` now fails
+  with pytest.raises(config_lib.ConfigError) as e:
+    validation.validate(_config())
+  message = str(e.value)
+  assert message.startswith("config.dataset.name='sklearn_digits' is invalid: reading it needs "
+                            'TensorFlow Datasets, which does not import here (')
+  assert "'synthetic'" in message and 'pip install -e .' in message and '\n' not in message
+  validation.validate(_config(**{'dataset.name': 'synthetic'}))

@@ -15,11 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpar import checkpoint as checkpoint_lib
-from jaxpar import metrics
-from jaxpar.config import ConfigError
-from jaxpar.preemption import EXIT_RESUMABLE, StopSignals
-from runs import ROOT, process_env, train_losses
+pytest.importorskip('tensorflow')  # jaxpar.metrics writes TensorBoard summaries with it
+
+from jaxpar import checkpoint as checkpoint_lib  # noqa: E402
+from jaxpar import metrics  # noqa: E402
+from jaxpar.config import ConfigError  # noqa: E402
+from jaxpar.preemption import EXIT_RESUMABLE, StopSignals  # noqa: E402
+from runs import ROOT, process_env, train_losses  # noqa: E402
 
 TIMEOUT = 600  # seconds: no run may hang the suite
 

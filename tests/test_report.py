@@ -17,7 +17,7 @@ def test_every_committed_table_is_what_the_json_gives():
 def test_the_readme_holds_the_headline_tables():
   with open(os.path.join(report.ROOT, 'README.md')) as f:
     text = f.read()
-  for name in ('configs-digits', 'four-networks', 'bench-cpu', 'bench-gpu', 'tta-squeezenet16'):
+  for name in ('configs-digits', 'four-networks', 'bench-cpu', 'bench-gpus', 'tta-squeezenet16'):
     assert f'<!-- generated: {name} (python -m analysis.report) -->' in text, name
 
 

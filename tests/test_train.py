@@ -1,8 +1,10 @@
 """End to end through `train_and_evaluate`: summaries, checkpoint/resume, exhaustive eval."""
 import pytest
 
-from jaxpar import config as config_lib
-from jaxpar.train import train_and_evaluate
+pytest.importorskip('tensorflow')  # jaxpar.train's summaries (jaxpar.metrics) need it
+
+from jaxpar import config as config_lib  # noqa: E402
+from jaxpar.train import train_and_evaluate  # noqa: E402
 
 
 def _config(data_dir, **overrides):

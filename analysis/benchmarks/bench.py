@@ -15,8 +15,9 @@ FLOP/s achieved; peak memory and temporaries per device from its memory analysis
 process's minor page faults a timed step (`getrusage`); the collectives of the
 compiled program and their bytes per device and step (`jaxpar.plan.hlo.compiled_collectives`:
 every branch of a conditional counts, and on CPU bfloat16 sums show as float32). Ratios are taken side by side
-in this one run; nothing here is asserted in tests. On a GPU (`bench_gpu.sh`) the PyTorch peer runs on
-CUDA, and XLA's FLOP count leaves out the convolutions, which run as cuDNN custom calls
+in this one run; nothing here is asserted in tests. `--torch` adds PyTorch's eager step and
+`--torch_compile` its `torch.compile`d step (`analysis.benchmarks.torch_peer`), alternated with
+the others. On a GPU (`bench_gpu.sh`) the PyTorch peers run on CUDA, and XLA's FLOP count leaves out the convolutions, which run as cuDNN custom calls
 (`bench_table` then uses PyTorch's count).
 """
 import datetime
@@ -115,7 +116,7 @@ class Runner:
             'collective_bytes_per_device': self.collective_bytes}
 
 
-def check(cfg, with_torch: bool):
+def check(cfg, with_torch: bool, flag: str = '--torch'):
   """Refuses what the bench cannot time, before anything compiles."""
   validation.validate(cfg)
   if cfg.scheme == 'async':
@@ -124,11 +125,11 @@ def check(cfg, with_torch: bool):
                                  "async with analysis.steptime.measure")
   if with_torch and cfg.model != 'resnet34' and cfg.batch_norm:
     raise config_lib.ConfigError(
-        f'config.batch_norm=True is invalid with --torch: the PyTorch peer of {cfg.model} is '
+        f'config.batch_norm=True is invalid with {flag}: the PyTorch peer of {cfg.model} is '
         f'the published network, without BatchNorm; set --config.batch_norm=False')
   if with_torch and not torch_peer.available():
     raise config_lib.ConfigError(
-        "--torch needs PyTorch and torchvision: pip install -e '.[bench]'")
+        f"{flag} needs PyTorch and torchvision: pip install -e '.[bench]'")
 
 
 def _torch_device() -> str:
@@ -151,10 +152,14 @@ def _minor_faults() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False) -> dict:
-  check(cfg, with_torch)
+def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False,
+          with_torch_compile: bool = False) -> dict:
+  peers = [compiled for compiled, wanted in ((False, with_torch), (True, with_torch_compile))
+           if wanted]
+  check(cfg, bool(peers), '--torch_compile' if with_torch_compile and not with_torch
+        else '--torch')
   mesh = build.mesh(cfg)
-  torch_device = _torch_device() if with_torch else None
+  torch_device = _torch_device() if peers else None
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)
   channels = source.channels
@@ -176,10 +181,10 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
                         init_state(model, base_tx, baseline, mesh,
                                    (1, cfg.image_size, cfg.image_size, channels), key),
                         batch, key, mesh.size))
-  if with_torch:
+  for compiled in peers:
     runners.append(torch_peer.TorchRunner(
         cfg, source.num_classes, local_batch, optim.peak_learning_rate(cfg.optimizer, global_batch),
-        jax.process_count(), jax.process_index(), torch_device))
+        jax.process_count(), jax.process_index(), torch_device, compiled=compiled))
   for _ in range(warmup):
     for r in runners:
       r(timed=False)
@@ -199,7 +204,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   for r in runners[2:]:
     r.close()
   found = versions()
-  if with_torch:
+  if peers:
     import torch
     found['torch'] = torch.__version__
   return {'tool': 'analysis.benchmarks.bench',
@@ -213,8 +218,9 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
           'method': f'{cfg.scheme} {cfg.server} {cfg.grad_reduce} {cfg.grad_reduce_dtype}',
           'steps': results,
           'shard_map_over_jit_throughput': results[1]['median_s'] / results[0]['median_s'],
-          **({'shard_map_over_torch_throughput': results[2]['median_s'] / results[0]['median_s']}
-             if with_torch else {})}
+          **{f"shard_map_over_torch{'_compile' if compiled else ''}_throughput":
+             result['median_s'] / results[0]['median_s']
+             for compiled, result in zip(peers, results[2:])}}
 
 
 def _shown(value, scale: float, digits: int) -> str:
@@ -241,6 +247,9 @@ def markdown(r) -> str:
                f"{r['shard_map_over_jit_throughput']:.3f}×")
   if 'shard_map_over_torch_throughput' in r:
     lines.append(f"jaxpar's throughput / PyTorch's: {r['shard_map_over_torch_throughput']:.3f}×")
+  if 'shard_map_over_torch_compile_throughput' in r:
+    lines.append("jaxpar's throughput / torch.compile's: "
+                 f"{r['shard_map_over_torch_compile_throughput']:.3f}×")
   profiled = [s for s in r['steps'] if 'profile' in s]  # the two JAX steps
   if profiled:
     profiles = [s['profile']['seconds_per_step'] for s in profiled]
@@ -261,7 +270,8 @@ def main(argv):
   if FLAGS.steps < 1 or FLAGS.warmup < 1 or FLAGS.profile < 0:
     raise app.UsageError('--steps and --warmup must be at least 1, --profile at least 0.')
   try:
-    result = bench(FLAGS.config, FLAGS.steps, FLAGS.warmup, FLAGS.profile, FLAGS.torch)
+    result = bench(FLAGS.config, FLAGS.steps, FLAGS.warmup, FLAGS.profile, FLAGS.torch,
+                   FLAGS.torch_compile)
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
@@ -280,6 +290,8 @@ if __name__ == '__main__':
   flags.DEFINE_integer('warmup', 2, 'Untimed rounds first.')
   flags.DEFINE_bool('torch', False, 'Also time the PyTorch peer (torchvision\'s network), '
                     'alternated (needs the [bench] extra).')
+  flags.DEFINE_bool('torch_compile', False, 'Also time the PyTorch peer under torch.compile '
+                    '(its first step, the compilation, reported apart), alternated.')
   flags.DEFINE_integer('profile', 0, 'Then profile this many steps of each: time by HLO op.')
   flags.DEFINE_string('out', '', 'Also write the results as JSON here.')
   flags.mark_flag_as_required('config')

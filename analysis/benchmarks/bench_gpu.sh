@@ -2,9 +2,11 @@
 # The README's GPU table (analysis.benchmarks.bench, then analysis.benchmarks.bench_table):
 # the four networks at 224² on one GPU, bfloat16 and float32, global batch 64, random
 # ImageNet-shaped data (config.dataset.name='synthetic', 1000 classes: no dataset and no
-# TensorFlow needed), each step beside the auto-sharded jit step and PyTorch's eager step on
-# CUDA (torchvision's networks; SqueezeNet without BatchNorm, as published and as its peer).
-#   bash analysis/benchmarks/bench_gpu.sh runs/gpu     # ~8 min on one H100/H200
+# TensorFlow needed), each step beside the auto-sharded jit step and PyTorch's eager and
+# torch.compile'd steps on CUDA (torchvision's networks; SqueezeNet without BatchNorm, as
+# published and as its peer).
+#   bash analysis/benchmarks/bench_gpu.sh runs/gpu     # ~25 min on one H100 (2026-11-27: ~3 min
+#                                                      # a cell, mostly jaxpar's and torch.compile's compilation)
 # A cell that fails is named and the others still run. JAX takes 45 % of the GPU's memory
 # (XLA_PYTHON_CLIENT_MEM_FRACTION), leaving PyTorch, in the same process, the rest.
 set -uo pipefail
@@ -18,7 +20,7 @@ for dtype in bfloat16 float32; do
         --config "configs/thesis.py:net=$net,scheme=sync-split,server=allreduce,workers=1,batch=64" \
         --config.image_size=224 --config.dataset.name=synthetic \
         --config.dataset.synthetic.classes=1000 --config.dtype=$dtype "${extra[@]}" \
-        --steps 20 --warmup 3 --torch --out "$out/${net}_224_${dtype}_gpu.json" \
+        --steps 20 --warmup 3 --torch --torch_compile --out "$out/${net}_224_${dtype}_gpu.json" \
       || echo "bench_gpu.sh: $net $dtype FAILED" >&2
   done
 done

@@ -7,7 +7,9 @@
 A row per run: network, input size, compute dtype, devices, global batch, the devices
 jaxpar's BatchNorm shares statistics over (jit's always: all; PyTorch's: each process),
 each step's median time, jaxpar's throughput over the auto-sharded jit's (and PyTorch's, when the run
-had the peer), and jaxpar's GFLOP/s per device. On a GPU XLA's cost analysis leaves out the
+had the peer, and torch.compile's: two more columns when any run had that peer), and jaxpar's
+GFLOP/s per device; on a GPU whose peak is known (`PEAK_TFLOPS`), that rate as a fraction of
+the GPU's dense tensor-core peak for the step's arithmetic. On a GPU XLA's cost analysis leaves out the
 convolutions (they run as cuDNN custom calls: of VGG16E's 7,528 GFLOP a step at 224², batch
 64, it counted the fully connected layers' 44): there the step's FLOPs are PyTorch's count of
 the same network and batch (`torch.utils.flop_counter`), marked *.
@@ -17,10 +19,40 @@ import math
 import sys
 
 
-def row(r) -> str:
+# Dense (no structured sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's data sheets (their
+# figures "with sparsity" halved), keyed by JAX's `device_kind`. float32 steps count at the
+# TF32 rate: JAX's default precision and PyTorch's `cudnn.allow_tf32` run float32
+# convolutions in TF32 (measured above the GPUs' 51–67 TFLOP/s non-tensor float32 rates).
+PEAK_TFLOPS = {
+    'NVIDIA H100 80GB HBM3': {'bfloat16': 989.4, 'float32': 494.7},  # H100 SXM5
+    'NVIDIA H200': {'bfloat16': 989.4, 'float32': 494.7},            # H200 SXM
+    'NVIDIA H100 PCIe': {'bfloat16': 756.0, 'float32': 378.0},
+    'NVIDIA H100 NVL': {'bfloat16': 835.5, 'float32': 417.5},
+    'NVIDIA A100-SXM4-80GB': {'bfloat16': 312.0, 'float32': 156.0},
+    'NVIDIA A100-SXM4-40GB': {'bfloat16': 312.0, 'float32': 156.0},
+    'NVIDIA A100 80GB PCIe': {'bfloat16': 312.0, 'float32': 156.0},
+}
+
+
+def peak_flops(r):
+  """The dense peak FLOP/s of the run's device for its compute dtype, or None (CPUs, and GPUs
+  not in `PEAK_TFLOPS`)."""
+  if r.get('backend', 'cpu') == 'cpu':
+    return None
+  peak = PEAK_TFLOPS.get(r.get('device_kind', ''), {}).get(r['dtype'])
+  return peak * 1e12 if peak else None
+
+
+def _peers(steps):
+  """The eager PyTorch peer's step and the torch.compile peer's, each or None."""
+  return (next((s for name, s in steps.items() if name.startswith('PyTorch')), None),
+          next((s for name, s in steps.items() if name.startswith('torch.compile')), None))
+
+
+def row(r, compiled_column: bool = False, peak_column: bool = False) -> str:
   steps = {s['step']: s for s in r['steps']}
   jaxpar, jit = steps['jaxpar shard_map'], steps['auto-sharded jit']
-  peer = next((s for name, s in steps.items() if name.startswith('PyTorch')), None)
+  peer, compiled = _peers(steps)
   devices, processes = math.prod(r['mesh']), r['config']['distributed']['num_processes']
   where = (f'{devices} ({processes} processes)' if processes > 1
            else f'{devices} (emulated)' if devices > 1 else '1')
@@ -31,8 +63,14 @@ def row(r) -> str:
   cells = [r['network'], f"{r['image_size']}²", r['dtype'], where, str(r['global_batch']), bn, _seconds(jaxpar), _seconds(jit),
            f"{r['shard_map_over_jit_throughput']:.3f}×",
            _seconds(peer) if peer else '–',
-           f"{r['shard_map_over_torch_throughput']:.2f}×" if peer else '–',
-           _gflops(r, jaxpar, peer)]
+           f"{r['shard_map_over_torch_throughput']:.2f}×" if peer else '–']
+  if compiled_column:
+    cells += [_seconds(compiled) if compiled else '–',
+              f"{r['shard_map_over_torch_compile_throughput']:.2f}×" if compiled else '–']
+  cells.append(_gflops(r, jaxpar, peer or compiled))
+  if peak_column:
+    rate, peak = _flop_rate(r, jaxpar, peer or compiled), peak_flops(r)
+    cells.append(f'{100 * rate / peak:.0f} %' if rate and peak else 'n/a')
   return '| ' + ' | '.join(cells) + ' |'
 
 
@@ -52,26 +90,54 @@ def xla_counts_convolutions(r) -> bool:
   return r.get('backend', 'cpu') == 'cpu'
 
 
-def _gflops(r, jaxpar, peer) -> str:
+def _flop_rate(r, jaxpar, peer):
+  """jaxpar's FLOP/s per device: XLA's count, or on a GPU the PyTorch peer's (None without)."""
   if xla_counts_convolutions(r):
-    value, mark = jaxpar['flop_per_s_per_device'] / 1e9, ''
-  elif peer:
-    value, mark = peer['flops_per_device'] / jaxpar['median_s'] / 1e9, '*'
-  else:
+    return jaxpar['flop_per_s_per_device']
+  return peer['flops_per_device'] / jaxpar['median_s'] if peer else None
+
+
+def _gflops(r, jaxpar, peer) -> str:
+  rate = _flop_rate(r, jaxpar, peer)
+  if rate is None:
     return 'n/a'
+  value, mark = rate / 1e9, '' if xla_counts_convolutions(r) else '*'
   return (f'{value:,.0f}' if value >= 1000 else f'{value:.1f}') + mark
 
 
+def _device(r) -> str:
+  """The run's accelerator, short (a GPU's name without the vendor), or 'cpu'."""
+  kind = r.get('device_kind', 'cpu')
+  return kind.removeprefix('NVIDIA ') if r.get('backend', 'cpu') != 'cpu' else 'cpu'
+
+
 def table(results) -> str:
+  """The rows of `results`; a first column names the device when they ran on several kinds."""
+  compiled = any(_peers({s['step']: s for s in r['steps']})[1] for r in results)
+  peak = any(peak_flops(r) for r in results)
+  kinds = len({_device(r) for r in results}) > 1
+  head = ['network', 'input', 'compute', 'devices', 'batch', 'jaxpar BN over', 'jaxpar step (s)',
+          'jit step (s)', 'jaxpar / jit throughput', 'PyTorch step (s)', 'jaxpar / PyTorch']
+  align = ['---'] * 4 + ['---:', '---'] + ['---:'] * 5
+  if compiled:
+    head += ['torch.compile step (s)', 'jaxpar / torch.compile']
+    align += ['---:'] * 2
+  head.append('jaxpar GFLOP/s/device')
+  align.append('---:')
+  if peak:
+    head.append("jaxpar / GPU's peak")
+    align.append('---:')
+  if kinds:
+    head, align = ['device'] + head, ['---'] + align
+  ordered = sorted(results, key=lambda r: (
+      r['network'], r['image_size'], math.prod(r['mesh']),
+      r['config']['distributed']['num_processes'], r['config']['bn_group_size'],
+      r['dtype'] != 'float32', _device(r)))
+  rows = [row(r, compiled, peak) for r in ordered]
+  if kinds:
+    rows = [f'| {_device(r)} {line}' for r, line in zip(ordered, rows)]
   return '\n'.join(
-      ['| network | input | compute | devices | batch | jaxpar BN over | jaxpar step (s) '
-       '| jit step (s) | jaxpar / jit throughput | PyTorch step (s) | jaxpar / PyTorch '
-       '| jaxpar GFLOP/s/device |',
-       '|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|']
-      + [row(r) for r in sorted(results, key=lambda r: (
-          r['network'], r['image_size'], math.prod(r['mesh']),
-          r['config']['distributed']['num_processes'], r['config']['bn_group_size'],
-          r['dtype'] != 'float32'))]
+      ['| ' + ' | '.join(head) + ' |', '|' + '|'.join(align) + '|'] + rows
       + (['', PEER_FLOPS] if not all(map(xla_counts_convolutions, results)) else []))
 
 

@@ -1,5 +1,7 @@
-"""The PyTorch peer of `analysis.benchmarks.bench`: the configured network trained on the same batch
-with the same optimizer, in eager mode — what a PyTorch user writes.
+"""The PyTorch peers of `analysis.benchmarks.bench`: the configured network trained on the same
+batch with the same optimizer, in eager mode — what a PyTorch user writes — and, with
+`compiled=True`, under `torch.compile` (its default mode: TorchInductor's kernels for the
+forward and backward passes, the optimizer's step eager), the anchor a GPU user would pick.
 
 The networks are torchvision's (`torchvision.models`), with the input channels and the
 classes of the run, changed where jaxpar's published network differs:
@@ -20,6 +22,10 @@ Kernel shapes and parameter counts equal jaxpar's (tested). FLOPs
 analysis counts the taps inside the input only: at small inputs, where the last stages
 are 1×1 or 2×2, the two counts differ several-fold.
 
+The compiled peer's model is the eager peer's network from the same seed; its first step
+(the compilation: TorchDynamo traces, Inductor generates and compiles kernels) is its
+`compile_s`, and its FLOPs are counted on the eager module before compiling.
+
 Optional (`pip install -e '.[bench]'`); `available()` says whether torch and
 torchvision are importable. On the device JAX runs on: the CPU, or one CUDA GPU when JAX's
 backend is the GPU (`cudnn.benchmark` on, as PyTorch's ImageNet example sets it; the loss's
@@ -38,19 +44,34 @@ import time
 
 import numpy as np
 
-# torch's default (CUDA) wheels import triton from torch._dynamo (reached through
-# torchvision and the FLOP counter); imported after TensorFlow, triton 3.8 segfaults on
-# this machine. The peer runs eagerly and never needs it: torch then finds no triton.
-sys.modules.setdefault('triton', None)
-
 from jaxpar.models import AUX_LOSS_WEIGHT
+
+
+# torch's default (CUDA) wheels import triton from torch._dynamo (reached through
+# torchvision and the FLOP counter); imported after TensorFlow, triton 3.8 segfaults on the
+# CPU machines jaxpar is tested on, where the peers never need it (torch.compile's CPU
+# kernels are C++): where TensorFlow is installed torch finds no triton, unless `_torch`
+# is asked for CUDA, whose torch.compile kernels are triton's.
+if importlib.util.find_spec('tensorflow') is not None:
+  sys.modules.setdefault('triton', None)
+
+
+def _torch(device: str = 'cpu'):
+  """torch, imported for `device`: on a CUDA GPU with triton let in (above)."""
+  if device == 'cuda' and 'triton' in sys.modules and sys.modules['triton'] is None:
+    del sys.modules['triton']
+  import torch
+  return torch
+
 
 def available() -> bool:
   return all(importlib.util.find_spec(m) is not None for m in ('torch', 'torchvision'))
 
 
-def network(name: str, num_classes: int, channels: int, image_size: int):
-  """The PyTorch peer of jaxpar's network `name` (see the module docstring)."""
+def network(name: str, num_classes: int, channels: int, image_size: int, device: str = 'cpu'):
+  """The PyTorch peer of jaxpar's network `name` (see the module docstring), built on the
+  CPU; `device` is where it will run (`_torch`)."""
+  _torch(device)
   from torch import nn
   from torchvision import models
   if name == 'googlenet':
@@ -71,7 +92,7 @@ def network(name: str, num_classes: int, channels: int, image_size: int):
 
 def materialise(model, channels: int, image_size: int):
   """Gives lazy layers (GoogLeNet's auxiliary FC inputs) their shapes: one forward pass."""
-  import torch
+  import torch  # after `network`, which imported it for its device
   if any(isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) for m in model.modules()):
     with torch.no_grad():
       model.train()(torch.zeros(2, channels, image_size, image_size))
@@ -81,7 +102,7 @@ def materialise(model, channels: int, image_size: int):
 def googlenet(num_classes: int, channels: int):
   """GoogLeNet as published and as jaxpar's (`jaxpar.models.googlenet`): no BatchNorm,
   5×5 branches, auxiliary heads after 4a and 4d (training mode returns all three)."""
-  import torch
+  import torch  # after `network`, which imported it for its device
   from torch import nn
 
   from jaxpar.models.googlenet import AUX_AFTER, INCEPTIONS
@@ -155,11 +176,12 @@ def loss(outputs, labels):
 
 
 class TorchRunner:
-  """`analysis.benchmarks.bench.Runner`'s interface for a PyTorch train step."""
+  """`analysis.benchmarks.bench.Runner`'s interface for a PyTorch train step: eager, or with
+  `compiled=True` the model under `torch.compile`."""
 
   def __init__(self, cfg, num_classes: int, batch: dict, peak_lr: float, process_count: int,
-               process_index: int, device: str = 'cpu'):
-    import torch
+               process_index: int, device: str = 'cpu', compiled: bool = False):
+    torch = _torch(device)
 
     torch.manual_seed(0)
     self.device = torch.device(device)
@@ -168,21 +190,23 @@ class TorchRunner:
     else:
       torch.set_num_threads(os.cpu_count() if process_count == 1 else 1)
     image = batch['image']
-    model = network(cfg.model, num_classes, image.shape[-1], image.shape[1])
+    model = network(cfg.model, num_classes, image.shape[-1], image.shape[1], device)
     materialise(model, image.shape[-1], image.shape[1])
     self.parameters = sum(p.numel() for p in model.parameters())
     model = model.to(self.device)
     suffix = ' (CUDA)' if self.device.type == 'cuda' else ''
+    kind = 'torch.compile' if compiled else 'PyTorch eager'
     if process_count > 1:
-      host = cfg.distributed.coordinator.rsplit(':', 1)[0]
-      port = int(cfg.distributed.coordinator.rsplit(':', 1)[1]) + 1
       backend = 'nccl' if self.device.type == 'cuda' else 'gloo'
-      torch.distributed.init_process_group(backend, init_method=f'tcp://{host}:{port}',
-                                           world_size=process_count, rank=process_index)
+      if not torch.distributed.is_initialized():  # the eager and the compiled peer share it
+        host = cfg.distributed.coordinator.rsplit(':', 1)[0]
+        port = int(cfg.distributed.coordinator.rsplit(':', 1)[1]) + 1
+        torch.distributed.init_process_group(backend, init_method=f'tcp://{host}:{port}',
+                                             world_size=process_count, rank=process_index)
       model = torch.nn.parallel.DistributedDataParallel(model)
-      self.name = f'PyTorch DDP ({backend})'
+      self.name = f"{'torch.compile' if compiled else 'PyTorch'} DDP ({backend})"
     else:
-      self.name = 'PyTorch eager' + suffix
+      self.name = kind + suffix
     c = cfg.optimizer
     kernels = [p for p in model.parameters() if p.ndim > 1]
     others = [p for p in model.parameters() if p.ndim <= 1]
@@ -195,7 +219,10 @@ class TorchRunner:
     self.images = torch.from_numpy(
         np.ascontiguousarray(batch['image'].transpose(0, 3, 1, 2))).to(self.device)
     self.labels = torch.from_numpy(batch['label'].astype(np.int64)).to(self.device)
-    self.flops = self._count_flops()  # this process's share of the batch
+    self.flops = self._count_flops()  # this process's share of the batch, eagerly
+    if compiled:
+      self.model = torch.compile(self.model)
+    self.compile_time = None if compiled else 0.0  # the compiled peer's first step
     self.times = []
 
   def _step(self):
@@ -216,13 +243,15 @@ class TorchRunner:
 
   def __call__(self, timed: bool = True):
     start = time.perf_counter()
-    self._step().item()  # eager: the loss is ready when the step has run
-    if timed:
+    self._step().item()  # the loss is ready when the step has run
+    if self.compile_time is None:
+      self.compile_time = time.perf_counter() - start
+    elif timed:
       self.times.append(time.perf_counter() - start)
 
   def result(self, images: int) -> dict:
     median = float(np.median(self.times))
-    return {'step': self.name, 'compile_s': 0.0, 'median_s': median, 'min_s': min(self.times),
+    return {'step': self.name, 'compile_s': self.compile_time, 'median_s': median, 'min_s': min(self.times),
             'max_s': max(self.times), 'samples': self.times, 'images_per_s': images / median,
             'flops_per_device': self.flops, 'flop_per_s_per_device': self.flops / median,
             'peak_memory_bytes_per_device': None, 'collectives': None,

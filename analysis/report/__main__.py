@@ -40,9 +40,9 @@ def _load(*patterns) -> list:
   return found
 
 
-def _bench(pattern):
+def _bench(*patterns):
   from analysis.benchmarks import bench_table
-  return bench_table.table(_load(pattern))
+  return bench_table.table(_load(*patterns))
 
 
 def _host_memory():
@@ -186,6 +186,7 @@ FILES = {
     'host_memory/system/report.md': lambda: _measured('markdown', 'host_memory/system.json'),
     'bench/table.md': lambda: _bench('bench/*.json'),
     'bench/gpu/table.md': lambda: _bench('bench/gpu/*.json'),
+    'bench/gpu_h100/table.md': lambda: _bench('bench/gpu_h100/*.json'),
     'bench/methods/table.md': _methods,
     'accuracy/squeezenet16.md': lambda: _tta_report('accuracy/squeezenet16.json',
                                                     'accuracy/squeezenet16_steps.json'),
@@ -231,6 +232,8 @@ TABLES = {
     'settings-squeezenet': lambda: _settings('measured/squeezenet.json'),
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
+    'bench-gpu-h100': lambda: _bench('bench/gpu_h100/*.json'),
+    'bench-gpus': lambda: _bench('bench/gpu/*.json', 'bench/gpu_h100/*.json'),
     'bench-methods': _methods,
     'host-memory-faults': _host_memory,
     'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),

@@ -42,9 +42,11 @@ def ticks(rows) -> dict:
   row without compute (the back-to-back call); each row's cycle g + t_call in ticks, and
   how far that is from the nearest whole number of ticks (0: on a tick; 0.5: midway)."""
   rows = sorted(rows, key=lambda r: r['gap_s'])
-  if not rows or rows[0]['matmuls'] != 0:
+  # Found by its count, not as the smallest gap: a few matmuls' gap can measure no longer.
+  base = next((r for r in rows if r['matmuls'] == 0), None)
+  if base is None:
     raise ValueError('ticks needs the row without compute (matmuls = 0)')
-  q = rows[0]['call_s']
+  q = base['call_s']
   out = []
   for r in rows:
     cycle = r['gap_s'] + r['call_s']

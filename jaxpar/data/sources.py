@@ -100,6 +100,10 @@ def _prepared(cfg):
     return _prepare(cfg)
 
 
+# What a dataset other than 'synthetic' needs, as the one-line error says it.
+NEEDS_TFDS = 'reading it needs TensorFlow Datasets'
+
+
 def tfds_registered():
   """TFDS, imported here rather than with the module, with the bundled digits' builder
   ('sklearn_digits') registered."""
