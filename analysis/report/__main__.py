@@ -98,6 +98,11 @@ def _end_to_end_table(pattern):
   return end_to_end.table(_load(pattern)[0])
 
 
+def _collapse(table):
+  from analysis.accuracy import collapse
+  return getattr(collapse, table)(_load('accuracy/collapse.json')[0])
+
+
 # Plans made and judged by 2 processes (analysis.accuracy.plan_regret --processes 2).
 PLANS_ACROSS_PROCESSES = ('squeezenet16_p2_loopback', 'squeezenet16_p2_1gbit',
                           'resnet34_16_p2_loopback', 'resnet34_16_p2_1gbit',
@@ -230,6 +235,9 @@ TABLES = {
     'four-networks': lambda: _measured('overview_table', *FOUR_NETWORKS),
     'held-out-squeezenet': lambda: _held_out('measured/squeezenet.json'),
     'settings-squeezenet': lambda: _settings('measured/squeezenet.json'),
+    'collapse-similarity': lambda: _collapse('similarity_table'),
+    'collapse-dead-classes': lambda: _collapse('dead_table'),
+    'collapse-training': lambda: _collapse('training_table'),
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
     'bench-gpu-h100': lambda: _bench('bench/gpu_h100/*.json'),
