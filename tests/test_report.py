@@ -74,3 +74,9 @@ def test_a_session_writes_what_it_ran_and_the_ci_tables_read_it(tmp_path):
   assert line.startswith('The suite (1 tests, whole suite) took ') and 'the 7 without' in line
   with pytest.raises(ValueError, match="leg 'other'.*JAXPAR_TEST_LEG"):
     ci.ordered([leg | {'leg': 'other'}])
+  besides = ci.runs_table([newest | {'leg': 'newest-whole', 'markexpr': ''}], ci.BESIDES)
+  assert besides.splitlines()[-1].startswith(
+      f"| CI's second leg's environment | {leg['created'][:10]} |")
+  assert '| whole suite | 5 passed, 2 skipped, ' in besides and 'fresh install' not in besides
+  with pytest.raises(ValueError, match="leg 'newest'"):
+    ci.runs_table([newest], ci.BESIDES)

@@ -7,14 +7,16 @@
 # published and as its peer).
 #   bash analysis/benchmarks/bench_gpu.sh runs/gpu     # ~25 min on one H100 (2026-11-27: ~3 min
 #                                                      # a cell, mostly jaxpar's and torch.compile's compilation)
+# NETS and DTYPES choose the cells (default: all eight), e.g. the ones still to measure:
+#   NETS="squeezenet googlenet vgg16e" DTYPES=bfloat16 bash analysis/benchmarks/bench_gpu.sh runs/gpu
 # A cell that fails is named and the others still run. JAX takes 45 % of the GPU's memory
 # (XLA_PYTHON_CLIENT_MEM_FRACTION), leaving PyTorch, in the same process, the rest.
 set -uo pipefail
 out=${1:-runs/gpu}; mkdir -p "$out"
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.45}
 python=${PYTHON:-python3}
-for dtype in bfloat16 float32; do
-  for net in resnet34 squeezenet googlenet vgg16e; do
+for dtype in ${DTYPES:-bfloat16 float32}; do
+  for net in ${NETS:-resnet34 squeezenet googlenet vgg16e}; do
     extra=(); [ $net = squeezenet ] && extra=(--config.batch_norm=False)
     $python -m analysis.benchmarks.bench \
         --config "configs/thesis.py:net=$net,scheme=sync-split,server=allreduce,workers=1,batch=64" \

@@ -180,6 +180,11 @@ def _ci(what):
   return getattr(ci, what)(_load('ci/*.json'))
 
 
+def _ci_besides():
+  from analysis.report import ci
+  return ci.runs_table(_load('ci/besides/*.json'), ci.BESIDES)
+
+
 FOUR_NETWORKS = ('measured/squeezenet.json', 'measured/vgg16e.json', 'measured/resnet34.json',
                  'measured/googlenet.json')
 
@@ -253,6 +258,7 @@ TABLES = {
     'ci-versions': lambda: _ci('versions_table'),
     'ci-runs': lambda: _ci('runs_table'),
     'ci-suite': lambda: _ci('suite_line'),
+    'ci-besides': lambda: _ci_besides(),
     'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
     'plan-regret-processes': lambda: _plan_summary(*PLANS_ACROSS_PROCESSES),
 }

@@ -9,6 +9,10 @@ tables show is one of those fields.
 
 # The legs `.ci/run` runs, in its order, and how the tables name them.
 LEGS = {'floor': "CI's first leg", 'newest': "CI's second leg"}
+# Runs of the suite besides CI's (`JAXPAR_TEST_LEG=NAME JAXPAR_TEST_REPORT=PATH python -m
+# pytest` in a leg's environment), in analysis/report/ci/besides/: the whole suite where CI
+# runs part of it.
+BESIDES = {'newest-whole': "CI's second leg's environment"}
 _ROWS = (('Python', lambda leg: leg['machine']['python']),
          ('jax / jaxlib', lambda leg: _pair(leg, 'jax', 'jaxlib')),
          ('flax', lambda leg: _version(leg, 'flax')),
@@ -20,13 +24,14 @@ _ROWS = (('Python', lambda leg: leg['machine']['python']),
 _ORDER = ('passed', 'failed', 'error', 'skipped', 'xfailed', 'xpassed')
 
 
-def ordered(legs: list) -> list:
-  """The legs in `.ci/run`'s order; a leg it does not name is an error (one line)."""
-  unknown = [leg.get('leg') for leg in legs if leg.get('leg') not in LEGS]
+def ordered(legs: list, names: dict = LEGS) -> list:
+  """The legs in the order of `names` (`.ci/run`'s); a leg it does not name is an error (one
+  line)."""
+  unknown = [leg.get('leg') for leg in legs if leg.get('leg') not in names]
   if unknown:
-    raise ValueError(f"CI result of leg {unknown[0]!r}: known legs are {', '.join(LEGS)} "
+    raise ValueError(f"CI result of leg {unknown[0]!r}: known legs are {', '.join(names)} "
                      "(.ci/run's JAXPAR_TEST_LEG)")
-  return sorted(legs, key=lambda leg: list(LEGS).index(leg['leg']))
+  return sorted(legs, key=lambda leg: list(names).index(leg['leg']))
 
 
 def _version(leg, name):
@@ -68,11 +73,13 @@ def versions_table(legs: list) -> str:
   return '\n'.join(lines)
 
 
-def runs_table(legs: list) -> str:
+def runs_table(legs: list, names: dict = LEGS) -> str:
+  """A row per leg: CI's (`names=LEGS`, each a fresh install) or runs besides (`BESIDES`)."""
   lines = ['| leg | date | machine | commit | Python | jax | tests | result |',
            '|---|---|---|---|---|---|---|---|']
-  for leg in ordered(legs):
-    lines.append(f"| {LEGS[leg['leg']]}, fresh install | {leg['created'][:10]} | {machine(leg)} | "
+  for leg in ordered(legs, names):
+    how = ', fresh install' if names is LEGS else ''
+    lines.append(f"| {names[leg['leg']]}{how} | {leg['created'][:10]} | {machine(leg)} | "
                  f"{(leg['commit'] or '—')[:7]} | {leg['machine']['python']} | "
                  f"{_version(leg, 'jax')} | {selection(leg)} | {result(leg)} |")
   return '\n'.join(lines)
