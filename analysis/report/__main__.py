@@ -258,7 +258,7 @@ TABLES = {
     'ci-versions': lambda: _ci('versions_table'),
     'ci-runs': lambda: _ci('runs_table'),
     'ci-suite': lambda: _ci('suite_line'),
-    'ci-besides': lambda: _ci_besides(),
+    'ci-besides': _ci_besides,
     'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
     'plan-regret-processes': lambda: _plan_summary(*PLANS_ACROSS_PROCESSES),
 }
