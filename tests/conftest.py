@@ -40,6 +40,7 @@ if 'JAXPAR_TEST_XLA_CACHE' not in os.environ:  # the session's first process
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from jaxpar.data import sources  # noqa: E402
 from jaxpar.host_memory import keep_freed_memory  # noqa: E402
 
 keep_freed_memory()  # as every run does (config.host_memory's default), before the backend
@@ -112,9 +113,9 @@ def _tensorflow_absent() -> str | None:
 
 _ABSENT = _tensorflow_absent()
 # What a test's failure says when it failed for want of TensorFlow: an import, or the
-# config check's one line (`sources.NEEDS_TFDS`), in this process or in one it launched.
-# (a launched process's stderr shows inside a repr, its quotes escaped).
-_WANTS_TENSORFLOW = re.compile(r"No module named \\*'tensorflow|reading it needs TensorFlow Datasets")
+# config check's one line (`sources.NEEDS_TFDS`), in this process or in one it launched
+# (whose stderr shows inside a repr, its quotes escaped).
+_WANTS_TENSORFLOW = re.compile(r"No module named \\*'tensorflow|" + re.escape(sources.NEEDS_TFDS))
 
 
 @pytest.hookimpl(hookwrapper=True)
