@@ -23,6 +23,7 @@ from jaxpar.data import sources
 from jaxpar.data.pipeline import AUGMENTATIONS
 from jaxpar.host_memory import HOST_MEMORY
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS
+from jaxpar.models import onednn
 from jaxpar.models.conv import CONV_IMPLS
 from jaxpar.models.resnet import SHORTCUTS
 from jaxpar.optim import LR_SCALINGS, OPTIMIZERS, SCHEDULES
@@ -71,6 +72,9 @@ def validate(c) -> None:
                          ('distributed.collective_threads', COLLECTIVE_THREADS)):
     if _get(c, field) not in choices:
       _fail(field, _get(c, field), f'choose one of {list(choices)}')
+  if c.conv_impl == 'onednn' and not onednn.available():  # builds it on first use
+    _fail('conv_impl', c.conv_impl, f"oneDNN's convolutions cannot run here "
+          f"({onednn.unavailable_reason()}); 'auto' takes the other lowerings then")
   settle(c)
 
   if c.dataset.name == sources.IMAGE_FOLDER:

@@ -333,7 +333,11 @@ def test_tta_end_to_end_on_a_small_network(tmp_path, data_dir):
   # The simulator at s = 0 is the serial sync-join run: the same weights, batches and rate.
   np.testing.assert_allclose(runs['staleness', 0]['curve'], runs['batch', 8]['curve'], rtol=1e-4)
   assert runs['async', 2]['staleness']['max'] >= 0
-  assert [p['step'] for p in runs['batch', 8]['noise']] == [8, 16]
+  # B_noise at every evaluation of the serial run, up to the one that reached the target
+  # (at lr 0.2 its loss crosses 2.3 at step 8 or not by float rounding: which lowering
+  # computed the convolutions, which XLA flags compiled them).
+  evaluated = [s for s, _ in runs['batch', 8]['curve'][1:]]
+  assert evaluated and [p['step'] for p in runs['batch', 8]['noise']] == evaluated
   assert all(p['b_noise'] == p['s'] / p['g2'] for p in runs['batch', 8]['noise'] if p['g2'] > 0)
   text = (report / 'report.md').read_text()
   assert '| batch | 4 |' in text and '## Models of K' in text

@@ -14,6 +14,8 @@ from jax import lax
 from analysis.benchmarks.conv_bench import convolutions, positions
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS
 from jaxpar.step import loss_and_logits
+from jaxpar.models import conv as conv_lib
+from jaxpar.models import onednn
 from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS, auto_choices, choose,
                                 conv_general_dilated, conv_taps, geometry_key, measured_choices,
                                 use_taps, winograd_applies)
@@ -76,10 +78,16 @@ def _assert_same(impl, c, dtype, rtol):
     np.testing.assert_allclose(g, w, rtol=0, atol=rtol * scale, err_msg=f'{impl} {c} {name}')
 
 
+HAND = ('taps', 'im2col', 'winograd', 'onednn')
+needs_onednn = pytest.mark.skipif(not onednn.available(), reason=onednn.unavailable_reason())
+
+
 def _cases(shapes):
   """(lowering, geometry) for every geometry a lowering computes itself (Winograd: 3×3 at
   stride 1; the others fall back to XLA's convolution, tested below)."""
-  return [pytest.param(impl, c, id=f'{impl}-{c}') for impl in ('taps', 'im2col', 'winograd')
+  return [pytest.param(impl, c, id=f'{impl}-{c}',
+                       marks=[needs_onednn] if impl == 'onednn' else [])
+          for impl in HAND
           for c in shapes if impl != 'winograd' or winograd_applies(c.rhs, c.strides)]
 
 
@@ -112,7 +120,7 @@ def test_winograd_leaves_other_kernels_and_strides_to_xla():
     np.testing.assert_array_equal(g, w)
 
 
-@pytest.mark.parametrize('impl', ['taps', 'im2col', 'winograd'])
+@pytest.mark.parametrize('impl', HAND)
 def test_layouts_and_options_the_lowerings_cannot_do_fall_back_to_xla(impl):
   conv = LOWERINGS[impl]
   x = jax.random.normal(jax.random.key(0), (2, 3, 9, 9))
@@ -151,8 +159,14 @@ def _tapped_ops(impl, net, size):
   return text.count('stablehlo.convolution')
 
 
+@pytest.fixture
+def without_onednn(monkeypatch):
+  """`auto` as where oneDNN's convolutions cannot run: the rule and `conv_auto.json`."""
+  monkeypatch.setattr(conv_lib, 'onednn_in_auto', lambda dtype=None: False)
+
+
 @pytest.mark.parametrize('impl', ['auto', 'measured'])
-def test_auto_and_measured_lower_each_convolution_as_chosen(impl):
+def test_auto_and_measured_lower_each_convolution_as_chosen(impl, without_onednn):
   # SqueezeNet at 32²: 26 convolutions; a convolution op is left only where XLA's
   # convolution computes it (chosen, or Winograd's fallback off 3×3 stride 1). `auto`: its
   # table's choice (whole steps confirmed im2col here), and the rule elsewhere (the ones on
@@ -173,7 +187,7 @@ def test_auto_and_measured_lower_each_convolution_as_chosen(impl):
   assert _tapped_ops('taps', 'squeezenet', 32) == 0
 
 
-def test_measured_takes_the_measured_fastest_then_the_rule_and_xla_off_the_cpu():
+def test_measured_takes_the_measured_fastest_then_the_rule_and_xla_off_the_cpu(without_onednn):
   table = measured_choices()
   assert table and set(table.values()) <= set(LOWERINGS)
   key, lowering = next(iter(table.items()))
@@ -197,11 +211,15 @@ def test_the_tables_are_what_the_committed_measurements_give():
   import pathlib
   from analysis.benchmarks import conv_bench, conv_step_ab
   folder = pathlib.Path(__file__).parent.parent / 'analysis' / 'report' / 'conv'
-  results = [json.loads(p.read_text()) for p in sorted(folder.glob('lowerings_*.json'))]
+  load = lambda pattern: [json.loads(p.read_text()) for p in sorted(folder.glob(pattern))]
+  results = load('onednn/lowerings_*.json')
   assert results and conv_bench.choices(results) == measured_choices()
-  steps = [json.loads(p.read_text()) for p in sorted(folder.glob('step_ab/*.json'))]
+  assert 'onednn' in measured_choices().values()
+  # `auto`'s table (where oneDNN cannot run) came from the measurements before oneDNN's.
+  before, steps = load('lowerings_*.json'), load('step_ab/*.json')
   assert steps and conv_step_ab.verified(steps) == auto_choices()
-  assert auto_choices() and all(measured_choices()[k] == v for k, v in auto_choices().items())
+  assert auto_choices() and all(conv_bench.choices(before)[k] == v
+                                for k, v in auto_choices().items())
 
 
 def test_auto_keeps_a_kind_only_where_every_step_with_it_ran_faster():
@@ -268,7 +286,7 @@ def test_a_train_step_with_a_lowering_equals_xla(net, impl):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=5e-5, err_msg=jax.tree_util.keystr(path))
 
 
-def test_autos_table_applies_to_the_dtype_its_steps_were_measured_in():
+def test_autos_table_applies_to_the_dtype_its_steps_were_measured_in(without_onednn):
   from jaxpar.models.conv import auto_dtypes
   assert auto_dtypes() == ('float32',)
   key, lowering = next(iter(auto_choices().items()))

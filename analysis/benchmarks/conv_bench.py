@@ -9,13 +9,15 @@ are collected (shape, kernel, stride, padding), and each distinct one is timed i
 three passes — the forward convolution, the input gradient and the kernel gradient (a
 train step runs each once) — in every lowering jaxpar can compute it by: XLA's
 `lax.conv_general_dilated` in NHWC (what flax's `nn.Conv` asks for) and in NCHW, one matmul
-per kernel tap (`taps`), one matmul over the taps' slices side by side (`im2col`), and
-Winograd's F(2×2, 3×3) where the kernel is 3×3 at stride 1; and with `--torch` PyTorch's
-`conv2d` and its two gradients (`torch.nn.grad`, NCHW, oneDNN on a CPU) on the same shapes.
-All of them alternately in rounds, median of the rounds. The summary sums each network's
-convolution time (count × the three passes) per lowering, under `auto`'s rule, under the
-fastest lowering per geometry, and PyTorch's. Nothing here is asserted in tests; the
-lowerings' exactness is (tests/test_conv.py).
+per kernel tap (`taps`), one matmul over the taps' slices side by side (`im2col`),
+Winograd's F(2×2, 3×3) where the kernel is 3×3 at stride 1, and oneDNN's primitives as FFI
+calls (`onednn`); and with `--torch` PyTorch's `conv2d` and its two gradients
+(`torch.nn.grad`, NCHW, oneDNN on a CPU) on the same shapes. All of them alternately in
+rounds, median of the rounds. The summary sums each network's convolution time (count ×
+the three passes) per lowering, under `auto`'s choice, under the fastest lowering per
+geometry, and PyTorch's; `passes_table` sums each pass apart (forward or backward: where a
+lead comes from). Nothing here is asserted in tests; the lowerings' exactness is
+(tests/test_conv.py, tests/test_onednn.py).
 """
 import collections
 import datetime
@@ -43,7 +45,10 @@ _SIZES = flags.DEFINE_list('sizes', ['16:8', '32:8', '32:32', '224:2'],
                            'input size:per-device batch pairs.')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Alternating rounds per shape (median).')
-_IMPLS = flags.DEFINE_list('impls', ['xla', 'xla_nchw', 'taps', 'im2col', 'winograd'],
+_REPEAT = flags.DEFINE_integer('repeat', 2, 'Calls of a pass in a row within a round, the '
+                               'last timed (1: each pass timed right after another '
+                               "lowering's, whose threads may still hold the cores).")
+_IMPLS = flags.DEFINE_list('impls', ['xla', 'xla_nchw', 'taps', 'im2col', 'winograd', 'onednn'],
                            'Lowerings to time (winograd only where it applies).')
 _TORCH = flags.DEFINE_bool('torch', False, "Also time PyTorch's conv2d and its gradients "
                            "(needs the [bench] extra).")
@@ -152,9 +157,13 @@ def torch_passes(c: Conv, dtype) -> dict:
               prepad(x), w.shape, dy, stride=c.strides, padding=pad))}
 
 
-def time_geometry(c: Conv, dtype, impls, rounds: int, torch: bool) -> dict:
+def time_geometry(c: Conv, dtype, impls, rounds: int, torch: bool, repeat: int = 2) -> dict:
   """{lowering: {pass: median seconds}} for geometry `c`; every lowering's passes alternate
-  in each round, so all see the same machine state. Winograd only where it applies."""
+  in each round, so all see the same machine state. Each pass is called `repeat` times in a
+  row and the last call timed: right after another runtime's work (XLA's threads, PyTorch's
+  or oneDNN's OpenMP threads still spinning on the two cores) a call measured up to 2× its
+  time in a row (oneDNN's forward 3×3 64→64 on 2×224×224: 33 against 14 ms; 2026-11-27).
+  Winograd only where it applies."""
   timers = {impl: jax_passes(impl, c, dtype) for impl in impls
             if impl != 'winograd' or winograd_applies(c.rhs, c.strides)}
   if torch:
@@ -163,7 +172,7 @@ def time_geometry(c: Conv, dtype, impls, rounds: int, torch: bool) -> dict:
   for _ in range(rounds):
     for impl, passes in timers.items():
       for p, run in passes.items():
-        samples[impl][p].append(run())
+        samples[impl][p].append([run() for _ in range(repeat)][-1])
   return {impl: {p: float(np.median(t)) for p, t in by_pass.items()}
           for impl, by_pass in samples.items()}
 
@@ -177,7 +186,7 @@ def positions(c: Conv) -> int:
   return output_positions(c.lhs, c.rhs, c.strides, c.padding)
 
 
-CHOOSABLE = ('xla', 'taps', 'im2col', 'winograd')  # `auto` keeps NHWC: no transposes
+CHOOSABLE = ('xla', 'taps', 'im2col', 'winograd', 'onednn')  # `auto` keeps NHWC: no transposes
 
 
 def choices(results) -> dict:
@@ -222,9 +231,10 @@ def main(argv):
         continue
       for c, count in convolutions(net, size, batch, dtype).items():
         if c not in cache:
-          cache[c] = time_geometry(c, dtype, _IMPLS.value, _ROUNDS.value, _TORCH.value)
+          cache[c] = time_geometry(c, dtype, _IMPLS.value, _ROUNDS.value, _TORCH.value,
+                                   _REPEAT.value)
         t, out = cache[c], positions(c)
-        auto = choose('auto', c.lhs, c.rhs, c.strides, c.padding, 'cpu')
+        auto = choose('auto', c.lhs, c.rhs, c.strides, c.padding, 'cpu', dtype)
         jaxs = {k: total(v) for k, v in t.items() if k != 'torch'}
         rows.append(dict(net=net, size=size, batch=batch, count=count, lhs=c.lhs, rhs=c.rhs,
                          strides=c.strides, padding=c.padding, positions=out, times=t,
@@ -237,7 +247,7 @@ def main(argv):
   result = dict(tool='analysis.benchmarks.conv_bench',
                 created=datetime.datetime.now().isoformat(timespec='seconds'),
                 machine=machine(), versions=versions(), backend=jax.default_backend(),
-                dtype=_DTYPE.value, rounds=_ROUNDS.value,
+                dtype=_DTYPE.value, rounds=_ROUNDS.value, repeat=_REPEAT.value,
                 rule_max_positions=TAPS_MAX_OUTPUT_POSITIONS, rows=rows,
                 summary=summarize(rows))
   print('\n' + lowerings_table(result['summary']))
@@ -286,6 +296,29 @@ def lowerings_table(summary) -> str:
     cells = ' | '.join(f"{s[f'{i}_s']:.4f}" for i in impls)
     ratio = f" | {s['torch_s'] / s['best_s']:.2f}×" if 'torch_s' in s else ''
     lines.append(f"| {s['net']} | {s['size']}² | {s['batch']} | {cells}{ratio} |")
+  return '\n'.join(lines)
+
+
+def passes_table(rows, impls=('xla', 'onednn', 'torch')) -> str:
+  """Per network, size and batch: each pass (forward, input gradient, kernel gradient)
+  summed over the network's convolutions (count × median), by each of `impls`, and
+  PyTorch's time over oneDNN's per pass — where a lead comes from, forward or backward."""
+  names = {'xla': "XLA's", 'onednn': 'oneDNN', 'torch': 'PyTorch'}
+  short = {'forward': 'fwd', 'input_grad': 'dx', 'kernel_grad': 'dw'}
+  head = [f'{names.get(i, i)} {short[p]} (ms)' for i in impls for p in PASSES]
+  ratio = 'onednn' in impls and 'torch' in impls
+  lines = ['| network | input | batch | ' + ' | '.join(head)
+           + (' | PyTorch ÷ oneDNN: fwd, dx, dw, all |' if ratio else ' |'),
+           '|---|---|---:|' + '---:|' * (len(head) + ratio)]
+  for (net, size, batch), group in _group(rows).items():
+    sums = {i: {p: sum(r['count'] * r['times'][i][p] for r in group) for p in PASSES}
+            for i in impls}
+    cells = ' | '.join(f'{sums[i][p] * 1e3:.1f}' for i in impls for p in PASSES)
+    if ratio:
+      each = [sums['torch'][p] / sums['onednn'][p] for p in PASSES]
+      whole = sum(sums['torch'].values()) / sum(sums['onednn'].values())
+      cells += ' | ' + ', '.join(f'{v:.2f}' for v in each) + f', **{whole:.2f}×**'
+    lines.append(f'| {net} | {size}² | {batch} | {cells} |')
   return '\n'.join(lines)
 
 

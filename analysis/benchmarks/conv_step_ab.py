@@ -9,8 +9,13 @@ step faster — what `conv_impl='auto'` takes from it (jaxpar/models/conv_auto.j
 
 The variants of one config's step (one device), each compiled once and then run alternately,
 one step of each per round, so all see the same machine state:
-- `rule`: `auto`'s rule without a table (taps on small output maps, XLA's convolution above);
+- `rule`: `auto`'s rule without a table (oneDNN's convolution where `conv.onednn_in_auto`;
+  else taps on small output maps, XLA's convolution above);
 - `auto`: `conv_impl='auto'` as committed (the rule, and `conv_auto.json`'s choices);
+- `previous`: the step before oneDNN's convolutions and the fast max-pool gradient
+  (`conv.onednn_in_auto` and `pooling.FAST_GRADIENT` off: `auto` where oneDNN cannot run,
+  flax's max-pool);
+- `onednn`: oneDNN's convolution everywhere it computes (`conv_impl='onednn'`, any dtype);
 - `xla`: XLA's convolution everywhere;
 - `measured`: the isolated table's fastest lowering for every geometry it has;
 - `measured:K` for each lowering K the table picks in this step where the rule does not: the
@@ -41,11 +46,11 @@ from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
-from jaxpar.models import conv  # noqa: E402
+from jaxpar.models import conv, pooling  # noqa: E402
 from jaxpar.step import make_train_step, to_global  # noqa: E402
 
 FLAGS = flags.FLAGS
-VARIANTS = ('rule', 'auto', 'xla', 'measured', 'measured:*')
+VARIANTS = ('rule', 'auto', 'previous', 'onednn', 'xla', 'measured', 'measured:*')
 FASTER = 0.02  # `verified`: a kind's variant must be at least this much below `rule`
 
 
@@ -54,15 +59,21 @@ class _Choices:
   given (None: the committed one), and every geometry a traced step asks `conv.choose`
   about is recorded with the lowering it got."""
 
-  def __init__(self, measured: dict | None = None, auto: dict | None = None):
+  def __init__(self, measured: dict | None = None, auto: dict | None = None,
+               onednn: bool = True):
     self.measured, self.auto, self.used = measured, auto, collections.Counter()
+    self.onednn = onednn
 
   def __enter__(self):
-    self._saved = conv.measured_choices, conv.auto_choices, conv.choose
+    self._saved = (conv.measured_choices, conv.auto_choices, conv.choose,
+                   conv.onednn_in_auto)
     if self.measured is not None:
       conv.measured_choices = lambda: self.measured
     if self.auto is not None:
       conv.auto_choices = lambda: self.auto
+    if not self.onednn:
+      conv.onednn_in_auto = lambda dtype=None: False
+      pooling.FAST_GRADIENT = False
     choose = self._saved[2]
 
     def recording(impl, lhs_shape, rhs_shape, window_strides, padding, backend=None, **kw):
@@ -74,7 +85,9 @@ class _Choices:
     return self
 
   def __exit__(self, *exc):
-    conv.measured_choices, conv.auto_choices, conv.choose = self._saved
+    (conv.measured_choices, conv.auto_choices, conv.choose,
+     conv.onednn_in_auto) = self._saved
+    pooling.FAST_GRADIENT = True
 
 
 def _runner(cfg, name: str, impl: str, source, batch, mesh, **tables):
@@ -101,7 +114,8 @@ def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
   rule = {key: lowering for key, lowering in first.used}
   table = conv.measured_choices()
   differing = {k: table[k] for k in rule if k in table and table[k] != rule[k]}
-  variants = [('auto', 'auto', {}), ('xla', 'xla', {}),
+  variants = [('auto', 'auto', {}), ('previous', 'auto', {'onednn': False}),
+              ('onednn', 'onednn', {}), ('xla', 'xla', {}),
               ('measured', 'measured', {'measured': table})]
   variants += [(f'measured:{kind}', 'measured',
                 {'measured': {k: v for k, v in differing.items() if v == kind}})

@@ -9,6 +9,7 @@ profiler and sums the events' durations by category. Emulated devices run on thr
 one process: the sums add every device's thread, so they are CPU time, not wall time.
 """
 import collections
+import re
 
 from analysis.steptime import trace
 
@@ -21,9 +22,15 @@ _KINDS = (('convolution', 'convolution'), ('dot', 'dot'), ('reduce-window', 'poo
           ('transpose', 'copy/transpose'), ('copy', 'copy/transpose'))
 
 
+# oneDNN's convolutions (jaxpar/models/onednn.py) are custom calls: named by their target.
+_ONEDNN_CALL = re.compile(r'%?([\w.\-]+) = [^\n]*custom-call\([^\n]*'
+                          r'custom_call_target="jaxpar_onednn_')
+
+
 def categories(hlo_text: str) -> dict:
   """{name of a top-level (ENTRY) instruction of a compiled program: what it does}."""
   comps = trace.instructions(hlo_text)
+  onednn = set(_ONEDNN_CALL.findall(hlo_text))
 
   def ops(name, seen):
     if name in seen or name not in comps:
@@ -45,6 +52,8 @@ def categories(hlo_text: str) -> dict:
       inside |= ops(c, set())
     if any(o.startswith(trace.COLLECTIVES) for o in inside):
       out[name] = 'collective'
+    elif name in onednn:
+      out[name] = 'convolution'
     else:
       out[name] = next((kind for op, kind in _KINDS if op in inside), 'elementwise')
   return out

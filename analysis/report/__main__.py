@@ -160,6 +160,17 @@ def _conv_lowerings():
   return conv_bench.lowerings_table(conv_bench.summarize(rows))
 
 
+def _conv_onednn(what):
+  """oneDNN's convolutions beside every lowering and PyTorch's (`conv_bench`): per network
+  and size summed, whole ('lowerings') or pass by pass ('passes')."""
+  from analysis.benchmarks import conv_bench
+  rows = [r for result in _load('conv/onednn/lowerings_224.json', 'conv/onednn/lowerings_32.json')
+          for r in result['rows']]
+  if what == 'passes':
+    return conv_bench.passes_table(rows)
+  return conv_bench.lowerings_table(conv_bench.summarize(rows))
+
+
 def _conv_steps(folder):
   from analysis.benchmarks import conv_step_ab
   return conv_step_ab.table(_load(f'conv/{folder}/*.json'))
@@ -219,6 +230,9 @@ TABLES = {
     'conv-lowerings': _conv_lowerings,
     'conv-step-ab': lambda: _conv_steps('step_ab'),
     'conv-step-auto': lambda: _conv_steps('step_auto'),
+    'conv-onednn-lowerings': lambda: _conv_onednn('lowerings'),
+    'conv-onednn-passes': lambda: _conv_onednn('passes'),
+    'conv-step-onednn': lambda: _conv_steps('step_onednn'),
     'small-collectives': _small_collectives,
     'collectives-resnet34': lambda: _bench('collectives/bench_resnet34_32_2p_*.json'),
     'calls-after-compute': _gaps,

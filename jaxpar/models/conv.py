@@ -1,5 +1,5 @@
-"""Convolution lowerings, chosen per shape: XLA's, one matmul per kernel tap, im2col, or
-Winograd's F(2×2, 3×3).
+"""Convolution lowerings, chosen per shape: XLA's, one matmul per kernel tap, im2col,
+Winograd's F(2×2, 3×3), or oneDNN's (`jaxpar/models/onednn.py`).
 
 A 2-D convolution of an input x (N, H, W, C) with a kernel w (kh, kw, C, D), stride
 (sh, sw) and padding p, is a sum over the kernel's taps (i, j):
@@ -41,13 +41,23 @@ import os
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from jax import lax
 
-CONV_IMPLS = ('auto', 'measured', 'xla', 'taps', 'im2col', 'winograd')
+from jaxpar.models import onednn
+
+CONV_IMPLS = ('auto', 'measured', 'xla', 'taps', 'im2col', 'winograd', 'onednn')
 # `auto` on CPU: taps where the output map has at most this many positions (oh·ow), XLA's
 # convolution above. Measured on the four networks' convolutions at 16², 32² and 224²
 # (docs/performance.md).
 TAPS_MAX_OUTPUT_POSITIONS = 16
+# `auto` on CPU, for these compute dtypes: oneDNN's convolution (`conv_onednn`) wherever the
+# output map has more than TAPS_MAX_OUTPUT_POSITIONS positions and oneDNN can run here
+# (`onednn.available()`); on smaller maps, and elsewhere, the table and rule below. Whole
+# float32 steps of the four networks at 32² and 224² ran 0.64–0.89× the time of the steps
+# before (analysis/report/conv/step_onednn/, docs/performance.md); oneDNN on the small maps
+# too was 1.07–1.39× slower at 32². bfloat16 was not measured, and keeps the lowerings below.
+ONEDNN_AUTO_DTYPES = ('float32',)
 # `measured` on CPU, for a geometry the committed measurement has: the lowering it found
 # fastest (forward and both gradients summed, each convolution alone; `conv_choices.json`,
 # written by `analysis.benchmarks.conv_bench --choices_out` from
@@ -110,15 +120,20 @@ def write_table(path: str, tool: str, results, fields, made: dict, **extra) -> N
 def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
            backend: str | None = None, dtype=None) -> str:
   """The lowering that computes this convolution under `impl`: `impl` itself, or for 'auto'
-  and 'measured' XLA's on GPU and TPU; on the CPU the lowering its table has for this
-  geometry (`auto_choices`: confirmed in whole steps of the compute dtypes `auto_dtypes`,
-  and for those only where `dtype` is given; `measured_choices`: fastest alone), and
-  otherwise taps on small output maps (`use_taps`) and XLA's above."""
+  and 'measured' XLA's on GPU and TPU; on the CPU for 'auto' oneDNN's on output maps of
+  more than `TAPS_MAX_OUTPUT_POSITIONS` where `onednn_in_auto` (float32, oneDNN available);
+  otherwise the lowering its table has for this geometry
+  (`auto_choices`: confirmed in whole steps of the compute dtypes `auto_dtypes`, and for
+  those only where `dtype` is given; `measured_choices`: fastest alone), and otherwise taps
+  on small output maps (`use_taps`) and XLA's above."""
   if impl not in ('auto', 'measured'):
     return impl
   backend = backend or jax.default_backend()
   if backend != 'cpu':
     return 'xla'
+  positions = output_positions(lhs_shape, rhs_shape, window_strides, padding)
+  if impl == 'auto' and positions > TAPS_MAX_OUTPUT_POSITIONS and onednn_in_auto(dtype):
+    return 'onednn'
   if impl == 'measured':
     table = measured_choices()
   else:
@@ -127,8 +142,28 @@ def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
   found = table.get(geometry_key(lhs_shape, rhs_shape, window_strides, padding))
   if found:
     return found
-  positions = output_positions(lhs_shape, rhs_shape, window_strides, padding)
   return 'taps' if use_taps('auto', positions, backend) else 'xla'
+
+
+def onednn_in_auto(dtype=None) -> bool:
+  """Whether `auto` computes this dtype's CPU convolutions by oneDNN: where it can run here
+  (`onednn.available()`; JAXPAR_ONEDNN=0 turns it off) and for the compute dtypes whole
+  steps measured it faster in (`ONEDNN_AUTO_DTYPES`; None: a float32 step's)."""
+  judged = dtype is None or jnp.dtype(dtype).name in ONEDNN_AUTO_DTYPES
+  if not judged:
+    return False
+  if not onednn.available():
+    _say_once(f"conv_impl='auto': oneDNN's convolutions cannot run here "
+              f'({onednn.unavailable_reason()}); XLA\'s and the per-tap lowerings compute them')
+    return False
+  _say_once(f"conv_impl='auto': oneDNN's convolutions compute the {', '.join(ONEDNN_AUTO_DTYPES)} "
+            f'convolutions on CPU ({onednn.library()})')
+  return True
+
+
+@functools.cache
+def _say_once(line: str) -> None:
+  logging.info('%s', line)
 
 
 def use_taps(impl: str, out_positions: int, backend: str | None = None) -> bool:
@@ -199,9 +234,9 @@ def _tap(x, i, j, out, strides):
                    (1, sh, sw, 1))
 
 
-def _lowering(compute, applies=lambda rhs_shape, window_strides: True):
+def _lowering(compute, applies=lambda lhs, rhs, window_strides: True):
   """A drop-in for `lax.conv_general_dilated` that computes a plain convolution (`_plain`)
-  for which `applies(rhs.shape, window_strides)` holds by
+  for which `applies(lhs, rhs, window_strides)` holds by
   `compute(lhs, rhs, window_strides, pads, precision, preferred_element_type)`, and every
   other (dilations, feature or batch groups, negative padding, other layouts) by
   `lax.conv_general_dilated` itself."""
@@ -210,7 +245,7 @@ def _lowering(compute, applies=lambda rhs_shape, window_strides: True):
            precision=None, preferred_element_type=None):
     pads = _plain(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
                   dimension_numbers, feature_group_count, batch_group_count)
-    if pads is None or not applies(rhs.shape, window_strides):
+    if pads is None or not applies(lhs, rhs, window_strides):
       return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation,
                                       rhs_dilation, dimension_numbers, feature_group_count,
                                       batch_group_count, precision, preferred_element_type)
@@ -313,7 +348,9 @@ def _conv_winograd(lhs, rhs, window_strides, pads, precision, preferred_element_
   return out.astype(result)
 
 
-conv_winograd = _lowering(_conv_winograd, winograd_applies)
+conv_winograd = _lowering(_conv_winograd,
+                          lambda lhs, rhs, window_strides: winograd_applies(rhs.shape,
+                                                                            window_strides))
 
 
 def _sees_data(offset: int, stride: int, out: int, pad_before: int, size: int) -> bool:
@@ -330,8 +367,16 @@ def output_positions(lhs_shape, rhs_shape, window_strides, padding) -> int:
          ((lhs_shape[2] + sum(padding[1]) - rhs_shape[1]) // window_strides[1] + 1)
 
 
+# oneDNN's on the CPU backend where it can run (config validation fails `conv_impl='onednn'`
+# where it cannot); XLA's elsewhere, and for dtypes other than float32 and bfloat16.
+conv_onednn = _lowering(
+    onednn.conv_onednn,
+    lambda lhs, rhs, window_strides: (onednn.applies(jnp.result_type(lhs, rhs))
+                                      and jax.default_backend() == 'cpu'
+                                      and onednn.available()))
+
 LOWERINGS = {'xla': lax.conv_general_dilated, 'taps': conv_taps, 'im2col': conv_im2col,
-             'winograd': conv_winograd}
+             'winograd': conv_winograd, 'onednn': conv_onednn}
 
 
 def conv_general_dilated(impl: str):

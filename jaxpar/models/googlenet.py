@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxpar.models.layers import (ConvReLU, batch_norm, dense, dense_init, global_avg_pool,
-                                  max_pool_ceil)
+                                  max_pool, max_pool_ceil)
 
 # Module name → (1×1, 3×3 reduce, 3×3, 5×5 reduce, 5×5, pool proj); 'M' is a 3×3/2 max-pool.
 INCEPTIONS = (
@@ -32,7 +32,7 @@ class Inception(nn.Module):
     b1 = conv(c1, 1)(x)
     b3 = conv(c3, 3)(conv(r3, 1)(x))
     b5 = conv(c5, 5)(conv(r5, 1)(x))
-    bp = conv(pp, 1)(nn.max_pool(x, (3, 3), (1, 1), padding='SAME'))
+    bp = conv(pp, 1)(max_pool(x, (3, 3), (1, 1), padding='SAME'))
     return jnp.concatenate([b1, b3, b5, bp], axis=-1)
 
 

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 from flax.linen.dtypes import promote_dtype
 from jax import lax
 
+from jaxpar.models.pooling import max_pool
+
 ModuleDef = Any
 
 
@@ -57,8 +59,8 @@ def max_pool_ceil(x, window: int, stride: int):
   def pad(n):
     out = max(1, -(-(n - window) // stride) + 1)
     return (0, max(0, (out - 1) * stride + window - n))
-  return nn.max_pool(x, (window, window), (stride, stride),
-                     padding=(pad(x.shape[1]), pad(x.shape[2])))
+  return max_pool(x, (window, window), (stride, stride),
+                  padding=(pad(x.shape[1]), pad(x.shape[2])))
 
 
 def global_avg_pool(x):

@@ -5,7 +5,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import batch_norm, dense, global_avg_pool, same_padding
+from jaxpar.models.layers import batch_norm, dense, global_avg_pool, max_pool, same_padding
 
 SHORTCUTS = ('projection', 'zero_pad')
 
@@ -64,7 +64,7 @@ class ResNet(nn.Module):
                 dtype=self.dtype, kernel_init=nn.initializers.kaiming_normal(),
                 name='conv_init')(x.astype(self.dtype))
     x = nn.relu(norm(name='bn_init')(x))
-    x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+    x = max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
     for i, size in enumerate(self.stage_sizes):
       for j in range(size):
         strides = 2 if i > 0 and j == 0 else 1

@@ -5,7 +5,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import ConvReLU, batch_norm, dense
+from jaxpar.models.layers import ConvReLU, batch_norm, dense, max_pool
 
 # Channels per 3×3 convolution; 'M' is a 2×2/2 max-pool.
 CONFIG_E = (64, 64, 'M', 128, 128, 'M', 256, 256, 256, 256, 'M',
@@ -32,7 +32,7 @@ class VGG(nn.Module):
     x = x.astype(self.dtype)
     for layer in self.layers:
       if layer == 'M':
-        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = max_pool(x, (2, 2), (2, 2))
       else:
         x = ConvReLU(layer, 3, norm=norm, dtype=self.dtype, conv=self.conv)(x)
     x = x.reshape((x.shape[0], -1))

@@ -1,0 +1,275 @@
+"""oneDNN's convolution on JAX's CPU backend: `conv_onednn`, an exact lowering of
+
+    y[n, a, b, :] = Σ_{i<kh, j<kw} x̃[n, a·sh + i, b·sw + j, :] @ w[i, j]
+
+(x̃ the padded NHWC input, w the HWIO kernel; `jaxpar/models/conv.py`), with its two
+gradients
+
+    ∂L/∂x = the transposed convolution of ∂L/∂y with w,   ∂L/∂w[i, j] = Σ_{n,a,b} x̃ᵀ ∂L/∂y,
+
+each computed by oneDNN's primitive for that pass (`convolution_forward`,
+`convolution_backward_data`, `convolution_backward_weights`) — the library PyTorch's CPU
+convolutions run on. XLA's CPU convolutions are slower than those on large maps (ResNet34
+at 224²: 0.32 s of convolution a step against PyTorch's 0.14 s; docs/performance.md), and
+XLA has no switch to use them (`--xla_cpu_use_onednn` was tried: slower).
+
+How: `onednn_conv.cc` (beside this file) is three XLA FFI handlers that describe each
+convolution to oneDNN, let it choose its weights' layout, reorder and run its primitive;
+it holds no arithmetic of its own. It is compiled on first use against the running
+jaxlib's FFI headers (`jax.ffi.include_dir()`) and the oneDNN wheel's library and headers
+(`onednn-cpu-gomp`, `onednn-devel-cpu-gomp`: oneDNN 3.2 on GNU OpenMP, dependencies of
+jaxpar on Linux x86-64), cached under `~/.cache/jaxpar/onednn/` keyed by what it was built
+from, and registered as FFI targets for the CPU platform. `available()` says whether that
+can be done here, and why not (no compiler, no wheel, another platform); `conv_impl`
+falls back to the other lowerings then, saying so once.
+
+float32 and bfloat16 (oneDNN's bf16 kernels accumulate in float32 and round once, as XLA's
+convolution does); other dtypes, dilations, groups and negative padding go to XLA's
+convolution, as for every lowering (`conv._lowering`).
+"""
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+import jax
+import jaxlib
+import numpy as np
+from absl import logging
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'onednn_conv.cc')
+DTYPES = ('float32', 'bfloat16')
+_TARGETS = {'forward': 'JaxparOnednnConvForward', 'input_grad': 'JaxparOnednnConvInputGrad',
+            'kernel_grad': 'JaxparOnednnConvKernelGrad'}
+
+
+def _prefixes():
+  """Where a wheel's data files land: this environment's prefix (a venv), the base
+  prefix, the user scheme."""
+  seen = []
+  for p in (sys.prefix, sys.base_prefix, sysconfig.get_config_var('userbase') or ''):
+    if p and p not in seen:
+      seen.append(p)
+  return seen
+
+
+def _find(relative: str) -> str | None:
+  for p in _prefixes():
+    path = os.path.join(p, relative)
+    if os.path.exists(path):
+      return path
+  return None
+
+
+def _ingredients() -> tuple[dict | None, str]:
+  """(what the library is built from, '') or (None, why it cannot be built here)."""
+  if os.environ.get('JAXPAR_ONEDNN', '1') == '0':
+    return None, 'JAXPAR_ONEDNN=0 turns them off'
+  if sys.platform != 'linux':
+    return None, f'oneDNN convolutions are built on Linux only (this is {sys.platform})'
+  lib = _find(os.path.join('lib', 'libdnnl.so.3'))
+  header = _find(os.path.join('include', 'oneapi', 'dnnl', 'dnnl.hpp'))
+  if not lib or not header:
+    return None, ("oneDNN's wheels are not installed (pip install onednn-cpu-gomp "
+                  'onednn-devel-cpu-gomp; jaxpar depends on them on Linux x86-64)')
+  compiler = os.environ.get('CXX') or shutil.which('g++') or shutil.which('c++')
+  if not compiler:
+    return None, 'no C++ compiler to build the oneDNN convolutions (set CXX, or install g++)'
+  try:
+    ffi_include = jax.ffi.include_dir()
+  except AttributeError:
+    return None, f'jax {jax.__version__} has no jax.ffi.include_dir()'
+  return dict(lib=os.path.realpath(lib), include=os.path.dirname(os.path.dirname(
+      os.path.dirname(header))), ffi_include=ffi_include, compiler=compiler), ''
+
+
+def _cache_dir() -> str:
+  base = os.environ.get('JAXPAR_CACHE_DIR') or os.path.join(
+      os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'jaxpar')
+  return os.path.join(base, 'onednn')
+
+
+def _build(parts: dict) -> str:
+  """The compiled library's path, built once per (source, jaxlib, oneDNN, compiler): the
+  name is a hash of them. Raises RuntimeError where the compiler fails or is missing."""
+  with open(SOURCE, 'rb') as f:
+    source = f.read()
+  key = hashlib.sha256(b'\0'.join([source, jaxlib.__version__.encode(), parts['lib'].encode(),
+                                   parts['ffi_include'].encode(), parts['compiler'].encode()]))
+  out = os.path.join(_cache_dir(), f'libjaxpar_onednn-{key.hexdigest()[:16]}.so')
+  if os.path.exists(out):
+    return out
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  # Built beside its name and renamed into place: two processes building at once (the
+  # suite's workers) each rename a whole library.
+  fd, tmp = tempfile.mkstemp(suffix='.so', dir=os.path.dirname(out))
+  os.close(fd)
+  command = [parts['compiler'], '-O2', '-std=c++17', '-shared', '-fPIC', '-w',
+             '-I' + parts['ffi_include'], '-I' + parts['include'], SOURCE, parts['lib'],
+             '-Wl,-rpath,' + os.path.dirname(parts['lib']), '-o', tmp]
+  logging.info('Building the oneDNN convolutions: %s', ' '.join(command))
+  try:
+    subprocess.run(command, check=True, capture_output=True, text=True)
+  except (subprocess.CalledProcessError, OSError) as e:
+    os.unlink(tmp)
+    raise RuntimeError(f'building {SOURCE} failed:\n'
+                       + str(getattr(e, 'stderr', None) or e)[-4000:]) from e
+  os.replace(tmp, out)
+  return out
+
+
+@contextlib.contextmanager
+def _wait_policy():
+  """While oneDNN's library loads, OMP_WAIT_POLICY=PASSIVE unless it is set: oneDNN's OpenMP
+  threads then sleep when a convolution ends instead of spinning on the cores XLA's threads
+  need for the ops between (2 cores: GoogLeNet's step at 224² 0.911 → 0.935× PyTorch's,
+  SqueezeNet's 0.735 → 0.847×, ResNet34's level; docs/performance.md). GNU OpenMP reads it
+  once, when it loads; the variable is restored after, so that another runtime loaded later
+  (PyTorch's own OpenMP) and child processes keep their defaults."""
+  if 'OMP_WAIT_POLICY' in os.environ:
+    logging.info('oneDNN convolutions: OMP_WAIT_POLICY=%s (set before jaxpar)',
+                 os.environ['OMP_WAIT_POLICY'])
+    yield
+    return
+  with open('/proc/self/maps') as f:
+    loaded = 'libgomp.so.1' in f.read()
+  logging.info('oneDNN convolutions: OMP_WAIT_POLICY=PASSIVE for their OpenMP threads (set '
+               'OMP_WAIT_POLICY to override)%s', ' — too late: GNU OpenMP was loaded before, '
+               'and keeps its policy' if loaded else '')
+  os.environ['OMP_WAIT_POLICY'] = 'PASSIVE'
+  try:
+    yield
+  finally:
+    del os.environ['OMP_WAIT_POLICY']
+
+
+@functools.cache
+def _load() -> tuple[bool, str]:
+  """(True, the library's path) once the handlers are registered, or (False, why not)."""
+  parts, why = _ingredients()
+  if parts is None:
+    return False, why
+  try:
+    path = _build(parts)
+    with _wait_policy():
+      lib = ctypes.cdll.LoadLibrary(path)
+  except (OSError, RuntimeError) as e:
+    return False, str(e)
+  for name, symbol in _TARGETS.items():
+    jax.ffi.register_ffi_target(f'jaxpar_onednn_{name}', jax.ffi.pycapsule(getattr(lib, symbol)),
+                                platform='cpu')
+  logging.info('oneDNN convolutions: %s', path)
+  return True, path
+
+
+def available() -> bool:
+  """Whether oneDNN's convolutions can run here (built and registered on first call)."""
+  return _load()[0]
+
+
+def library() -> str:
+  """The built library's path ('' where `available()` is False)."""
+  ok, path = _load()
+  return path if ok else ''
+
+
+def unavailable_reason() -> str:
+  """Why `available()` is False ('' where it is True)."""
+  ok, why = _load()
+  return '' if ok else why
+
+
+def applies(dtype) -> bool:
+  """Whether `conv_onednn` computes a convolution of this dtype itself."""
+  return np.dtype(dtype).name in DTYPES
+
+
+def _varying(x):
+  return jax.typeof(x).manual_axis_type.varying
+
+
+def _same_varying(a, b):
+  """Inside `shard_map` an FFI call's operands must vary over the same mesh axes: the one
+  replicated over an axis the other varies over (a kernel beside a batch shard) is cast to
+  varying there (its gradient is then summed over that axis by the cast's transpose)."""
+  axes = _varying(a) | _varying(b)
+  return tuple(jax.lax.pcast(t, tuple(sorted(axes - _varying(t))), to='varying')
+               if axes - _varying(t) else t for t in (a, b))
+
+
+def _call(name, a, b, shape, strides, pads):
+  """One handler's call; its result is typed as varying over the operands' mesh axes
+  (`manual_axis_type`; `_same_varying` made them the same)."""
+  (pt, pb), (pl, pr) = pads
+  aval = jax.typeof(a)
+  result = jax.ShapeDtypeStruct(shape, a.dtype, sharding=aval.sharding,
+                                manual_axis_type=aval.manual_axis_type)
+  return jax.ffi.ffi_call(f'jaxpar_onednn_{name}', result, vmap_method='sequential')(
+      a, b, strides=np.asarray(strides, np.int64), padding=np.asarray([pt, pb, pl, pr], np.int64))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv(x, w, strides, pads):
+  return _call('forward', x, w, _out_shape(x.shape, w.shape, strides, pads), strides, pads)
+
+
+def _out_shape(x_shape, w_shape, strides, pads):
+  n, h, w, _ = x_shape
+  kh, kw, _, d = w_shape
+  return (n, (h + sum(pads[0]) - kh) // strides[0] + 1, (w + sum(pads[1]) - kw) // strides[1] + 1,
+          d)
+
+
+def _conv_fwd(x, w, strides, pads):
+  return _conv(x, w, strides, pads), (x, w)
+
+
+def _conv_bwd(strides, pads, residuals, dy):
+  x, w = residuals
+  return (_call('input_grad', dy, w, x.shape, strides, pads),
+          _call('kernel_grad', x, dy, w.shape, strides, pads))
+
+
+_conv.defvjp(_conv_fwd, _conv_bwd)
+
+
+def conv_onednn(lhs, rhs, window_strides, pads, precision, preferred_element_type):
+  """`lax.conv_general_dilated`, NHWC × HWIO, by oneDNN (module doc); `conv._lowering`
+  sends it plain convolutions of float32 or bfloat16 only. It computes in the inputs' dtype,
+  or in `preferred_element_type` where one is asked for (bfloat16 inputs, float32 result:
+  in float32, whose products of bfloat16 numbers are exact, as XLA's); a result type oneDNN
+  does not compute goes to XLA's convolution."""
+  dtype = np.dtype(preferred_element_type or jax.numpy.result_type(lhs, rhs))
+  if not applies(dtype):
+    return jax.lax.conv_general_dilated(lhs, rhs, window_strides, pads, precision=precision,
+                                        preferred_element_type=preferred_element_type,
+                                        dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  lhs, rhs = _same_varying(lhs.astype(dtype), rhs.astype(dtype))
+  return _conv(lhs, rhs, tuple(window_strides), tuple(tuple(p) for p in pads))
+
+
+# A oneDNN convolution in compiled HLO: its result's dims, its pass, its operands' dims.
+_HLO_CALL = re.compile(r'= \w+\[([\d,]*)\]\S* custom-call\([^\n]*?custom_call_target='
+                       r'"jaxpar_onednn_(\w+)", operand_layout_constraints=\{\w+\[([\d,]*)\]'
+                       r'\S*, \w+\[([\d,]*)\]')
+
+
+def hlo_flops(hlo_text: str) -> float:
+  """The FLOPs of the oneDNN convolutions in a compiled program's text, which XLA's cost
+  analysis does not see into (custom calls): each pass of a convolution with output y
+  (N, oh, ow, D) and kernel (kh, kw, C, D) takes 2·|y|·kh·kw·C, as PyTorch's FLOP counter
+  counts a convolution (XLA's leaves out the products with padding)."""
+  total = 0.0
+  for result, kind, a, b in _HLO_CALL.findall(hlo_text):
+    dims = lambda s: [int(d) for d in s.split(',') if d]
+    result, a, b = dims(result), dims(a), dims(b)
+    y, w = {'forward': (result, b), 'input_grad': (a, b), 'kernel_grad': (b, result)}[kind]
+    total += 2.0 * float(np.prod(y)) * w[0] * w[1] * w[2]
+  return total

@@ -1,0 +1,223 @@
+// oneDNN's convolution as three XLA FFI handlers for JAX's CPU backend: the forward pass,
+// the input gradient and the kernel gradient of a 2-D convolution of an NHWC input with
+// an HWIO kernel (no dilation, no groups), float32 or bfloat16. jaxpar/models/onednn.py
+// compiles this file against the running jaxlib's FFI headers and the oneDNN wheel's
+// library, registers the handlers and wraps them as `conv_onednn` (with its VJP).
+//
+// Nothing here computes a convolution: each handler describes the convolution to oneDNN,
+// lets it pick its memory layouts (format_tag::any: the kernel's always, the activations'
+// for the gradients; the forward pass reads and writes NHWC itself, measured faster here
+// than reordering into blocked layouts and back), reorders JAX's row-major arrays into
+// those layouts and the result back, and runs oneDNN's primitive. Primitive descriptors and primitives are cached per geometry (the
+// map below): JAX calls a handler once per convolution per step with the same shapes.
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "oneapi/dnnl/dnnl.hpp"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+using dnnl::memory;
+using tag = dnnl::memory::format_tag;
+
+namespace {
+
+dnnl::engine& Engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+enum Pass { kForward = 0, kInputGrad = 1, kKernelGrad = 2 };
+
+// A convolution's geometry, from the arrays JAX passes: x (N, H, W, C), w (KH, KW, C, D),
+// y (N, OH, OW, D); strides (2) and padding (top, bottom, left, right).
+struct Geometry {
+  memory::dims x, w, y, strides, pad_l, pad_r;
+  memory::data_type type;
+  bool operator<(const Geometry& o) const {
+    return std::tie(x, w, y, strides, pad_l, pad_r, type) <
+           std::tie(o.x, o.w, o.y, o.strides, o.pad_l, o.pad_r, o.type);
+  }
+};
+
+// oneDNN's logical dims are (N, C, H, W) and (O, I, KH, KW) whatever the physical layout.
+memory::desc XDesc(const Geometry& g, tag t) {
+  return memory::desc({g.x[0], g.x[3], g.x[1], g.x[2]}, g.type, t);
+}
+memory::desc WDesc(const Geometry& g, tag t) {
+  return memory::desc({g.w[3], g.w[2], g.w[0], g.w[1]}, g.type, t);
+}
+memory::desc YDesc(const Geometry& g, tag t) {
+  return memory::desc({g.y[0], g.y[3], g.y[1], g.y[2]}, g.type, t);
+}
+
+// One pass of one geometry: the primitive, and the layouts it reads and writes; reorders
+// between JAX's layouts (nhwc, hwio) and those where they differ.
+struct Plan {
+  dnnl::primitive primitive;
+  memory::desc a, b, out;        // the primitive's two inputs and its output, its layouts
+  memory::desc a_user, b_user, out_user;
+  int a_arg, b_arg, out_arg;
+  memory::desc scratchpad;
+  // Reorders where a layout differs from JAX's (made once: a reorder's primitive descriptor
+  // costs tens of microseconds, a small convolution's whole time).
+  std::optional<dnnl::reorder> to_a, to_b, from_out;
+};
+
+std::optional<dnnl::reorder> Reorder(const memory::desc& from, const memory::desc& to) {
+  if (from == to) return std::nullopt;
+  return dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
+}
+
+dnnl::convolution_forward::primitive_desc ForwardDesc(const Geometry& g) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return dnnl::convolution_forward::primitive_desc(
+      Engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+      XDesc(g, tag::nhwc), WDesc(g, tag::any), YDesc(g, tag::nhwc), g.strides, g.pad_l,
+      g.pad_r, attr);
+}
+
+Plan MakePlan(Pass pass, const Geometry& g) {
+  Plan p;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  auto fwd = ForwardDesc(g);
+  if (pass == kForward) {
+    p.primitive = dnnl::convolution_forward(fwd);
+    p.a = fwd.src_desc(), p.b = fwd.weights_desc(), p.out = fwd.dst_desc();
+    p.a_user = XDesc(g, tag::nhwc), p.b_user = WDesc(g, tag::hwio);
+    p.out_user = YDesc(g, tag::nhwc);
+    p.a_arg = DNNL_ARG_SRC, p.b_arg = DNNL_ARG_WEIGHTS, p.out_arg = DNNL_ARG_DST;
+    p.scratchpad = fwd.scratchpad_desc();
+  } else if (pass == kInputGrad) {
+    dnnl::convolution_backward_data::primitive_desc bwd(
+        Engine(), dnnl::algorithm::convolution_direct, XDesc(g, tag::any), WDesc(g, tag::any),
+        YDesc(g, tag::any), g.strides, g.pad_l, g.pad_r, fwd, attr);
+    p.primitive = dnnl::convolution_backward_data(bwd);
+    p.a = bwd.diff_dst_desc(), p.b = bwd.weights_desc(), p.out = bwd.diff_src_desc();
+    p.a_user = YDesc(g, tag::nhwc), p.b_user = WDesc(g, tag::hwio);
+    p.out_user = XDesc(g, tag::nhwc);
+    p.a_arg = DNNL_ARG_DIFF_DST, p.b_arg = DNNL_ARG_WEIGHTS, p.out_arg = DNNL_ARG_DIFF_SRC;
+    p.scratchpad = bwd.scratchpad_desc();
+  } else {
+    dnnl::convolution_backward_weights::primitive_desc bwd(
+        Engine(), dnnl::algorithm::convolution_direct, XDesc(g, tag::any), WDesc(g, tag::any),
+        YDesc(g, tag::any), g.strides, g.pad_l, g.pad_r, fwd, attr);
+    p.primitive = dnnl::convolution_backward_weights(bwd);
+    p.a = bwd.src_desc(), p.b = bwd.diff_dst_desc(), p.out = bwd.diff_weights_desc();
+    p.a_user = XDesc(g, tag::nhwc), p.b_user = YDesc(g, tag::nhwc);
+    p.out_user = WDesc(g, tag::hwio);
+    p.a_arg = DNNL_ARG_SRC, p.b_arg = DNNL_ARG_DIFF_DST, p.out_arg = DNNL_ARG_DIFF_WEIGHTS;
+    p.scratchpad = bwd.scratchpad_desc();
+  }
+  p.to_a = Reorder(p.a_user, p.a);
+  p.to_b = Reorder(p.b_user, p.b);
+  p.from_out = Reorder(p.out, p.out_user);
+  return p;
+}
+
+const Plan& GetPlan(Pass pass, const Geometry& g) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, Geometry>, std::unique_ptr<Plan>> plans;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = plans[{pass, g}];
+  if (!slot) slot = std::make_unique<Plan>(MakePlan(pass, g));
+  return *slot;
+}
+
+// Per-thread working memory, grown to the largest need and kept: the reordered inputs and
+// output, and the primitive's scratchpad (user-managed, so that devices calling at once each
+// have their own). Allocated afresh each call, large buffers were mapped and faulted in
+// again every step.
+struct Buffers {
+  std::vector<char> slot[4];
+  void* Get(int i, size_t bytes) {
+    if (slot[i].size() < bytes) slot[i].resize(bytes);
+    return slot[i].data();
+  }
+};
+
+// The memory the primitive reads or writes: the user's array itself where the layouts
+// agree, else a buffer in the primitive's layout.
+memory Staged(const memory::desc& want, const memory::desc& user, void* data, Buffers& buffers,
+              int slot) {
+  if (want == user) return memory(user, Engine(), data);
+  return memory(want, Engine(), buffers.Get(slot, want.get_size()));
+}
+
+ffi::Error Run(Pass pass, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out,
+               ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding) {
+  Geometry g;
+  auto dims = [](ffi::AnyBuffer::Dimensions d) { return memory::dims(d.begin(), d.end()); };
+  switch (a.element_type()) {
+    case ffi::DataType::F32: g.type = memory::data_type::f32; break;
+    case ffi::DataType::BF16: g.type = memory::data_type::bf16; break;
+    default: return ffi::Error::InvalidArgument("onednn_conv: float32 or bfloat16 only");
+  }
+  if (pass == kForward) {
+    g.x = dims(a.dimensions()), g.w = dims(b.dimensions()), g.y = dims(out->dimensions());
+  } else if (pass == kInputGrad) {
+    g.y = dims(a.dimensions()), g.w = dims(b.dimensions()), g.x = dims(out->dimensions());
+  } else {
+    g.x = dims(a.dimensions()), g.y = dims(b.dimensions()), g.w = dims(out->dimensions());
+  }
+  g.strides = memory::dims(strides.begin(), strides.end());
+  g.pad_l = {padding[0], padding[2]};
+  g.pad_r = {padding[1], padding[3]};
+  try {
+    const Plan& p = GetPlan(pass, g);
+    thread_local dnnl::stream stream(Engine());
+    thread_local Buffers buffers;
+    memory a_user(p.a_user, Engine(), a.untyped_data());
+    memory b_user(p.b_user, Engine(), b.untyped_data());
+    memory out_user(p.out_user, Engine(), out->untyped_data());
+    memory ma = Staged(p.a, p.a_user, a.untyped_data(), buffers, 0);
+    memory mb = Staged(p.b, p.b_user, b.untyped_data(), buffers, 1);
+    memory mout = Staged(p.out, p.out_user, out->untyped_data(), buffers, 2);
+    memory scratch(p.scratchpad, Engine(), buffers.Get(3, p.scratchpad.get_size()));
+    if (p.to_a) p.to_a->execute(stream, a_user, ma);
+    if (p.to_b) p.to_b->execute(stream, b_user, mb);
+    p.primitive.execute(stream, {{p.a_arg, ma}, {p.b_arg, mb}, {p.out_arg, mout},
+                                 {DNNL_ARG_SCRATCHPAD, scratch}});
+    if (p.from_out) p.from_out->execute(stream, mout, out_user);
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return ffi::Error::Internal(std::string("onednn_conv: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error Forward(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
+                   ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding) {
+  return Run(kForward, x, w, y, strides, padding);
+}
+ffi::Error InputGrad(ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> dx,
+                     ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding) {
+  return Run(kInputGrad, dy, w, dx, strides, padding);
+}
+ffi::Error KernelGrad(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dw,
+                      ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding) {
+  return Run(kKernelGrad, x, dy, dw, strides, padding);
+}
+
+}  // namespace
+
+#define JAXPAR_BIND                                                              \
+  ffi::Ffi::Bind()                                                               \
+      .Arg<ffi::AnyBuffer>()                                                     \
+      .Arg<ffi::AnyBuffer>()                                                     \
+      .Ret<ffi::AnyBuffer>()                                                     \
+      .Attr<ffi::Span<const int64_t>>("strides")                                 \
+      .Attr<ffi::Span<const int64_t>>("padding")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparOnednnConvForward, Forward, JAXPAR_BIND);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparOnednnConvInputGrad, InputGrad, JAXPAR_BIND);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparOnednnConvKernelGrad, KernelGrad, JAXPAR_BIND);

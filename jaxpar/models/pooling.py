@@ -1,0 +1,93 @@
+"""Max-pooling whose gradient XLA's CPU backend computes fast: `max_pool`, a drop-in for
+flax's `nn.max_pool` on NHWC maps.
+
+The forward pass is XLA's `reduce_window` with max,
+
+    y[n, a, b, c] = max_{i<kh, j<kw} x̃[n, a·sh + i, b·sw + j, c]     (x̃: x padded with −∞),
+
+and its gradient sends each dy[n, a, b, c] to the *first* window element, in row-major tap
+order, that equals the maximum — the element JAX's own gradient picks (`select_and_scatter_add`
+with a ≥ selection keeps the first maximum):
+
+    taken₀ = 0;  m_t = (x̃_t == y) ∧ ¬taken_{t−1};  taken_t = taken_{t−1} ∨ m_t
+    dx̃ = Σ_t place_t(m_t · dy),
+
+x̃_t the strided slice tap t = (i, j) sees and place_t its transpose (a pad with the stride's
+interior zeros). Every term is elementwise or a pad, which XLA fuses into a few loops; XLA's
+CPU `select_and_scatter` runs a scalar loop instead — 4–25× slower on these networks'
+pools (the 2×2/2 pool on VGG16E's 2×224×224×64: 50 ms against 2 ms; docs/performance.md),
+on 224² inputs a larger share of GoogLeNet's and SqueezeNet's step than their convolutions.
+
+Exact: the same elements receive the same cotangents; where windows overlap (3×3 at stride
+1 and 2) an element's contributions are summed in another order, so equal within float
+rounding (tests/test_pooling.py, with ties). Below float32 the backward pass runs in float32
+and rounds once (XLA's CPU bfloat16 elementwise code is slower than its loop there). On GPU and TPU `max_pool` is flax's (XLA's
+gradient there was not measured slow).
+"""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+# Read at trace time; `analysis.benchmarks.conv_step_ab`'s `previous` variant turns it off
+# (the steps before it).
+FAST_GRADIENT = True
+
+
+def max_pool(x, window_shape, strides=None, padding='VALID'):
+  """`nn.max_pool(x, window_shape, strides, padding)` with the gradient above on the CPU
+  backend (NHWC input); flax's elsewhere."""
+  strides = tuple(strides or (1,) * len(window_shape))
+  if (not FAST_GRADIENT or x.ndim != 4 or len(window_shape) != 2
+      or jax.default_backend() != 'cpu'):
+    return nn.max_pool(x, window_shape, strides, padding)
+  if isinstance(padding, str):
+    padding = lax.padtype_to_pads(x.shape[1:3], window_shape, strides, padding)
+  return _max_pool(x, tuple(window_shape), strides, tuple(tuple(p) for p in padding))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _max_pool(x, window, strides, padding):
+  return lax.reduce_window(x, jnp.array(-jnp.inf, x.dtype), lax.max, (1, *window, 1),
+                           (1, *strides, 1), ((0, 0), *padding, (0, 0)))
+
+
+def _forward(x, window, strides, padding):
+  y = _max_pool(x, window, strides, padding)
+  return y, (x, y)
+
+
+def _backward(window, strides, padding, residuals, dy):
+  x, y = residuals
+  # Below float32 in float32, rounded once: XLA's CPU code for bfloat16 elementwise ops is
+  # slower than its `select_and_scatter` (GoogLeNet's pools 1.2–1.4× its time); the masks
+  # compare the same values, and each sum rounds once instead of once per term.
+  out_dtype = dy.dtype
+  if jnp.finfo(dy.dtype).bits < 32:
+    x, y, dy = (t.astype(jnp.float32) for t in (x, y, dy))
+  n, h, w, c = x.shape
+  oh, ow = y.shape[1:3]
+  (pt, pb), (pl, pr) = padding
+  sh, sw = strides
+  xp = jnp.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=-jnp.inf)
+  hp, wp = xp.shape[1:3]
+  zero = jnp.zeros((), dy.dtype)
+  taken, dxp = None, None
+  for i in range(window[0]):
+    for j in range(window[1]):
+      seen = lax.slice(xp, (0, i, j, 0), (n, i + (oh - 1) * sh + 1, j + (ow - 1) * sw + 1, c),
+                       (1, sh, sw, 1))
+      first = seen == y if taken is None else (seen == y) & ~taken
+      taken = first if taken is None else taken | first
+      # place_t: each output position back where tap (i, j) read it.
+      placed = lax.pad(jnp.where(first, dy, zero), zero,
+                       ((0, 0, 0), (i, hp - i - (oh - 1) * sh - 1, sh - 1),
+                        (j, wp - j - (ow - 1) * sw - 1, sw - 1), (0, 0, 0)))
+      dxp = placed if dxp is None else dxp + placed
+  return (dxp[:, pt:pt + h, pl:pl + w].astype(out_dtype),)
+
+
+_max_pool.defvjp(_forward, _backward)

@@ -1,0 +1,182 @@
+"""oneDNN's convolutions (`conv_impl='onednn'`, and `auto`'s on CPU for float32): they run
+as the compiled program's FFI calls (the equality tests in test_conv.py are not XLA's
+fallback), on a mesh of devices at once, equal to XLA's convolution there; the library
+builds once per source and jaxlib; where oneDNN cannot run, `auto` says why and takes the
+other lowerings, and `onednn` computes by XLA's convolution; `hlo_flops` counts the calls'
+FLOPs as PyTorch counts a convolution's."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.models import conv as conv_lib
+from jaxpar.models import onednn
+
+DN = ('NHWC', 'HWIO', 'NHWC')
+pytestmark = pytest.mark.skipif(not onednn.available(), reason=onednn.unavailable_reason())
+
+
+def _loss(conv, x, w, strides=(2, 2), padding=((1, 1), (1, 1))):
+  return jnp.sum(jnp.sin(conv(x, w, strides, padding, dimension_numbers=DN)))
+
+
+def _inputs(n=2, hw=9, c=3, d=4, k=3, dtype=jnp.float32):
+  rng = np.random.default_rng(0)
+  return (jnp.asarray(rng.normal(size=(n, hw, hw, c)), dtype),
+          jnp.asarray(rng.normal(size=(k, k, c, d)), dtype))
+
+
+def test_the_program_calls_onednn_for_each_pass():
+  x, w = _inputs()
+  text = jax.jit(jax.grad(functools.partial(_loss, conv_lib.conv_onednn), argnums=(0, 1))).lower(
+      x, w).compile().as_text()
+  for name in ('forward', 'input_grad', 'kernel_grad'):
+    assert f'custom_call_target="jaxpar_onednn_{name}"' in text
+  assert 'convolution(' not in text  # none of XLA's own
+
+
+def test_auto_picks_onednn_above_small_maps_for_float32_on_cpu_only():
+  args = ((2, 32, 32, 3), (3, 3, 3, 8), (1, 1), 'SAME')
+  assert conv_lib.choose('auto', *args, 'cpu', jnp.float32) == 'onednn'
+  assert conv_lib.choose('auto', *args, 'cpu') == 'onednn'
+  assert conv_lib.choose('auto', *args, 'gpu', jnp.float32) == 'xla'
+  # Not measured in whole steps: bfloat16 keeps the lowerings before oneDNN.
+  assert conv_lib.choose('auto', *args, 'cpu', jnp.bfloat16) == 'xla'
+  # Output maps of ≤ 16 positions: the per-tap rule, whatever the dtype.
+  small = ((2, 4, 4, 8), (3, 3, 8, 8), (1, 1), 'SAME')
+  assert conv_lib.output_positions(*small) == conv_lib.TAPS_MAX_OUTPUT_POSITIONS
+  for dtype in (jnp.float32, jnp.bfloat16):
+    assert conv_lib.choose('auto', *small, 'cpu', dtype) == 'taps'
+  assert conv_lib.choose('auto', (2, 5, 5, 8), (3, 3, 8, 8), (1, 1), 'SAME', 'cpu',
+                         jnp.float32) == 'onednn'
+
+
+def test_on_a_mesh_every_device_runs_its_own_calls_at_once():
+  # Eight emulated devices call the handlers from eight threads at the same time, with one
+  # cached primitive per pass: each must get its own shard's convolution and gradients.
+  mesh = jax.make_mesh((8,), ('data',))
+  x, w = _inputs(n=16, hw=12, c=8, d=16)
+  x = jax.device_put(x, NamedSharding(mesh, P('data')))
+
+  def grads(conv, cast):
+    def per_device(x, w):
+      # As jaxpar's step differentiates a varying copy of replicated parameters; without
+      # the cast the call casts the kernel itself (`onednn._call`).
+      w = jax.lax.pcast(w, 'data', to='varying') if cast else w
+      y = conv(x, w, (2, 2), ((1, 1), (1, 1)), dimension_numbers=DN)
+      g = jax.grad(functools.partial(_loss, conv), argnums=(0, 1))(x, w)
+      return y, g[0], jax.lax.psum(g[1], 'data')
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P('data'), P()),
+                                 out_specs=(P('data'), P('data'), P())))(x, w)
+  # Uncast, the kernel's gradient is summed over the devices by JAX itself (then 8× by
+  # the psum above), as for XLA's convolution.
+  want = {cast: grads(lax.conv_general_dilated, cast) for cast in (True, False)}
+  for cast in (True, False, True):
+    for g, v in zip(grads(conv_lib.conv_onednn, cast), want[cast]):
+      np.testing.assert_allclose(g, v, rtol=0, atol=1e-5 * float(np.abs(v).max()))
+
+
+def test_hlo_flops_counts_each_pass_as_pytorch_counts_a_convolution():
+  x, w = _inputs()
+  text = jax.jit(jax.grad(functools.partial(_loss, conv_lib.conv_onednn), argnums=(0, 1))).lower(
+      x, w).compile().as_text()
+  # Output 2×5×5×4, kernel 3×3×3: 2·200·27 per pass, three passes.
+  assert onednn.hlo_flops(text) == 3 * 2 * (2 * 5 * 5 * 4) * (3 * 3 * 3)
+  assert onednn.hlo_flops(jax.jit(functools.partial(_loss, lax.conv_general_dilated)).lower(
+      x, w).compile().as_text()) == 0
+
+
+def test_the_library_is_built_once_per_source_and_jaxlib(tmp_path, monkeypatch):
+  monkeypatch.setenv('JAXPAR_CACHE_DIR', str(tmp_path))
+  parts, why = onednn._ingredients()
+  assert parts, why
+  first = onednn._build(parts)
+  assert first.startswith(str(tmp_path)) and first.endswith('.so')
+  stamp = (tmp_path / 'onednn').stat().st_mtime_ns, len(list((tmp_path / 'onednn').iterdir()))
+  assert onednn._build(parts) == first  # cached: nothing built again
+  assert ((tmp_path / 'onednn').stat().st_mtime_ns,
+          len(list((tmp_path / 'onednn').iterdir()))) == stamp
+  monkeypatch.setattr(onednn, 'SOURCE', str(tmp_path / 'broken.cc'))
+  (tmp_path / 'broken.cc').write_text('this is not C++\n')
+  with pytest.raises(RuntimeError, match='broken.cc failed'):
+    onednn._build(parts)
+  assert sorted(p.name for p in (tmp_path / 'onednn').iterdir()) == [first.split('/')[-1]]
+
+
+def test_where_onednn_cannot_run_auto_says_why_and_takes_the_rule(monkeypatch):
+  monkeypatch.setenv('JAXPAR_ONEDNN', '0')
+  assert onednn._ingredients() == (None, 'JAXPAR_ONEDNN=0 turns them off')
+  monkeypatch.setattr(onednn, '_load', lambda: (False, 'no compiler (a test)'))
+  said = []
+  monkeypatch.setattr(conv_lib, '_say_once', said.append)
+  assert not onednn.available() and onednn.unavailable_reason() == 'no compiler (a test)'
+  args = ((2, 32, 32, 3), (3, 3, 3, 8), (1, 1), 'SAME')
+  assert conv_lib.choose('auto', *args, 'cpu', jnp.float32) == 'xla'
+  assert said and 'no compiler (a test)' in said[0]
+  # `onednn` named explicitly computes by XLA's convolution then.
+  x, w = _inputs()
+  text = jax.jit(functools.partial(_loss, conv_lib.conv_onednn)).lower(x, w).as_text()
+  assert 'jaxpar_onednn' not in text and 'convolution' in text
+
+
+def test_other_dtypes_and_mixed_inputs():
+  x, w = _inputs(dtype=jnp.float16)
+  text = jax.jit(functools.partial(_loss, conv_lib.conv_onednn)).lower(x, w).as_text()
+  assert 'jaxpar_onednn' not in text  # float16: XLA's
+  x, w = _inputs(dtype=jnp.bfloat16)
+  y = conv_lib.conv_onednn(x, w, (1, 1), 'SAME', dimension_numbers=DN,
+                           preferred_element_type=jnp.float32)
+  want = lax.conv_general_dilated(x, w, (1, 1), 'SAME', dimension_numbers=DN,
+                                  preferred_element_type=jnp.float32)
+  assert y.dtype == jnp.float32  # computed in float32: as exact as XLA's
+  np.testing.assert_allclose(y, want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
+
+
+def test_the_per_op_profile_counts_the_calls_as_convolutions():
+  from analysis.benchmarks.profile import categories
+  x, w = _inputs()
+  text = jax.jit(jax.grad(functools.partial(_loss, conv_lib.conv_onednn), argnums=(0, 1))).lower(
+      x, w).compile().as_text()
+  found = categories(text)
+  assert sorted(v for v in found.values() if v == 'convolution') == ['convolution'] * 3
+
+
+def test_openmp_threads_sleep_between_calls_unless_told_otherwise(monkeypatch):
+  import os
+  monkeypatch.delenv('OMP_WAIT_POLICY', raising=False)
+  with onednn._wait_policy():  # while the library loads
+    assert os.environ['OMP_WAIT_POLICY'] == 'PASSIVE'
+  assert 'OMP_WAIT_POLICY' not in os.environ  # PyTorch's OpenMP, loaded later, keeps its own
+  monkeypatch.setenv('OMP_WAIT_POLICY', 'ACTIVE')
+  with onednn._wait_policy():
+    assert os.environ['OMP_WAIT_POLICY'] == 'ACTIVE'
+  assert os.environ['OMP_WAIT_POLICY'] == 'ACTIVE'
+
+
+def test_asking_for_onednn_where_it_cannot_run_is_a_config_error(monkeypatch):
+  from jaxpar import config as config_lib
+  from jaxpar import validation
+  c = config_lib.defaults()
+  c.conv_impl = 'onednn'
+  validation.validate(c)  # it runs here
+  monkeypatch.setattr(onednn, '_load', lambda: (False, 'no compiler (a test)'))
+  c = config_lib.defaults()
+  c.conv_impl = 'onednn'
+  with pytest.raises(config_lib.ConfigError, match=r"config.conv_impl='onednn' is invalid: .*"
+                     r"no compiler \(a test\).*'auto'"):
+    validation.validate(c)
+  c.conv_impl = 'auto'
+  validation.validate(c)  # auto takes the other lowerings
+
+
+def test_a_missing_compiler_is_a_reason_not_a_crash(tmp_path, monkeypatch):
+  monkeypatch.setenv('JAXPAR_CACHE_DIR', str(tmp_path))
+  parts, _ = onednn._ingredients()
+  with pytest.raises(RuntimeError, match='failed'):
+    onednn._build({**parts, 'compiler': str(tmp_path / 'no-such-g++')})
+  assert list((tmp_path / 'onednn').iterdir()) == []

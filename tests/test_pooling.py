@@ -1,0 +1,57 @@
+"""`jaxpar.models.pooling.max_pool` equals flax's `nn.max_pool`, forward and gradient, for
+every max-pool geometry of the four networks (and 'SAME' padding as GoogLeNet's inception
+asks), ties included: the gradient goes to the same element of each window as JAX's own."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import flax.linen as nn
+
+from jaxpar.models.pooling import max_pool
+
+# (map, window, stride, padding): ResNet34's 3×3/2 stem pool, VGG16E's 2×2/2, GoogLeNet's and
+# SqueezeNet's 3×3/2 with Caffe's ceil padding (bottom/right), GoogLeNet's inception 3×3/1.
+GEOMETRIES = [((9, 9), (3, 3), (2, 2), ((1, 1), (1, 1))),
+              ((8, 8), (2, 2), (2, 2), ((0, 0), (0, 0))),
+              ((8, 8), (3, 3), (2, 2), ((0, 1), (0, 1))),
+              ((7, 7), (3, 3), (2, 2), ((0, 0), (0, 0))),
+              ((6, 5), (3, 3), (1, 1), 'SAME'),
+              ((1, 1), (3, 3), (2, 2), ((0, 2), (0, 2)))]
+
+
+def _grads(pool, x, dy, window, strides, padding):
+  y, vjp = jax.vjp(lambda x: pool(x, window, strides, padding), x)
+  return y, vjp(dy)[0]
+
+
+@pytest.mark.parametrize('hw,window,strides,padding', GEOMETRIES)
+@pytest.mark.parametrize('ties', [False, True])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_max_pool_equals_flax_forward_and_gradient(hw, window, strides, padding, ties, dtype):
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2, *hw, 3))
+  if ties:  # after a ReLU most windows hold several equal zeros, some all zeros
+    x = np.maximum(np.round(x), 0)
+  x = jnp.asarray(x, dtype)
+  # Integer cotangents: every sum of them is exact in any order, so the gradients must be
+  # equal, not close — the same element of every window receives each cotangent.
+  y = nn.max_pool(x, window, strides, padding)
+  dy = jnp.asarray(rng.integers(-4, 5, size=y.shape), dtype)
+  got = jax.jit(lambda x, dy: _grads(max_pool, x, dy, window, strides, padding))(x, dy)
+  want = jax.jit(lambda x, dy: _grads(nn.max_pool, x, dy, window, strides, padding))(x, dy)
+  for g, w in zip(got, want):
+    assert g.dtype == w.dtype and g.shape == w.shape
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+
+
+def test_the_program_has_no_select_and_scatter_on_cpu():
+  x = jnp.ones((2, 8, 8, 3))
+  grad = jax.grad(lambda x: jnp.sum(max_pool(x, (3, 3), (2, 2), ((0, 1), (0, 1)))))
+  assert 'select_and_scatter' not in jax.jit(grad).lower(x).as_text()
+  flax_grad = jax.grad(lambda x: jnp.sum(nn.max_pool(x, (3, 3), (2, 2), ((0, 1), (0, 1)))))
+  assert 'select_and_scatter' in jax.jit(flax_grad).lower(x).as_text()
+
+
+def test_other_shapes_are_flaxs():
+  x = jnp.arange(2 * 9 * 3, dtype=jnp.float32).reshape(2, 9, 3)  # one spatial dim
+  np.testing.assert_array_equal(max_pool(x, (3,), (2,)), nn.max_pool(x, (3,), (2,)))
