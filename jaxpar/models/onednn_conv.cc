@@ -8,8 +8,9 @@
 // lets it pick its memory layouts (format_tag::any: the kernel's always, the activations'
 // for the gradients; the forward pass reads and writes NHWC itself, measured faster here
 // than reordering into blocked layouts and back), reorders JAX's row-major arrays into
-// those layouts and the result back, and runs oneDNN's primitive. Primitive descriptors and primitives are cached per geometry (the
-// map below): JAX calls a handler once per convolution per step with the same shapes.
+// those layouts and the result back, and runs oneDNN's primitive. Primitives and reorders
+// are made once per geometry (the map below): JAX calls a handler once per convolution per
+// step with the same shapes.
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
@@ -76,52 +78,66 @@ std::optional<dnnl::reorder> Reorder(const memory::desc& from, const memory::des
   return dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
 }
 
-dnnl::convolution_forward::primitive_desc ForwardDesc(const Geometry& g) {
+// Every primitive takes its scratchpad from the caller (`Run`: per thread), so that devices
+// calling at once never share one.
+dnnl::primitive_attr UserScratchpad() {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+dnnl::convolution_forward::primitive_desc ForwardDesc(const Geometry& g) {
   return dnnl::convolution_forward::primitive_desc(
       Engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
       XDesc(g, tag::nhwc), WDesc(g, tag::any), YDesc(g, tag::nhwc), g.strides, g.pad_l,
-      g.pad_r, attr);
+      g.pad_r, UserScratchpad());
 }
 
-Plan MakePlan(Pass pass, const Geometry& g) {
+// A gradient's descriptor (backward data or weights: the same arguments, x, w, y in that
+// order), its layouts left to oneDNN.
+template <class Desc>
+Desc BackwardDesc(const Geometry& g, const dnnl::convolution_forward::primitive_desc& fwd) {
+  return Desc(Engine(), dnnl::algorithm::convolution_direct, XDesc(g, tag::any),
+              WDesc(g, tag::any), YDesc(g, tag::any), g.strides, g.pad_l, g.pad_r, fwd,
+              UserScratchpad());
+}
+
+// The plan of a primitive of descriptor `pd` that reads arguments a and b and writes `out`,
+// each given as (oneDNN's argument, JAX's layout of it): the primitive's own layouts are
+// asked of the descriptor by argument.
+template <class Primitive, class Desc>
+Plan Finish(const Desc& pd, std::pair<int, memory::desc> a, std::pair<int, memory::desc> b,
+            std::pair<int, memory::desc> out) {
   Plan p;
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  auto fwd = ForwardDesc(g);
-  if (pass == kForward) {
-    p.primitive = dnnl::convolution_forward(fwd);
-    p.a = fwd.src_desc(), p.b = fwd.weights_desc(), p.out = fwd.dst_desc();
-    p.a_user = XDesc(g, tag::nhwc), p.b_user = WDesc(g, tag::hwio);
-    p.out_user = YDesc(g, tag::nhwc);
-    p.a_arg = DNNL_ARG_SRC, p.b_arg = DNNL_ARG_WEIGHTS, p.out_arg = DNNL_ARG_DST;
-    p.scratchpad = fwd.scratchpad_desc();
-  } else if (pass == kInputGrad) {
-    dnnl::convolution_backward_data::primitive_desc bwd(
-        Engine(), dnnl::algorithm::convolution_direct, XDesc(g, tag::any), WDesc(g, tag::any),
-        YDesc(g, tag::any), g.strides, g.pad_l, g.pad_r, fwd, attr);
-    p.primitive = dnnl::convolution_backward_data(bwd);
-    p.a = bwd.diff_dst_desc(), p.b = bwd.weights_desc(), p.out = bwd.diff_src_desc();
-    p.a_user = YDesc(g, tag::nhwc), p.b_user = WDesc(g, tag::hwio);
-    p.out_user = XDesc(g, tag::nhwc);
-    p.a_arg = DNNL_ARG_DIFF_DST, p.b_arg = DNNL_ARG_WEIGHTS, p.out_arg = DNNL_ARG_DIFF_SRC;
-    p.scratchpad = bwd.scratchpad_desc();
-  } else {
-    dnnl::convolution_backward_weights::primitive_desc bwd(
-        Engine(), dnnl::algorithm::convolution_direct, XDesc(g, tag::any), WDesc(g, tag::any),
-        YDesc(g, tag::any), g.strides, g.pad_l, g.pad_r, fwd, attr);
-    p.primitive = dnnl::convolution_backward_weights(bwd);
-    p.a = bwd.src_desc(), p.b = bwd.diff_dst_desc(), p.out = bwd.diff_weights_desc();
-    p.a_user = XDesc(g, tag::nhwc), p.b_user = YDesc(g, tag::nhwc);
-    p.out_user = WDesc(g, tag::hwio);
-    p.a_arg = DNNL_ARG_SRC, p.b_arg = DNNL_ARG_DIFF_DST, p.out_arg = DNNL_ARG_DIFF_WEIGHTS;
-    p.scratchpad = bwd.scratchpad_desc();
-  }
+  p.primitive = Primitive(pd);
+  std::tie(p.a_arg, p.a_user) = a;
+  std::tie(p.b_arg, p.b_user) = b;
+  std::tie(p.out_arg, p.out_user) = out;
+  p.a = pd.query_md(dnnl::query::exec_arg_md, p.a_arg);
+  p.b = pd.query_md(dnnl::query::exec_arg_md, p.b_arg);
+  p.out = pd.query_md(dnnl::query::exec_arg_md, p.out_arg);
+  p.scratchpad = pd.scratchpad_desc();
   p.to_a = Reorder(p.a_user, p.a);
   p.to_b = Reorder(p.b_user, p.b);
   p.from_out = Reorder(p.out, p.out_user);
   return p;
+}
+
+Plan MakePlan(Pass pass, const Geometry& g) {
+  auto fwd = ForwardDesc(g);
+  const memory::desc x = XDesc(g, tag::nhwc), w = WDesc(g, tag::hwio), y = YDesc(g, tag::nhwc);
+  if (pass == kForward) {
+    return Finish<dnnl::convolution_forward>(fwd, {DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w},
+                                             {DNNL_ARG_DST, y});
+  }
+  if (pass == kInputGrad) {
+    return Finish<dnnl::convolution_backward_data>(
+        BackwardDesc<dnnl::convolution_backward_data::primitive_desc>(g, fwd),
+        {DNNL_ARG_DIFF_DST, y}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, x});
+  }
+  return Finish<dnnl::convolution_backward_weights>(
+      BackwardDesc<dnnl::convolution_backward_weights::primitive_desc>(g, fwd),
+      {DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, y}, {DNNL_ARG_DIFF_WEIGHTS, w});
 }
 
 const Plan& GetPlan(Pass pass, const Geometry& g) {
