@@ -81,6 +81,43 @@ def test_on_a_mesh_every_device_runs_its_own_calls_at_once():
       np.testing.assert_allclose(g, v, rtol=0, atol=1e-5 * float(np.abs(v).max()))
 
 
+def _team_calls_since(before):
+  now = onednn.calls_by_team()
+  return {t: n - before.get(t, 0) for t, n in now.items() if n - before.get(t, 0)}
+
+
+@pytest.mark.parametrize('share', [True, False])
+def test_calls_at_once_share_the_openmp_threads(share):
+  # Eight devices call at once: with sharing, a call that starts while others run takes a
+  # share of the T threads (never more than T, never none); without, every call takes T.
+  # The results are the same either way.
+  mesh = jax.make_mesh((8,), ('data',))
+  x, w = _inputs(n=16, hw=12, c=8, d=16)
+  x = jax.device_put(x, NamedSharding(mesh, P('data')))
+  step = jax.jit(jax.shard_map(
+      lambda x, w: jax.grad(functools.partial(_loss, conv_lib.conv_onednn), argnums=(0, 1))(
+          x, jax.lax.pcast(w, 'data', to='varying')),
+      mesh=mesh, in_specs=(P('data'), P()), out_specs=(P('data'), P('data'))))
+  want = jax.jit(jax.grad(functools.partial(_loss, lax.conv_general_dilated), argnums=(0, 1)))
+  jax.block_until_ready(step(x, w))  # compiled, and each plan made, outside the count
+  try:
+    onednn.share_threads(share)
+    before = onednn.calls_by_team()
+    got = jax.block_until_ready(step(x, w))
+    teams = _team_calls_since(before)
+  finally:
+    onednn.share_threads(True)
+  assert sum(teams.values()) == 8 * 3  # each device: forward, input and kernel gradient
+  most = max(onednn.calls_by_team())  # T: every call before this test that ran alone
+  assert min(teams) >= 1 and max(teams) <= most
+  if not share:
+    assert set(teams) == {most}
+  dx, dw = want(jnp.asarray(np.asarray(x)), w)
+  np.testing.assert_allclose(got[0], dx, rtol=0, atol=1e-5 * float(np.abs(dx).max()))
+  np.testing.assert_allclose(np.asarray(got[1]).reshape(8, *w.shape).sum(0), dw, rtol=0,
+                             atol=1e-4 * float(np.abs(dw).max()))
+
+
 def test_hlo_flops_counts_each_pass_as_pytorch_counts_a_convolution():
   x, w = _inputs()
   text = jax.jit(jax.grad(functools.partial(_loss, conv_lib.conv_onednn), argnums=(0, 1))).lower(

@@ -16,6 +16,8 @@ one step of each per round, so all see the same machine state:
   (`conv.onednn_in_auto` and `pooling.FAST_GRADIENT` off: `auto` where oneDNN cannot run,
   flax's max-pool);
 - `onednn`: oneDNN's convolution everywhere it computes (`conv_impl='onednn'`, any dtype);
+- `unshared`: `auto`'s program, every oneDNN call with all OpenMP threads even while others
+  run (`onednn.share_threads(False)`; the default shares them, jaxpar/models/onednn.py);
 - `xla`: XLA's convolution everywhere;
 - `measured`: the isolated table's fastest lowering for every geometry it has;
 - `measured:K` for each lowering K the table picks in this step where the rule does not: the
@@ -46,11 +48,11 @@ from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
-from jaxpar.models import conv, pooling  # noqa: E402
+from jaxpar.models import conv, onednn, pooling  # noqa: E402
 from jaxpar.step import make_train_step, to_global  # noqa: E402
 
 FLAGS = flags.FLAGS
-VARIANTS = ('rule', 'auto', 'previous', 'onednn', 'xla', 'measured', 'measured:*')
+VARIANTS = ('rule', 'auto', 'previous', 'onednn', 'unshared', 'xla', 'measured', 'measured:*')
 FASTER = 0.02  # `verified`: a kind's variant must be at least this much below `rule`
 
 
@@ -90,15 +92,23 @@ class _Choices:
     pooling.FAST_GRADIENT = True
 
 
-def _runner(cfg, name: str, impl: str, source, batch, mesh, **tables):
+def _runner(cfg, name: str, impl: str, source, batch, mesh, share: bool = True, **tables):
   cfg = cfg.copy_and_resolve_references()
   cfg.conv_impl = impl
   model, strategy, tx, state = build.for_timing(cfg, source.num_classes, source.channels, mesh)
   with _Choices(**tables) as recorded:  # the step's lowering only (not the initialisation's)
     runner = Runner(name, make_train_step(model, tx, mesh, strategy), state, batch,
                     jax.random.key(0), mesh.size)
-  runner.used = recorded.used
+  runner.used, runner.share = recorded.used, share
   return runner
+
+
+def _run(runner, timed: bool = True):
+  onednn.share_threads(runner.share)
+  try:
+    runner(timed=timed)
+  finally:
+    onednn.share_threads(True)
 
 
 def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
@@ -115,7 +125,8 @@ def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
   table = conv.measured_choices()
   differing = {k: table[k] for k in rule if k in table and table[k] != rule[k]}
   variants = [('auto', 'auto', {}), ('previous', 'auto', {'onednn': False}),
-              ('onednn', 'onednn', {}), ('xla', 'xla', {}),
+              ('onednn', 'onednn', {}), ('unshared', 'auto', {'share': False}),
+              ('xla', 'xla', {}),
               ('measured', 'measured', {'measured': table})]
   variants += [(f'measured:{kind}', 'measured',
                 {'measured': {k: v for k, v in differing.items() if v == kind}})
@@ -126,10 +137,10 @@ def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
                        for name, impl, tables in variants]
   for _ in range(warmup):
     for r in runners:
-      r(timed=False)
+      _run(r, timed=False)
   for i in range(steps):
     for r in runners:
-      r()
+      _run(r)
     print(f'\rround {i + 1}/{steps}', end='', file=sys.stderr, flush=True)
   print(file=sys.stderr)
   base = float(np.median(first.times))

@@ -23,6 +23,12 @@ from, and registered as FFI targets for the CPU platform. `available()` says whe
 can be done here, and why not (no compiler, no wheel, another platform); `conv_impl`
 falls back to the other lowerings then, saying so once.
 
+Threads: each XLA thread that calls oneDNN leads its own OpenMP team, and XLA runs
+independent operations at once (a convolution's two gradients, GoogLeNet's branches, the
+devices of an emulated mesh); a call that starts while k others run takes
+max(1, T / (k + 1)) of the T OpenMP threads, so concurrent calls share the cores instead of
+oversubscribing them (`share_threads(False)`: every call takes T; docs/performance.md).
+
 float32 and bfloat16 (oneDNN's bf16 kernels accumulate in float32 and round once, as XLA's
 convolution does); other dtypes, dilations, groups and negative padding go to XLA's
 convolution, as for every lowering (`conv._lowering`).
@@ -111,7 +117,7 @@ def _build(parts: dict) -> str:
   # suite's workers) each rename a whole library.
   fd, tmp = tempfile.mkstemp(suffix='.so', dir=os.path.dirname(out))
   os.close(fd)
-  command = [parts['compiler'], '-O2', '-std=c++17', '-shared', '-fPIC', '-w',
+  command = [parts['compiler'], '-O2', '-fopenmp', '-std=c++17', '-shared', '-fPIC', '-w',
              '-I' + parts['ffi_include'], '-I' + parts['include'], SOURCE, parts['lib'],
              '-Wl,-rpath,' + os.path.dirname(parts['lib']), '-o', tmp]
   logging.info('Building the oneDNN convolutions: %s', ' '.join(command))
@@ -167,6 +173,24 @@ def _load() -> tuple[bool, str]:
                                 platform='cpu')
   logging.info('oneDNN convolutions: %s', path)
   return True, path
+
+
+def share_threads(on: bool) -> None:
+  """Whether a call that starts while others run takes a share of the OpenMP threads (the
+  default) or all of them (module doc); for measuring the difference."""
+  ok, path = _load()
+  if ok:
+    ctypes.cdll.LoadLibrary(path).JaxparOnednnShareThreads(int(on))
+
+
+def calls_by_team() -> dict:
+  """{OpenMP threads: how many oneDNN passes ran with that many} in this process so far."""
+  ok, path = _load()
+  if not ok:
+    return {}
+  count = ctypes.cdll.LoadLibrary(path).JaxparOnednnCalls
+  count.restype = ctypes.c_longlong
+  return {t: n for t in range(1, 257) if (n := count(t))}
 
 
 def available() -> bool:

@@ -11,6 +11,10 @@
 // those layouts and the result back, and runs oneDNN's primitive. Primitives and reorders
 // are made once per geometry (the map below): JAX calls a handler once per convolution per
 // step with the same shapes.
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -140,11 +144,13 @@ Plan MakePlan(Pass pass, const Geometry& g) {
       {DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, y}, {DNNL_ARG_DIFF_WEIGHTS, w});
 }
 
-const Plan& GetPlan(Pass pass, const Geometry& g) {
+// A plan is made for the OpenMP team that runs it (`threads`: oneDNN sizes a primitive's
+// work split and scratchpad by the calling thread's omp_get_max_threads() when it is made).
+const Plan& GetPlan(Pass pass, const Geometry& g, int threads) {
   static std::mutex mutex;
-  static std::map<std::pair<int, Geometry>, std::unique_ptr<Plan>> plans;
+  static std::map<std::tuple<int, int, Geometry>, std::unique_ptr<Plan>> plans;
   std::lock_guard<std::mutex> lock(mutex);
-  auto& slot = plans[{pass, g}];
+  auto& slot = plans[{pass, threads, g}];
   if (!slot) slot = std::make_unique<Plan>(MakePlan(pass, g));
   return *slot;
 }
@@ -169,6 +175,28 @@ memory Staged(const memory::desc& want, const memory::desc& user, void* data, Bu
   return memory(want, Engine(), buffers.Get(slot, want.get_size()));
 }
 
+// OpenMP threads per call. XLA runs independent operations at once on its own threads (a
+// convolution's two gradients, GoogLeNet's branches, emulated devices), and each thread
+// that calls oneDNN leads its own OpenMP team of omp_get_max_threads() threads: two calls
+// at once on 2 cores were 4 threads meeting at barriers. A call that starts while k others
+// run takes max(1, T / (k + 1)) of the T threads (JaxparOnednnShareThreads(0): T always).
+// Calls are counted by the team they ran with (JaxparOnednnCalls).
+constexpr int kMaxTeam = 256;
+std::atomic<int> running{0};
+std::atomic<bool> sharing{true};
+std::atomic<long long> calls_by_team[kMaxTeam + 1];
+
+struct Share {
+  int threads;
+  Share() {
+    static const int all = omp_get_max_threads();  // read before any call sets its own
+    int others = running.fetch_add(1);
+    threads = sharing && others > 0 ? std::max(1, all / (others + 1)) : all;
+    calls_by_team[std::min(threads, kMaxTeam)].fetch_add(1);
+  }
+  ~Share() { running.fetch_sub(1); }
+};
+
 ffi::Error Run(Pass pass, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out,
                ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding) {
   Geometry g;
@@ -188,8 +216,10 @@ ffi::Error Run(Pass pass, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::A
   g.strides = memory::dims(strides.begin(), strides.end());
   g.pad_l = {padding[0], padding[2]};
   g.pad_r = {padding[1], padding[3]};
+  Share share;
+  omp_set_num_threads(share.threads);  // this (XLA's) thread's team, for this call
   try {
-    const Plan& p = GetPlan(pass, g);
+    const Plan& p = GetPlan(pass, g, share.threads);
     thread_local dnnl::stream stream(Engine());
     thread_local Buffers buffers;
     memory a_user(p.a_user, Engine(), a.untyped_data());
@@ -225,6 +255,11 @@ ffi::Error KernelGrad(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyB
 }
 
 }  // namespace
+
+extern "C" void JaxparOnednnShareThreads(int on) { sharing = on != 0; }
+extern "C" long long JaxparOnednnCalls(int threads) {
+  return threads >= 0 && threads <= kMaxTeam ? calls_by_team[threads].load() : 0;
+}
 
 #define JAXPAR_BIND                                                              \
   ffi::Ffi::Bind()                                                               \
