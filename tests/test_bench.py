@@ -29,8 +29,20 @@ def _config(data_dir, **overrides):
   return c
 
 
-def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir):
-  result = bench.bench(_config(data_dir), steps=2, warmup=1)
+def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir, monkeypatch):
+  calls = []
+  run = bench.Runner.__call__
+
+  def recorded(self, timed=True):
+    calls.append((self.name, timed))
+    return run(self, timed)
+  monkeypatch.setattr(bench.Runner, '__call__', recorded)
+  result = bench.bench(_config(data_dir), steps=2, warmup=1, repeat=2)
+  # A warm-up round, then each round each runner's untimed step and its timed one in a row.
+  names = ('jaxpar shard_map', 'auto-sharded jit')
+  assert calls == [(n, False) for n in names] + 2 * [
+      c for n in names for c in ((n, False), (n, True))]
+  assert result['repeat'] == 2
   jaxpar, jit = result['steps']
   assert (jaxpar['step'], jit['step']) == ('jaxpar shard_map', 'auto-sharded jit')
   param_bytes = 731_146 * 4  # SqueezeNet at 10 classes, float32

@@ -113,6 +113,13 @@ def test_lowerings_equal_xla_bfloat16(impl, c):
   _assert_same(impl, c, jnp.bfloat16, 2e-2)
 
 
+@needs_onednn
+@pytest.mark.parametrize('c', LARGE, ids=str)
+def test_onednn_equals_xla_bfloat16_224(c):
+  # `auto` computes every bfloat16 convolution by oneDNN, the 224² ones too.
+  _assert_same('onednn', c, jnp.bfloat16, 2e-2)
+
+
 def test_winograd_leaves_other_kernels_and_strides_to_xla():
   c = next(c for c in SMALL if not winograd_applies(c.rhs, c.strides))
   inputs, want = _xla(c, jnp.float32)

@@ -40,20 +40,29 @@ def test_the_program_calls_onednn_for_each_pass():
   assert 'convolution(' not in text  # none of XLA's own
 
 
-def test_auto_picks_onednn_above_small_maps_for_float32_on_cpu_only():
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_auto_picks_onednn_above_its_dtypes_threshold_on_cpu_only(dtype):
+  above = conv_lib.ONEDNN_AUTO_ABOVE[jnp.dtype(dtype).name]
   args = ((2, 32, 32, 3), (3, 3, 3, 8), (1, 1), 'SAME')
-  assert conv_lib.choose('auto', *args, 'cpu', jnp.float32) == 'onednn'
-  assert conv_lib.choose('auto', *args, 'cpu') == 'onednn'
-  assert conv_lib.choose('auto', *args, 'gpu', jnp.float32) == 'xla'
-  # Not measured in whole steps: bfloat16 keeps the lowerings before oneDNN.
-  assert conv_lib.choose('auto', *args, 'cpu', jnp.bfloat16) == 'xla'
-  # Output maps of ≤ 16 positions: the per-tap rule, whatever the dtype.
-  small = ((2, 4, 4, 8), (3, 3, 8, 8), (1, 1), 'SAME')
-  assert conv_lib.output_positions(*small) == conv_lib.TAPS_MAX_OUTPUT_POSITIONS
-  for dtype in (jnp.float32, jnp.bfloat16):
+  assert conv_lib.choose('auto', *args, 'cpu', dtype) == 'onednn'
+  assert conv_lib.choose('auto', *args, 'gpu', dtype) == 'xla'
+  # The smallest map oneDNN computes, and the largest it leaves to the per-tap rule.
+  side = next(s for s in range(1, 9) if s * s > above)
+  assert conv_lib.choose('auto', (2, side, side, 8), (3, 3, 8, 8), (1, 1), 'SAME', 'cpu',
+                         dtype) == 'onednn'
+  if above:
+    small = ((2, 4, 4, 8), (3, 3, 8, 8), (1, 1), 'SAME')
+    assert conv_lib.output_positions(*small) <= above
     assert conv_lib.choose('auto', *small, 'cpu', dtype) == 'taps'
-  assert conv_lib.choose('auto', (2, 5, 5, 8), (3, 3, 8, 8), (1, 1), 'SAME', 'cpu',
-                         jnp.float32) == 'onednn'
+
+
+def test_auto_without_a_dtype_is_a_float32_steps_choice():
+  for shape in ((2, 32, 32, 3), (2, 4, 4, 3)):
+    args = (shape, (3, 3, 3, 8), (1, 1), 'SAME', 'cpu')
+    assert conv_lib.choose('auto', *args) == conv_lib.choose('auto', *args, jnp.float32)
+  # A dtype oneDNN does not compute keeps the lowerings before it.
+  assert conv_lib.choose('auto', (2, 32, 32, 3), (3, 3, 3, 8), (1, 1), 'SAME', 'cpu',
+                         jnp.float16) == 'xla'
 
 
 def test_on_a_mesh_every_device_runs_its_own_calls_at_once():

@@ -8,8 +8,9 @@ For the configured network, compute dtype, scheme, server and reduction: jaxpar'
 (`shard_map`, the strategy's collectives) and the baseline a flax or big_vision user
 writes — the same model, optimizer and global batch in a plain `jax.jit` step, the batch
 sharded over every mesh axis with `NamedSharding`, the parameters replicated, XLA
-inserting the collectives — are compiled, then run alternately (one step of each per
-round), so both see the same machine state. Per step: compile time; step time (median,
+inserting the collectives — are compiled, then run alternately, round by round, so both
+see the same machine state; in each round each runner takes `--repeat` steps in a row and
+the last is timed (a step right after another framework's is slower: `REPEAT`). Per step: compile time; step time (median,
 min, max); images/s; FLOPs per device from the compiled program's cost analysis and the
 FLOP/s achieved; peak memory and temporaries per device from its memory analysis; the
 process's minor page faults a timed step (`getrusage`); the collectives of the
@@ -155,15 +156,21 @@ def _minor_faults() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-# Idle between two timed steps: the previous step's thread pools (XLA's, oneDNN's and
+# Idle before each runner's turn: the previous step's thread pools (XLA's, oneDNN's and
 # PyTorch's OpenMP teams) go to sleep before the next step starts, instead of spinning on the
 # cores it needs (SqueezeNet 224², one device: jaxpar's step after PyTorch's 54-62 ms without
 # the pause, 46-47 ms alternating with jaxpar's own variants; 2026-11-27).
 PAUSE_S = 0.05
+# Steps a runner takes in a row each round, the last one timed: a step right after another
+# framework's is slower for a reason no pause removes (SqueezeNet 224², one device, float32,
+# 2026-11-27: jaxpar 0.081 s and PyTorch 0.070 s alternating step by step, also with 0.5 s
+# idle between; 0.055 s and 0.053 s each timed after an untimed step of its own, as each
+# alone: 0.054-0.062 s and 0.055-0.056 s) — each runner's timed step follows its own.
+REPEAT = 2
 
 
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False,
-          with_torch_compile: bool = False) -> dict:
+          with_torch_compile: bool = False, repeat: int = REPEAT) -> dict:
   peers = [compiled for compiled, wanted in ((False, with_torch), (True, with_torch_compile))
            if wanted]
   check(cfg, bool(peers), '--torch_compile' if with_torch_compile and not with_torch
@@ -199,9 +206,11 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
     for r in runners:
       r(timed=False)
   faults = [[] for _ in runners]
-  for i in range(steps):  # alternate: both steps see the same machine state
+  for i in range(steps):  # alternate: every runner sees the same machine state
     for r, counted in zip(runners, faults):
       time.sleep(PAUSE_S)
+      for _ in range(repeat - 1):
+        r(timed=False)
       before = _minor_faults()
       r()
       counted.append(_minor_faults() - before)
@@ -225,7 +234,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
           'config': cfg.to_dict(), 'command': ' '.join(['python -m analysis.benchmarks.bench']
                                                        + sys.argv[1:]),
           'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
-          'mesh': list(cfg.mesh.shape), 'global_batch': global_batch,
+          'mesh': list(cfg.mesh.shape), 'global_batch': global_batch, 'repeat': repeat,
           'method': f'{cfg.scheme} {cfg.server} {cfg.grad_reduce} {cfg.grad_reduce_dtype}',
           'steps': results,
           'shard_map_over_jit_throughput': results[1]['median_s'] / results[0]['median_s'],
@@ -278,11 +287,12 @@ def markdown(r) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if FLAGS.steps < 1 or FLAGS.warmup < 1 or FLAGS.profile < 0:
-    raise app.UsageError('--steps and --warmup must be at least 1, --profile at least 0.')
+  if FLAGS.steps < 1 or FLAGS.warmup < 1 or FLAGS.profile < 0 or FLAGS.repeat < 1:
+    raise app.UsageError('--steps, --warmup and --repeat must be at least 1, --profile at '
+                         'least 0.')
   try:
     result = bench(FLAGS.config, FLAGS.steps, FLAGS.warmup, FLAGS.profile, FLAGS.torch,
-                   FLAGS.torch_compile)
+                   FLAGS.torch_compile, FLAGS.repeat)
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
@@ -299,6 +309,8 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].')
   flags.DEFINE_integer('steps', 10, 'Timed rounds (one step of each) after the warm-up.')
   flags.DEFINE_integer('warmup', 2, 'Untimed rounds first.')
+  flags.DEFINE_integer('repeat', REPEAT, 'Steps each runner takes in a row each round, the '
+                       'last timed (1: alternate step by step).')
   flags.DEFINE_bool('torch', False, 'Also time the PyTorch peer (torchvision\'s network), '
                     'alternated (needs the [bench] extra).')
   flags.DEFINE_bool('torch_compile', False, 'Also time the PyTorch peer under torch.compile '

@@ -16,7 +16,7 @@ for net in resnet34 squeezenet googlenet vgg16e; do
     python -m analysis.benchmarks.bench --config "$(cell $net 1 32)" --config.dtype=$dtype \
         --steps 5 --warmup 1 "${peer[@]}" --out "$out/${net}_32_${dtype}_1.json"
     python -m analysis.benchmarks.bench --config "$(cell $net 1 2)" --config.image_size=224 \
-        --config.dtype=$dtype --steps 3 --warmup 1 "${peer[@]}" --out "$out/${net}_224_${dtype}_1.json"
+        --config.dtype=$dtype --steps 7 --warmup 1 "${peer[@]}" --out "$out/${net}_224_${dtype}_1.json"
   done
 done
 for dtype in float32 bfloat16; do

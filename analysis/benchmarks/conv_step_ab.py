@@ -188,13 +188,14 @@ def write_choices(results: list, path: str, faster: float = FASTER) -> None:
 
 def table(results: list) -> str:
   """One line per network, size and variant: the step against `rule`'s, one run each."""
-  lines = ['| network | input | batch | variant | convolutions by lowering | step (s) | '
-           '× rule | noise |', '|---|---|---:|---|---|---:|---:|---:|']
+  lines = ['| network | input | compute | batch | variant | convolutions by lowering | '
+           'step (s) | × rule | noise |', '|---|---|---|---:|---|---|---:|---:|---:|']
   for result in results:
     for row in result['rows']:
       used = (', '.join(f'{k} {v}' for k, v in sorted(row['convolutions_by_lowering'].items()))
               or f"every one by {row['variant']}")  # an impl that asks no table
-      lines.append(f"| {result['network']} | {result['image_size']}² | {result['global_batch']} "
+      lines.append(f"| {result['network']} | {result['image_size']}² | {result['dtype']} "
+                   f"| {result['global_batch']} "
                    f"| {row['variant']} | {used} | {row['median_s']:.3f} | "
                    f"{row['over_rule']:.2f} | {row['noise']:.0%} |")
   return '\n'.join(lines)

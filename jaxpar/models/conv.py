@@ -19,10 +19,12 @@ rounding (tests/test_conv.py), selectable by `conv_impl` and timed per geometry 
 Why: XLA's CPU backend computes convolutions whose *output map is small* far below
 its speed on larger maps (measured here, forward + backward of a 3×3 256→256
 convolution on a 32×2×2 input: 68 ms as `lax.conv_general_dilated`, 7.5 ms as taps;
-the same FLOPs on 32×8×8×64: 3.8 ms). On the CPU backend `conv_impl='auto'` takes, for a
-geometry in `conv_auto.json`, the lowering whole train steps confirmed (below), and
-elsewhere the rule of `use_taps`: taps on small output maps, XLA's convolution above; GPU
-and TPU keep XLA's convolutions (docs/performance.md has the measurements behind both).
+the same FLOPs on 32×8×8×64: 3.8 ms). On the CPU backend `conv_impl='auto'` takes oneDNN's
+convolution where it can run, for float32 above 16 output positions and for every bfloat16
+one (`ONEDNN_AUTO_ABOVE`); else, for a geometry in `conv_auto.json`, the lowering whole
+train steps confirmed (below), and elsewhere the rule of `use_taps`: taps on small output
+maps, XLA's convolution above; GPU and TPU keep XLA's convolutions (docs/performance.md
+has the measurements behind each).
 
 Convolutions timed alone do not predict a step: the lowering fastest alone for every
 geometry (`conv_choices.json`, `conv_impl='measured'`) made ResNet34's and GoogLeNet's
@@ -51,13 +53,15 @@ CONV_IMPLS = ('auto', 'measured', 'xla', 'taps', 'im2col', 'winograd', 'onednn')
 # convolution above. Measured on the four networks' convolutions at 16², 32² and 224²
 # (docs/performance.md).
 TAPS_MAX_OUTPUT_POSITIONS = 16
-# `auto` on CPU, for these compute dtypes: oneDNN's convolution (`conv_onednn`) wherever the
-# output map has more than TAPS_MAX_OUTPUT_POSITIONS positions and oneDNN can run here
-# (`onednn.available()`); on smaller maps, and elsewhere, the table and rule below. Whole
-# float32 steps of the four networks at 32² and 224² ran 0.64–0.89× the time of the steps
-# before (analysis/report/conv/step_onednn/, docs/performance.md); oneDNN on the small maps
-# too was 1.07–1.39× slower at 32². bfloat16 was not measured, and keeps the lowerings below.
-ONEDNN_AUTO_DTYPES = ('float32',)
+# `auto` on CPU, by compute dtype: oneDNN's convolution (`conv_onednn`) where the output map
+# has more than this many positions and oneDNN can run here (`onednn.available()`); on
+# smaller maps, other dtypes and elsewhere, the table and rule below. Measured in whole
+# steps of the four networks at 32² and 224² (docs/performance.md): float32 steps 0.64–0.89×
+# the time of the steps before (analysis/report/conv/step_onednn/), oneDNN on the small maps
+# too 1.07–1.39× slower at 32²; bfloat16 steps with oneDNN on every map 0.50–0.77× the time
+# before (analysis/report/conv/step_onednn_bf16/), and 0.66–0.88× the time of oneDNN above
+# 16 positions only at 32² (step_bf16_above16/: XLA's and the per-tap bfloat16 code is slow).
+ONEDNN_AUTO_ABOVE = {'float32': TAPS_MAX_OUTPUT_POSITIONS, 'bfloat16': 0}
 # `measured` on CPU, for a geometry the committed measurement has: the lowering it found
 # fastest (forward and both gradients summed, each convolution alone; `conv_choices.json`,
 # written by `analysis.benchmarks.conv_bench --choices_out` from
@@ -121,7 +125,7 @@ def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
            backend: str | None = None, dtype=None) -> str:
   """The lowering that computes this convolution under `impl`: `impl` itself, or for 'auto'
   and 'measured' XLA's on GPU and TPU; on the CPU for 'auto' oneDNN's on output maps of
-  more than `TAPS_MAX_OUTPUT_POSITIONS` where `onednn_in_auto` (float32, oneDNN available);
+  more than `ONEDNN_AUTO_ABOVE[dtype]` positions where `onednn_in_auto` (oneDNN available);
   otherwise the lowering its table has for this geometry
   (`auto_choices`: confirmed in whole steps of the compute dtypes `auto_dtypes`, and for
   those only where `dtype` is given; `measured_choices`: fastest alone), and otherwise taps
@@ -132,7 +136,8 @@ def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
   if backend != 'cpu':
     return 'xla'
   positions = output_positions(lhs_shape, rhs_shape, window_strides, padding)
-  if impl == 'auto' and positions > TAPS_MAX_OUTPUT_POSITIONS and onednn_in_auto(dtype):
+  if impl == 'auto' and onednn_in_auto(dtype) and positions > ONEDNN_AUTO_ABOVE[
+      jnp.dtype(dtype or jnp.float32).name]:
     return 'onednn'
   if impl == 'measured':
     table = measured_choices()
@@ -148,15 +153,15 @@ def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
 def onednn_in_auto(dtype=None) -> bool:
   """Whether `auto` computes this dtype's CPU convolutions by oneDNN: where it can run here
   (`onednn.available()`; JAXPAR_ONEDNN=0 turns it off) and for the compute dtypes whole
-  steps measured it faster in (`ONEDNN_AUTO_DTYPES`; None: a float32 step's)."""
-  judged = dtype is None or jnp.dtype(dtype).name in ONEDNN_AUTO_DTYPES
+  steps measured it faster in (`ONEDNN_AUTO_ABOVE`; None: a float32 step's)."""
+  judged = dtype is None or jnp.dtype(dtype).name in ONEDNN_AUTO_ABOVE
   if not judged:
     return False
   if not onednn.available():
     _say_once(f"conv_impl='auto': oneDNN's convolutions cannot run here "
               f'({onednn.unavailable_reason()}); XLA\'s and the per-tap lowerings compute them')
     return False
-  _say_once(f"conv_impl='auto': oneDNN's convolutions compute the {', '.join(ONEDNN_AUTO_DTYPES)} "
+  _say_once(f"conv_impl='auto': oneDNN's convolutions compute the {', '.join(ONEDNN_AUTO_ABOVE)} "
             f'convolutions on CPU ({onednn.library()})')
   return True
 
