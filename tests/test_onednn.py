@@ -96,10 +96,11 @@ def _team_calls_since(before):
 
 
 @pytest.mark.parametrize('share', [True, False])
-def test_calls_at_once_share_the_openmp_threads(share):
-  # Eight devices call at once: with sharing, a call that starts while others run takes a
-  # share of the T threads (never more than T, never none); without, every call takes T.
-  # The results are the same either way.
+def test_the_devices_of_a_mesh_share_the_openmp_threads(share):
+  # Eight devices call at once (the tests' process has 8): with sharing each call takes
+  # max(1, T / 8) of the T threads, without all T; every call says 8 (an attribute). The results equal
+  # XLA's either way, and the same step gives the same bits again (the team is fixed by
+  # the program, not by the timing of the calls).
   mesh = jax.make_mesh((8,), ('data',))
   x, w = _inputs(n=16, hw=12, c=8, d=16)
   x = jax.device_put(x, NamedSharding(mesh, P('data')))
@@ -107,24 +108,36 @@ def test_calls_at_once_share_the_openmp_threads(share):
       lambda x, w: jax.grad(functools.partial(_loss, conv_lib.conv_onednn), argnums=(0, 1))(
           x, jax.lax.pcast(w, 'data', to='varying')),
       mesh=mesh, in_specs=(P('data'), P()), out_specs=(P('data'), P('data'))))
+  assert step.lower(x, w).as_text().count('callers = 8 : i64') == 3
   want = jax.jit(jax.grad(functools.partial(_loss, lax.conv_general_dilated), argnums=(0, 1)))
   jax.block_until_ready(step(x, w))  # compiled, and each plan made, outside the count
   try:
     onednn.share_threads(share)
     before = onednn.calls_by_team()
-    got = jax.block_until_ready(step(x, w))
+    got = [jax.block_until_ready(step(x, w)) for _ in range(3)]
     teams = _team_calls_since(before)
   finally:
     onednn.share_threads(True)
-  assert sum(teams.values()) == 8 * 3  # each device: forward, input and kernel gradient
-  most = max(onednn.calls_by_team())  # T: every call before this test that ran alone
-  assert min(teams) >= 1 and max(teams) <= most
-  if not share:
-    assert set(teams) == {most}
+  all_threads = onednn.threads()
+  assert teams == {(max(1, all_threads // 8) if share else all_threads): 3 * 8 * 3}
+  for again in got[1:]:
+    for a, b in zip(got[0], again):
+      np.testing.assert_array_equal(a, b)
   dx, dw = want(jnp.asarray(np.asarray(x)), w)
-  np.testing.assert_allclose(got[0], dx, rtol=0, atol=1e-5 * float(np.abs(dx).max()))
-  np.testing.assert_allclose(np.asarray(got[1]).reshape(8, *w.shape).sum(0), dw, rtol=0,
+  np.testing.assert_allclose(got[0][0], dx, rtol=0, atol=1e-5 * float(np.abs(dx).max()))
+  np.testing.assert_allclose(np.asarray(got[0][1]).reshape(8, *w.shape).sum(0), dw, rtol=0,
                              atol=1e-4 * float(np.abs(dw).max()))
+
+
+def test_a_program_on_one_device_shares_as_the_process_devices_do():
+  # A one-device program in a process of D CPU devices takes T / D too: its calls cannot
+  # tell whether other devices run at the same time.
+  x, w = _inputs()
+  before = onednn.calls_by_team()
+  jax.block_until_ready(jax.jit(jax.grad(functools.partial(_loss, conv_lib.conv_onednn),
+                                         argnums=(0, 1)))(x, w))
+  want = max(1, onednn.threads() // jax.local_device_count())
+  assert _team_calls_since(before) == {want: 3}
 
 
 def test_hlo_flops_counts_each_pass_as_pytorch_counts_a_convolution():

@@ -23,11 +23,12 @@ from, and registered as FFI targets for the CPU platform. `available()` says whe
 can be done here, and why not (no compiler, no wheel, another platform); `conv_impl`
 falls back to the other lowerings then, saying so once.
 
-Threads: each XLA thread that calls oneDNN leads its own OpenMP team, and XLA runs
-independent operations at once (a convolution's two gradients, GoogLeNet's branches, the
-devices of an emulated mesh); a call that starts while k others run takes
-max(1, T / (k + 1)) of the T OpenMP threads, so concurrent calls share the cores instead of
-oversubscribing them (`share_threads(False)`: every call takes T; docs/performance.md).
+Threads: each thread that calls oneDNN leads its own OpenMP team of T threads, and the
+D CPU devices of a process (emulated devices) run their steps at once, under `shard_map` or
+an auto-sharded `jit`: each call takes max(1, T / D) threads, so they share the cores
+instead of oversubscribing them (`share_threads(False)`: every call takes T;
+docs/performance.md). D is fixed for the process, never by how many calls happen to run at
+the moment: oneDNN's sums depend on its team, and results must not depend on timing.
 
 float32 and bfloat16 (oneDNN's bf16 kernels accumulate in float32 and round once, as XLA's
 convolution does); other dtypes, dilations, groups and negative padding go to XLA's
@@ -176,11 +177,17 @@ def _load() -> tuple[bool, str]:
 
 
 def share_threads(on: bool) -> None:
-  """Whether a call that starts while others run takes a share of the OpenMP threads (the
+  """Whether the calls of a mesh's devices take a share of the OpenMP threads each (the
   default) or all of them (module doc); for measuring the difference."""
   ok, path = _load()
   if ok:
     ctypes.cdll.LoadLibrary(path).JaxparOnednnShareThreads(int(on))
+
+
+def threads() -> int:
+  """T: the OpenMP threads a call takes alone (0 where oneDNN cannot run here)."""
+  ok, path = _load()
+  return ctypes.cdll.LoadLibrary(path).JaxparOnednnThreads() if ok else 0
 
 
 def calls_by_team() -> dict:
@@ -228,6 +235,12 @@ def _same_varying(a, b):
                if axes - _varying(t) else t for t in (a, b))
 
 
+def _callers() -> int:
+  """How many devices of this process may make this call at once: its CPU devices (a mesh
+  of emulated devices runs them all at once, under `shard_map` or an auto-sharded `jit`)."""
+  return max(1, jax.local_device_count('cpu'))
+
+
 def _call(name, a, b, shape, strides, pads):
   """One handler's call; its result is typed as varying over the operands' mesh axes
   (`manual_axis_type`; `_same_varying` made them the same)."""
@@ -236,7 +249,8 @@ def _call(name, a, b, shape, strides, pads):
   result = jax.ShapeDtypeStruct(shape, a.dtype, sharding=aval.sharding,
                                 manual_axis_type=aval.manual_axis_type)
   return jax.ffi.ffi_call(f'jaxpar_onednn_{name}', result, vmap_method='sequential')(
-      a, b, strides=np.asarray(strides, np.int64), padding=np.asarray([pt, pb, pl, pr], np.int64))
+      a, b, strides=np.asarray(strides, np.int64), padding=np.asarray([pt, pb, pl, pr], np.int64),
+      callers=np.int64(_callers()))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))

@@ -175,30 +175,33 @@ memory Staged(const memory::desc& want, const memory::desc& user, void* data, Bu
   return memory(want, Engine(), buffers.Get(slot, want.get_size()));
 }
 
-// OpenMP threads per call. XLA runs independent operations at once on its own threads (a
-// convolution's two gradients, GoogLeNet's branches, emulated devices), and each thread
-// that calls oneDNN leads its own OpenMP team of omp_get_max_threads() threads: two calls
-// at once on 2 cores were 4 threads meeting at barriers. A call that starts while k others
-// run takes max(1, T / (k + 1)) of the T threads (JaxparOnednnShareThreads(0): T always).
-// Calls are counted by the team they ran with (JaxparOnednnCalls).
+// OpenMP threads per call. Each thread that calls oneDNN leads its own OpenMP team of
+// omp_get_max_threads() = T threads, and the devices of a mesh in one process (emulated
+// CPU devices) run their steps at once, each on its own thread: 8 devices calling at once
+// on 2 cores were 16 threads meeting at barriers. A call made by one of `callers` devices
+// at once (the program says how many: jaxpar/models/onednn.py) takes max(1, T / callers)
+// threads (JaxparOnednnShareThreads(0): T always). Fixed per program, not by how many calls
+// happen to run at the moment: oneDNN's sums depend on its team, and a step's results must
+// not depend on timing. Calls are counted by the team they ran with (JaxparOnednnCalls).
 constexpr int kMaxTeam = 256;
-std::atomic<int> running{0};
 std::atomic<bool> sharing{true};
 std::atomic<long long> calls_by_team[kMaxTeam + 1];
 
-struct Share {
-  int threads;
-  Share() {
-    static const int all = omp_get_max_threads();  // read before any call sets its own
-    int others = running.fetch_add(1);
-    threads = sharing && others > 0 ? std::max(1, all / (others + 1)) : all;
-    calls_by_team[std::min(threads, kMaxTeam)].fetch_add(1);
-  }
-  ~Share() { running.fetch_sub(1); }
-};
+int AllThreads() {
+  static const int all = omp_get_max_threads();  // read before any call sets its own
+  return all;
+}
+
+int Team(int64_t callers) {
+  const int all = AllThreads();
+  int threads = sharing ? std::max<int64_t>(1, all / std::max<int64_t>(1, callers)) : all;
+  calls_by_team[std::min(threads, kMaxTeam)].fetch_add(1);
+  return threads;
+}
 
 ffi::Error Run(Pass pass, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out,
-               ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding) {
+               ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding,
+               int64_t callers) {
   Geometry g;
   auto dims = [](ffi::AnyBuffer::Dimensions d) { return memory::dims(d.begin(), d.end()); };
   switch (a.element_type()) {
@@ -216,10 +219,10 @@ ffi::Error Run(Pass pass, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::A
   g.strides = memory::dims(strides.begin(), strides.end());
   g.pad_l = {padding[0], padding[2]};
   g.pad_r = {padding[1], padding[3]};
-  Share share;
-  omp_set_num_threads(share.threads);  // this (XLA's) thread's team, for this call
+  const int threads = Team(callers);
+  omp_set_num_threads(threads);  // this (XLA's) thread's team, for this call
   try {
-    const Plan& p = GetPlan(pass, g, share.threads);
+    const Plan& p = GetPlan(pass, g, threads);
     thread_local dnnl::stream stream(Engine());
     thread_local Buffers buffers;
     memory a_user(p.a_user, Engine(), a.untyped_data());
@@ -242,21 +245,25 @@ ffi::Error Run(Pass pass, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::A
 }
 
 ffi::Error Forward(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
-                   ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding) {
-  return Run(kForward, x, w, y, strides, padding);
+                   ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding,
+                   int64_t callers) {
+  return Run(kForward, x, w, y, strides, padding, callers);
 }
 ffi::Error InputGrad(ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> dx,
-                     ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding) {
-  return Run(kInputGrad, dy, w, dx, strides, padding);
+                     ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding,
+                     int64_t callers) {
+  return Run(kInputGrad, dy, w, dx, strides, padding, callers);
 }
 ffi::Error KernelGrad(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dw,
-                      ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding) {
-  return Run(kKernelGrad, x, dy, dw, strides, padding);
+                      ffi::Span<const int64_t> strides, ffi::Span<const int64_t> padding,
+                      int64_t callers) {
+  return Run(kKernelGrad, x, dy, dw, strides, padding, callers);
 }
 
 }  // namespace
 
 extern "C" void JaxparOnednnShareThreads(int on) { sharing = on != 0; }
+extern "C" int JaxparOnednnThreads() { return AllThreads(); }
 extern "C" long long JaxparOnednnCalls(int threads) {
   return threads >= 0 && threads <= kMaxTeam ? calls_by_team[threads].load() : 0;
 }
@@ -267,7 +274,8 @@ extern "C" long long JaxparOnednnCalls(int threads) {
       .Arg<ffi::AnyBuffer>()                                                     \
       .Ret<ffi::AnyBuffer>()                                                     \
       .Attr<ffi::Span<const int64_t>>("strides")                                 \
-      .Attr<ffi::Span<const int64_t>>("padding")
+      .Attr<ffi::Span<const int64_t>>("padding")                                 \
+      .Attr<int64_t>("callers")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparOnednnConvForward, Forward, JAXPAR_BIND);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparOnednnConvInputGrad, InputGrad, JAXPAR_BIND);
