@@ -103,8 +103,10 @@ def test_lowerings_equal_xla_float32_16_32(impl, c):
 @pytest.mark.parametrize('impl,c', _cases(LARGE))
 def test_lowerings_equal_xla_float32_224(impl, c):
   # Winograd's transforms add and subtract four inputs, then four products, before and
-  # after each sum over channels: a few more roundings than a direct sum.
-  _assert_same(impl, c, jnp.float32, 2e-5 if impl == 'winograd' else 1e-5)
+  # after each sum over channels: a few more roundings than a direct sum. oneDNN's kernel
+  # gradient on one thread (this process's 8 devices share 2 cores: onednn.py) sums the
+  # 2·224·224 positions in one running sum: ~2.6e-5 of the largest element apart from XLA's.
+  _assert_same(impl, c, jnp.float32, {'winograd': 2e-5, 'onednn': 5e-5}.get(impl, 1e-5))
 
 
 @pytest.mark.parametrize('impl,c', _cases(SMALL))
