@@ -45,9 +45,9 @@ def defaults() -> ml_collections.ConfigDict:
   # none; auto = dynamic for dtype='float16', none otherwise.
   c.loss_scaling = 'auto'
   # How convolutions are computed (jaxpar/models/conv.py): auto = on the CPU backend
-  # oneDNN's convolutions (jaxpar/models/onednn.py; float32) above small output maps, one
-  # matmul per kernel tap on those (XLA's CPU convolutions are slow there), XLA's on GPU/TPU;
-  # onednn; xla; taps; im2col; winograd; measured.
+  # oneDNN's convolutions (jaxpar/models/onednn.py): float32 above small output maps (one
+  # matmul per kernel tap on those: XLA's CPU convolutions are slow there), every bfloat16
+  # one; XLA's on GPU/TPU; onednn; xla; taps; im2col; winograd; measured.
   c.conv_impl = 'auto'
   # Host memory (jaxpar/host_memory.py): keep = glibc keeps freed memory for reuse, so
   # XLA's CPU temporaries above 32 MiB are not mapped and faulted in again every step

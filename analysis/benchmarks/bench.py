@@ -10,9 +10,9 @@ writes — the same model, optimizer and global batch in a plain `jax.jit` step,
 sharded over every mesh axis with `NamedSharding`, the parameters replicated, XLA
 inserting the collectives — are compiled, then run alternately, round by round, so both
 see the same machine state; in each round each runner takes `--repeat` steps in a row and
-the last is timed (a step right after another framework's is slower: `REPEAT`). Per step: compile time; step time (median,
-min, max); images/s; FLOPs per device from the compiled program's cost analysis and the
-FLOP/s achieved; peak memory and temporaries per device from its memory analysis; the
+the last is timed (a step right after another framework's is slower: `REPEAT`). Per step:
+compile time; step time (median, min, max); images/s; FLOPs per device from the compiled
+program's cost analysis and the FLOP/s achieved; peak memory and temporaries per device from its memory analysis; the
 process's minor page faults a timed step (`getrusage`); the collectives of the
 compiled program and their bytes per device and step (`jaxpar.plan.hlo.compiled_collectives`:
 every branch of a conditional counts, and on CPU bfloat16 sums show as float32). Ratios are taken side by side

@@ -16,8 +16,9 @@ one step of each per round, so all see the same machine state:
   (`conv.onednn_in_auto` and `pooling.FAST_GRADIENT` off: `auto` where oneDNN cannot run,
   flax's max-pool);
 - `onednn`: oneDNN's convolution everywhere it computes (`conv_impl='onednn'`, any dtype);
-- `unshared`: `auto`'s program, every oneDNN call with all OpenMP threads even while others
-  run (`onednn.share_threads(False)`; the default shares them, jaxpar/models/onednn.py);
+- `unshared`: `auto`'s program, every oneDNN call with all OpenMP threads, however many
+  devices the process has (`onednn.share_threads(False)`; by default they share them,
+  jaxpar/models/onednn.py);
 - `xla`: XLA's convolution everywhere;
 - `measured`: the isolated table's fastest lowering for every geometry it has;
 - `measured:K` for each lowering K the table picks in this step where the rule does not: the

@@ -176,28 +176,36 @@ def _load() -> tuple[bool, str]:
   return True, path
 
 
-def share_threads(on: bool) -> None:
-  """Whether the calls of a mesh's devices take a share of the OpenMP threads each (the
-  default) or all of them (module doc); for measuring the difference."""
+@functools.cache
+def _library_functions():
+  """The built library's own C functions (None where `available()` is False)."""
   ok, path = _load()
-  if ok:
-    ctypes.cdll.LoadLibrary(path).JaxparOnednnShareThreads(int(on))
+  if not ok:
+    return None
+  lib = ctypes.cdll.LoadLibrary(path)  # the handle `_load` opened, not a second copy
+  lib.JaxparOnednnCalls.restype = ctypes.c_longlong
+  return lib
+
+
+def share_threads(on: bool) -> None:
+  """Whether the calls of a process's devices take a share of the OpenMP threads each (the
+  default) or all of them (module doc); for measuring the difference."""
+  if lib := _library_functions():
+    lib.JaxparOnednnShareThreads(int(on))
 
 
 def threads() -> int:
   """T: the OpenMP threads a call takes alone (0 where oneDNN cannot run here)."""
-  ok, path = _load()
-  return ctypes.cdll.LoadLibrary(path).JaxparOnednnThreads() if ok else 0
+  lib = _library_functions()
+  return lib.JaxparOnednnThreads() if lib else 0
 
 
 def calls_by_team() -> dict:
   """{OpenMP threads: how many oneDNN passes ran with that many} in this process so far."""
-  ok, path = _load()
-  if not ok:
+  lib = _library_functions()
+  if not lib:
     return {}
-  count = ctypes.cdll.LoadLibrary(path).JaxparOnednnCalls
-  count.restype = ctypes.c_longlong
-  return {t: n for t in range(1, 257) if (n := count(t))}
+  return {t: n for t in range(1, 257) if (n := lib.JaxparOnednnCalls(t))}
 
 
 def available() -> bool:

@@ -178,11 +178,11 @@ memory Staged(const memory::desc& want, const memory::desc& user, void* data, Bu
 // OpenMP threads per call. Each thread that calls oneDNN leads its own OpenMP team of
 // omp_get_max_threads() = T threads, and the devices of a mesh in one process (emulated
 // CPU devices) run their steps at once, each on its own thread: 8 devices calling at once
-// on 2 cores were 16 threads meeting at barriers. A call made by one of `callers` devices
-// at once (the program says how many: jaxpar/models/onednn.py) takes max(1, T / callers)
-// threads (JaxparOnednnShareThreads(0): T always). Fixed per program, not by how many calls
-// happen to run at the moment: oneDNN's sums depend on its team, and a step's results must
-// not depend on timing. Calls are counted by the team they ran with (JaxparOnednnCalls).
+// on 2 cores were 16 threads meeting at barriers. Each call carries `callers`, the process's
+// CPU devices (jaxpar/models/onednn.py), and takes max(1, T / callers) threads
+// (JaxparOnednnShareThreads(0): T always). Fixed per process, not by how many calls happen
+// to run at the moment: oneDNN's sums depend on its team, and a step's results must not
+// depend on timing. Calls are counted by the team they ran with (JaxparOnednnCalls).
 constexpr int kMaxTeam = 256;
 std::atomic<bool> sharing{true};
 std::atomic<long long> calls_by_team[kMaxTeam + 1];
