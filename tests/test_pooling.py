@@ -1,22 +1,29 @@
 """`jaxpar.models.pooling.max_pool` equals flax's `nn.max_pool`, forward and gradient, for
 every max-pool geometry of the four networks (and 'SAME' padding as GoogLeNet's inception
-asks), ties included: the gradient goes to the same element of each window as JAX's own."""
+asks), ties included: the gradient goes to the same element of each window as JAX's own —
+per stride phase (the default) and per tap (the formulation before, kept for the A/B)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import flax.linen as nn
 
+from jaxpar.models import pooling
 from jaxpar.models.pooling import max_pool
 
 # (map, window, stride, padding): ResNet34's 3×3/2 stem pool, VGG16E's 2×2/2, GoogLeNet's and
-# SqueezeNet's 3×3/2 with Caffe's ceil padding (bottom/right), GoogLeNet's inception 3×3/1.
+# SqueezeNet's 3×3/2 with Caffe's ceil padding (bottom/right), GoogLeNet's inception 3×3/1;
+# then pools none of them has: a window smaller than the stride (phases no tap reaches),
+# unequal strides, a stride equal to an odd window.
 GEOMETRIES = [((9, 9), (3, 3), (2, 2), ((1, 1), (1, 1))),
               ((8, 8), (2, 2), (2, 2), ((0, 0), (0, 0))),
               ((8, 8), (3, 3), (2, 2), ((0, 1), (0, 1))),
               ((7, 7), (3, 3), (2, 2), ((0, 0), (0, 0))),
               ((6, 5), (3, 3), (1, 1), 'SAME'),
-              ((1, 1), (3, 3), (2, 2), ((0, 2), (0, 2)))]
+              ((1, 1), (3, 3), (2, 2), ((0, 2), (0, 2))),
+              ((9, 8), (2, 2), (3, 3), ((0, 0), (0, 1))),
+              ((10, 9), (3, 2), (2, 1), ((1, 0), (0, 1))),
+              ((9, 9), (3, 3), (3, 3), ((0, 0), (0, 0)))]
 
 
 def _grads(pool, x, dy, window, strides, padding):
@@ -27,7 +34,10 @@ def _grads(pool, x, dy, window, strides, padding):
 @pytest.mark.parametrize('hw,window,strides,padding', GEOMETRIES)
 @pytest.mark.parametrize('ties', [False, True])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_max_pool_equals_flax_forward_and_gradient(hw, window, strides, padding, ties, dtype):
+@pytest.mark.parametrize('gradient', ['phases', 'taps'])
+def test_max_pool_equals_flax_forward_and_gradient(hw, window, strides, padding, ties, dtype,
+                                                   gradient, monkeypatch):
+  monkeypatch.setattr(pooling, 'GRADIENT', gradient)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(2, *hw, 3))
   if ties:  # after a ReLU most windows hold several equal zeros, some all zeros

@@ -12,17 +12,28 @@ with a ≥ selection keeps the first maximum):
     taken₀ = 0;  m_t = (x̃_t == y) ∧ ¬taken_{t−1};  taken_t = taken_{t−1} ∨ m_t
     dx̃ = Σ_t place_t(m_t · dy),
 
-x̃_t the strided slice tap t = (i, j) sees and place_t its transpose (a pad with the stride's
-interior zeros). Every term is elementwise or a pad, which XLA fuses into a few loops; XLA's
-CPU `select_and_scatter` runs a scalar loop instead — 4–25× slower on these networks'
-pools (the 2×2/2 pool on VGG16E's 2×224×224×64: 50 ms against 2 ms; docs/performance.md),
-on 224² inputs a larger share of GoogLeNet's and SqueezeNet's step than their convolutions.
+x̃_t the strided slice tap t = (i, j) sees and place_t its transpose. Computed per stride
+phase: the padded-map positions p ≡ r (mod s) (per axis) only receive from the taps with
+i ≡ r (mod s), position p = q·s + r from output a = q − ⌊i/s⌋, so
+
+    D_{r,r'}[q, q'] = Σ_{i ≡ r, j ≡ r'} (m_{ij} · dy)[q − ⌊i/s⌋, q' − ⌊j/s'⌋]      (0 outside)
+
+is a sum of shifted pooled-size arrays (≤ 4 for 3×3 at stride 2), and dx̃ interleaves the
+s·s' phases (dx̃[q·s + r, q'·s' + r'] = D_{r,r'}[q, q']). Every term is elementwise, a pad or a
+reshape, which XLA fuses into one loop over dx̃ that reads pooled-size arrays; XLA's CPU
+`select_and_scatter` runs a scalar loop instead — 4–25× slower on these networks' pools (the
+2×2/2 pool on VGG16E's 2×224×224×64: 50 ms against 2 ms; docs/performance.md), on 224²
+inputs a larger share of GoogLeNet's and SqueezeNet's step than their convolutions. The
+first formulation (`GRADIENT = 'taps'`: each m_t · dy placed at full size with the stride's
+interior zeros, 9 full-size terms for 3×3) is kept for the A/B
+(`analysis.benchmarks.conv_step_ab`'s `pool_taps`); per phase the 3×3/2 gradients of the four
+networks took 0.3–0.8× its time (docs/performance.md).
 
 Exact: the same elements receive the same cotangents; where windows overlap (3×3 at stride
 1 and 2) an element's contributions are summed in another order, so equal within float
 rounding (tests/test_pooling.py, with ties). Below float32 the backward pass runs in float32
-and rounds once (XLA's CPU bfloat16 elementwise code is slower than its loop there). On GPU and TPU `max_pool` is flax's (XLA's
-gradient there was not measured slow).
+and rounds once (XLA's CPU bfloat16 elementwise code is slower than its loop there). On GPU
+and TPU `max_pool` is flax's (XLA's gradient there was not measured slow).
 """
 import functools
 
@@ -33,8 +44,9 @@ from jax import lax
 
 
 # Read at trace time; `analysis.benchmarks.conv_step_ab`'s `previous` variant turns it off
-# (the steps before it).
+# (the steps before it), its `pool_taps` variant sets GRADIENT = 'taps'.
 FAST_GRADIENT = True
+GRADIENT = 'phases'  # or 'taps': the formulation before, for the A/B
 
 
 def max_pool(x, window_shape, strides=None, padding='VALID'):
@@ -60,6 +72,22 @@ def _forward(x, window, strides, padding):
   return y, (x, y)
 
 
+def _first_maxima(xp, y, window, strides):
+  """Yields (i, j, m_ij): tap (i, j)'s mask of the output positions whose first maximum it
+  holds (m_t above), taps in row-major order."""
+  n, c = y.shape[0], y.shape[3]
+  oh, ow = y.shape[1:3]
+  sh, sw = strides
+  taken = None
+  for i in range(window[0]):
+    for j in range(window[1]):
+      seen = lax.slice(xp, (0, i, j, 0), (n, i + (oh - 1) * sh + 1, j + (ow - 1) * sw + 1, c),
+                       (1, sh, sw, 1))
+      first = seen == y if taken is None else (seen == y) & ~taken
+      taken = first if taken is None else taken | first
+      yield i, j, first
+
+
 def _backward(window, strides, padding, residuals, dy):
   x, y = residuals
   # Below float32 in float32, rounded once: XLA's CPU code for bfloat16 elementwise ops is
@@ -75,18 +103,27 @@ def _backward(window, strides, padding, residuals, dy):
   xp = jnp.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=-jnp.inf)
   hp, wp = xp.shape[1:3]
   zero = jnp.zeros((), dy.dtype)
-  taken, dxp = None, None
-  for i in range(window[0]):
-    for j in range(window[1]):
-      seen = lax.slice(xp, (0, i, j, 0), (n, i + (oh - 1) * sh + 1, j + (ow - 1) * sw + 1, c),
-                       (1, sh, sw, 1))
-      first = seen == y if taken is None else (seen == y) & ~taken
-      taken = first if taken is None else taken | first
+  if GRADIENT == 'taps':
+    dxp = None
+    for i, j, first in _first_maxima(xp, y, window, strides):
       # place_t: each output position back where tap (i, j) read it.
       placed = lax.pad(jnp.where(first, dy, zero), zero,
                        ((0, 0, 0), (i, hp - i - (oh - 1) * sh - 1, sh - 1),
                         (j, wp - j - (ow - 1) * sw - 1, sw - 1), (0, 0, 0)))
       dxp = placed if dxp is None else dxp + placed
+    return (dxp[:, pt:pt + h, pl:pl + w].astype(out_dtype),)
+  # Per stride phase: D[r, r'] of shape (n, hq, wq, c), then interleaved.
+  hq, wq = -(-hp // sh), -(-wp // sw)
+  phases = {}
+  for i, j, first in _first_maxima(xp, y, window, strides):
+    di, dj = i // sh, j // sw  # output a lands on phase row q = a + di
+    shifted = lax.pad(jnp.where(first, dy, zero), zero,
+                      ((0, 0, 0), (di, hq - oh - di, 0), (dj, wq - ow - dj, 0), (0, 0, 0)))
+    key = (i % sh, j % sw)
+    phases[key] = phases[key] + shifted if key in phases else shifted
+  none = jnp.zeros((n, hq, wq, c), dy.dtype)  # a phase no tap reaches (window < stride)
+  rows = [jnp.stack([phases.get((r, q), none) for q in range(sw)], axis=3) for r in range(sh)]
+  dxp = jnp.stack(rows, axis=2).reshape(n, hq * sh, wq * sw, c)
   return (dxp[:, pt:pt + h, pl:pl + w].astype(out_dtype),)
 
 
