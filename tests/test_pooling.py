@@ -1,7 +1,8 @@
 """`jaxpar.models.pooling.max_pool` equals flax's `nn.max_pool`, forward and gradient, for
 every max-pool geometry of the four networks (and 'SAME' padding as GoogLeNet's inception
 asks), ties included: the gradient goes to the same element of each window as JAX's own —
-per stride phase (the default) and per tap (the formulation before, kept for the A/B)."""
+in both formulations of each pass (the default: the maximum of strided slices, the gradient
+per stride phase; and those before, kept for the A/B: `reduce_window`, taps at full size)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,9 +35,10 @@ def _grads(pool, x, dy, window, strides, padding):
 @pytest.mark.parametrize('hw,window,strides,padding', GEOMETRIES)
 @pytest.mark.parametrize('ties', [False, True])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize('gradient', ['phases', 'taps'])
+@pytest.mark.parametrize('forward,gradient', [('slices', 'phases'), ('reduce_window', 'full')])
 def test_max_pool_equals_flax_forward_and_gradient(hw, window, strides, padding, ties, dtype,
-                                                   gradient, monkeypatch):
+                                                   forward, gradient, monkeypatch):
+  monkeypatch.setattr(pooling, 'FORWARD', forward)
   monkeypatch.setattr(pooling, 'GRADIENT', gradient)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(2, *hw, 3))
@@ -54,10 +56,11 @@ def test_max_pool_equals_flax_forward_and_gradient(hw, window, strides, padding,
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
 
 
-def test_the_program_has_no_select_and_scatter_on_cpu():
+def test_the_program_has_no_select_and_scatter_or_reduce_window_on_cpu():
   x = jnp.ones((2, 8, 8, 3))
   grad = jax.grad(lambda x: jnp.sum(max_pool(x, (3, 3), (2, 2), ((0, 1), (0, 1)))))
-  assert 'select_and_scatter' not in jax.jit(grad).lower(x).as_text()
+  text = jax.jit(grad).lower(x).as_text()
+  assert 'select_and_scatter' not in text and 'reduce_window' not in text
   flax_grad = jax.grad(lambda x: jnp.sum(nn.max_pool(x, (3, 3), (2, 2), ((0, 1), (0, 1)))))
   assert 'select_and_scatter' in jax.jit(flax_grad).lower(x).as_text()
 
@@ -65,3 +68,20 @@ def test_the_program_has_no_select_and_scatter_on_cpu():
 def test_other_shapes_are_flaxs():
   x = jnp.arange(2 * 9 * 3, dtype=jnp.float32).reshape(2, 9, 3)  # one spatial dim
   np.testing.assert_array_equal(max_pool(x, (3,), (2,)), nn.max_pool(x, (3,), (2,)))
+
+
+def test_pool_bench_finds_a_networks_pools_and_times_each_formulation():
+  """`analysis.benchmarks.pool_bench`: SqueezeNet's three 3×3/2 pools at 224² (Caffe's
+  ceil rounding: 109² → 54², 54² → 27², 27² → 13²), and each formulation's program is
+  its own (the settings reach the trace: `reduce_window` in `flax` and `before` only)."""
+  from analysis.benchmarks import pool_bench
+  found = pool_bench.pools('squeezenet', 224, 2, jnp.float32)
+  assert sorted(p.shape for p in found) == [(2, 27, 27, 512), (2, 54, 54, 256),
+                                            (2, 109, 109, 96)]
+  assert {(p.window, p.strides) for p in found} == {((3, 3), (2, 2))}
+  assert all(count == 1 for count in found.values())
+  p = pool_bench.Pool((2, 9, 9, 3), (3, 3), (2, 2), ((0, 0), (0, 0)))
+  for formulation, reduce_window in (('flax', True), ('before', True), ('jaxpar', False)):
+    for f, args in pool_bench.programs(formulation, p, jnp.float32).values():
+      assert ('reduce_window' in f.lower(*args).as_text()) == reduce_window, formulation
+  assert pooling.FORWARD == 'slices' and pooling.GRADIENT == 'phases'  # restored

@@ -13,10 +13,11 @@ one step of each per round, so all see the same machine state:
   else taps on small output maps, XLA's convolution above);
 - `auto`: `conv_impl='auto'` as committed (the rule, and `conv_auto.json`'s choices);
 - `previous`: the step before oneDNN's convolutions and the fast max-pool gradient
-  (`conv.onednn_in_auto` and `pooling.FAST_GRADIENT` off: `auto` where oneDNN cannot run,
+  (`conv.onednn_in_auto` and `pooling.ENABLED` off: `auto` where oneDNN cannot run,
   flax's max-pool);
-- `pool_taps`: `auto`'s program with the max-pool gradient per tap (`pooling.GRADIENT =
-  'taps'`, the formulation before the one per stride phase);
+- `pool_reduce_window`, `pool_full`: `auto`'s program with the max-pool's formulation before,
+  XLA's `reduce_window` for the forward pass (`pooling.FORWARD`), the gradient's taps at
+  full size instead of per stride phase (`pooling.GRADIENT`);
 - `onednn`: oneDNN's convolution everywhere it computes (`conv_impl='onednn'`, any dtype);
 - `unshared`: `auto`'s program, every oneDNN call with all OpenMP threads, however many
   devices the process has (`onednn.share_threads(False)`; by default they share them,
@@ -55,7 +56,7 @@ from jaxpar.models import conv, onednn, pooling  # noqa: E402
 from jaxpar.step import make_train_step, to_global  # noqa: E402
 
 FLAGS = flags.FLAGS
-VARIANTS = ('rule', 'auto', 'previous', 'pool_taps', 'onednn', 'unshared', 'xla', 'measured', 'measured:*')
+VARIANTS = ('rule', 'auto', 'previous', 'pool_reduce_window', 'pool_full', 'onednn', 'unshared', 'xla', 'measured', 'measured:*')
 FASTER = 0.02  # `verified`: a kind's variant must be at least this much below `rule`
 
 
@@ -65,9 +66,9 @@ class _Choices:
   about is recorded with the lowering it got."""
 
   def __init__(self, measured: dict | None = None, auto: dict | None = None,
-               onednn: bool = True, pool: str = 'phases'):
+               onednn: bool = True, pool: dict | None = None):
     self.measured, self.auto, self.used = measured, auto, collections.Counter()
-    self.onednn, self.pool = onednn, pool
+    self.onednn, self.pool = onednn, pool or {}
 
   def __enter__(self):
     self._saved = (conv.measured_choices, conv.auto_choices, conv.choose,
@@ -78,8 +79,9 @@ class _Choices:
       conv.auto_choices = lambda: self.auto
     if not self.onednn:
       conv.onednn_in_auto = lambda dtype=None: False
-      pooling.FAST_GRADIENT = False
-    pooling.GRADIENT = self.pool
+      pooling.ENABLED = False
+    for name, value in self.pool.items():
+      setattr(pooling, name, value)
     choose = self._saved[2]
 
     def recording(impl, lhs_shape, rhs_shape, window_strides, padding, backend=None, **kw):
@@ -93,7 +95,7 @@ class _Choices:
   def __exit__(self, *exc):
     (conv.measured_choices, conv.auto_choices, conv.choose,
      conv.onednn_in_auto) = self._saved
-    pooling.FAST_GRADIENT, pooling.GRADIENT = True, 'phases'
+    pooling.ENABLED, pooling.FORWARD, pooling.GRADIENT = True, 'slices', 'phases'
 
 
 def _runner(cfg, name: str, impl: str, source, batch, mesh, share: bool = True, **tables):
@@ -129,7 +131,8 @@ def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
   table = conv.measured_choices()
   differing = {k: table[k] for k in rule if k in table and table[k] != rule[k]}
   variants = [('auto', 'auto', {}), ('previous', 'auto', {'onednn': False}),
-              ('pool_taps', 'auto', {'pool': 'taps'}),
+              ('pool_reduce_window', 'auto', {'pool': {'FORWARD': 'reduce_window'}}),
+              ('pool_full', 'auto', {'pool': {'GRADIENT': 'full'}}),
               ('onednn', 'onednn', {}), ('unshared', 'auto', {'share': False}),
               ('xla', 'xla', {}),
               ('measured', 'measured', {'measured': table})]

@@ -176,6 +176,11 @@ def _conv_steps(folder):
   return conv_step_ab.table(_load(f'conv/{folder}/*.json'))
 
 
+def _pools():
+  from analysis.benchmarks import pool_bench
+  return pool_bench.table(_load('pool/float32.json'))
+
+
 def _gaps():
   from analysis.steptime import gaps
   return gaps.table(_load('measured/collective_gaps.json')[0])
@@ -237,6 +242,7 @@ TABLES = {
     'conv-step-onednn-bf16': lambda: _conv_steps('step_onednn_bf16'),
     'conv-step-bf16-above16': lambda: _conv_steps('step_bf16_above16'),
     'conv-step-pool': lambda: _conv_steps('step_pool'),
+    'pool-float32': _pools,
     'small-collectives': _small_collectives,
     'collectives-resnet34': lambda: _bench('collectives/bench_resnet34_32_2p_*.json'),
     'calls-after-compute': _gaps,

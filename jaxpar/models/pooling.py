@@ -1,11 +1,15 @@
-"""Max-pooling whose gradient XLA's CPU backend computes fast: `max_pool`, a drop-in for
-flax's `nn.max_pool` on NHWC maps.
+"""Max-pooling that XLA's CPU backend computes fast, forward and gradient: `max_pool`, a
+drop-in for flax's `nn.max_pool` on NHWC maps.
 
-The forward pass is XLA's `reduce_window` with max,
+The forward pass,
 
     y[n, a, b, c] = max_{i<kh, j<kw} x̃[n, a·sh + i, b·sw + j, c]     (x̃: x padded with −∞),
 
-and its gradient sends each dy[n, a, b, c] to the *first* window element, in row-major tap
+is the elementwise maximum of the kh·kw strided slices x̃_t (one per tap), which XLA fuses
+into one loop; its `reduce_window`, flax's, took up to 6.7× as long on these networks' pools
+in float32 and up to 14× in bfloat16 (below float32 the maximum runs in float32: exact, and
+XLA's CPU bfloat16 elementwise code is slow; `analysis.benchmarks.pool_bench`,
+docs/performance.md). Its gradient sends each dy[n, a, b, c] to the *first* window element, in row-major tap
 order, that equals the maximum — the element JAX's own gradient picks (`select_and_scatter_add`
 with a ≥ selection keeps the first maximum):
 
@@ -24,12 +28,14 @@ reshape, which XLA fuses into one loop over dx̃ that reads pooled-size arrays; 
 `select_and_scatter` runs a scalar loop instead — 4–25× slower on these networks' pools (the
 2×2/2 pool on VGG16E's 2×224×224×64: 50 ms against 2 ms; docs/performance.md), on 224²
 inputs a larger share of GoogLeNet's and SqueezeNet's step than their convolutions. The
-first formulation (`GRADIENT = 'taps'`: each m_t · dy placed at full size with the stride's
+first formulation (`GRADIENT = 'full'`: each m_t · dy placed at full size with the stride's
 interior zeros, 9 full-size terms for 3×3) is kept for the A/B
-(`analysis.benchmarks.conv_step_ab`'s `pool_taps`); per phase the 3×3/2 gradients of the four
-networks took 0.3–0.8× its time (docs/performance.md).
+(`analysis.benchmarks.conv_step_ab`'s `pool_full`). Forward and backward together, the
+224² pools took 0.20–0.85× the time of these formulations before (reduce_window, taps at full
+size) in float32, 0.02–0.36× flax's, and 0.10–1.00× PyTorch's `max_pool2d` (NCHW).
 
-Exact: the same elements receive the same cotangents; where windows overlap (3×3 at stride
+Exact: the forward pass is the same maximum (a maximum is exact in any order, and float32
+holds every bfloat16); the same elements receive the same cotangents; where windows overlap (3×3 at stride
 1 and 2) an element's contributions are summed in another order, so equal within float
 rounding (tests/test_pooling.py, with ties). Below float32 the backward pass runs in float32
 and rounds once (XLA's CPU bfloat16 elementwise code is slower than its loop there). On GPU
@@ -43,17 +49,20 @@ import jax.numpy as jnp
 from jax import lax
 
 
-# Read at trace time; `analysis.benchmarks.conv_step_ab`'s `previous` variant turns it off
-# (the steps before it), its `pool_taps` variant sets GRADIENT = 'taps'.
-FAST_GRADIENT = True
-GRADIENT = 'phases'  # or 'taps': the formulation before, for the A/B
+# Read at trace time, for `analysis.benchmarks.conv_step_ab`'s variants: `previous` turns
+# ENABLED off (flax's max-pool, the steps before it); `pool_reduce_window` and `pool_full`
+# set the formulations before these (XLA's `reduce_window`; the gradient's taps at full
+# size).
+ENABLED = True
+FORWARD = 'slices'  # or 'reduce_window'
+GRADIENT = 'phases'  # or 'full'
 
 
 def max_pool(x, window_shape, strides=None, padding='VALID'):
-  """`nn.max_pool(x, window_shape, strides, padding)` with the gradient above on the CPU
-  backend (NHWC input); flax's elsewhere."""
+  """`nn.max_pool(x, window_shape, strides, padding)` computed as above on the CPU backend
+  (NHWC input); flax's elsewhere."""
   strides = tuple(strides or (1,) * len(window_shape))
-  if (not FAST_GRADIENT or x.ndim != 4 or len(window_shape) != 2
+  if (not ENABLED or x.ndim != 4 or len(window_shape) != 2
       or jax.default_backend() != 'cpu'):
     return nn.max_pool(x, window_shape, strides, padding)
   if isinstance(padding, str):
@@ -63,8 +72,20 @@ def max_pool(x, window_shape, strides=None, padding='VALID'):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
 def _max_pool(x, window, strides, padding):
-  return lax.reduce_window(x, jnp.array(-jnp.inf, x.dtype), lax.max, (1, *window, 1),
-                           (1, *strides, 1), ((0, 0), *padding, (0, 0)))
+  if FORWARD == 'reduce_window':
+    return lax.reduce_window(x, jnp.array(-jnp.inf, x.dtype), lax.max, (1, *window, 1),
+                             (1, *strides, 1), ((0, 0), *padding, (0, 0)))
+  wide = x.astype(jnp.float32) if jnp.finfo(x.dtype).bits < 32 else x
+  xp = jnp.pad(wide, ((0, 0), *padding, (0, 0)), constant_values=-jnp.inf)
+  n, c = x.shape[0], x.shape[3]
+  oh, ow = ((xp.shape[k + 1] - window[k]) // strides[k] + 1 for k in (0, 1))
+  y = None
+  for i in range(window[0]):
+    for j in range(window[1]):
+      seen = lax.slice(xp, (0, i, j, 0), (n, i + (oh - 1) * strides[0] + 1,
+                                          j + (ow - 1) * strides[1] + 1, c), (1, *strides, 1))
+      y = seen if y is None else jnp.maximum(y, seen)
+  return y.astype(x.dtype)
 
 
 def _forward(x, window, strides, padding):
@@ -103,7 +124,7 @@ def _backward(window, strides, padding, residuals, dy):
   xp = jnp.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=-jnp.inf)
   hp, wp = xp.shape[1:3]
   zero = jnp.zeros((), dy.dtype)
-  if GRADIENT == 'taps':
+  if GRADIENT == 'full':
     dxp = None
     for i, j, first in _first_maxima(xp, y, window, strides):
       # place_t: each output position back where tap (i, j) read it.
