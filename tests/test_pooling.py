@@ -1,8 +1,9 @@
 """`jaxpar.models.pooling.max_pool` equals flax's `nn.max_pool`, forward and gradient, for
 every max-pool geometry of the four networks (and 'SAME' padding as GoogLeNet's inception
 asks), ties included: the gradient goes to the same element of each window as JAX's own —
-in both formulations of each pass (the default: the maximum of strided slices, the gradient
-per stride phase; and those before, kept for the A/B: `reduce_window`, taps at full size)."""
+in each formulation of each pass (the default: the maximum of strided slices, the gradient
+per stride phase, its phases interleaved or selected by parity; and those before, kept for
+the A/B: `reduce_window`, taps at full size)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,11 +36,14 @@ def _grads(pool, x, dy, window, strides, padding):
 @pytest.mark.parametrize('hw,window,strides,padding', GEOMETRIES)
 @pytest.mark.parametrize('ties', [False, True])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize('forward,gradient', [('slices', 'phases'), ('reduce_window', 'full')])
+@pytest.mark.parametrize('forward,gradient,assembly', [
+    ('slices', 'phases', 'interleave'), ('slices', 'phases', 'parity'),
+    ('reduce_window', 'full', 'auto')])
 def test_max_pool_equals_flax_forward_and_gradient(hw, window, strides, padding, ties, dtype,
-                                                   forward, gradient, monkeypatch):
+                                                   forward, gradient, assembly, monkeypatch):
   monkeypatch.setattr(pooling, 'FORWARD', forward)
   monkeypatch.setattr(pooling, 'GRADIENT', gradient)
+  monkeypatch.setattr(pooling, 'ASSEMBLY', assembly)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(2, *hw, 3))
   if ties:  # after a ReLU most windows hold several equal zeros, some all zeros
@@ -84,4 +88,21 @@ def test_pool_bench_finds_a_networks_pools_and_times_each_formulation():
   for formulation, reduce_window in (('flax', True), ('before', True), ('jaxpar', False)):
     for f, args in pool_bench.programs(formulation, p, jnp.float32).values():
       assert ('reduce_window' in f.lower(*args).as_text()) == reduce_window, formulation
-  assert pooling.FORWARD == 'slices' and pooling.GRADIENT == 'phases'  # restored
+  assert (pooling.FORWARD, pooling.GRADIENT, pooling.ASSEMBLY) == ('slices', 'phases', 'auto')
+
+
+def test_auto_assembles_unpadded_overlapping_pools_by_parity():
+  """`ASSEMBLY = 'auto'` (analysis/report/pool/): the phases selected by parity where the
+  windows overlap and the pool is unpadded (SqueezeNet's 3×3/2 on 109², 27², 13²),
+  interleaved where it is padded or the windows do not overlap (VGG16E's 2×2/2)."""
+  x = jnp.ones((2, 10, 10, 3))
+
+  def parity(window, strides, padding):
+    text = jax.jit(jax.grad(lambda x: jnp.sum(max_pool(x, window, strides, padding)))).lower(
+        x).as_text()
+    assert ('iota' in text) != ('concatenate' in text)
+    return 'iota' in text
+  assert parity((3, 3), (2, 2), ((0, 0), (0, 0)))
+  assert not parity((3, 3), (2, 2), ((1, 1), (1, 1)))
+  assert not parity((3, 3), (2, 2), ((0, 1), (0, 1)))
+  assert not parity((2, 2), (2, 2), ((0, 0), (0, 0)))

@@ -96,6 +96,7 @@ class _Choices:
     (conv.measured_choices, conv.auto_choices, conv.choose,
      conv.onednn_in_auto) = self._saved
     pooling.ENABLED, pooling.FORWARD, pooling.GRADIENT = True, 'slices', 'phases'
+    pooling.ASSEMBLY = 'auto'
 
 
 def _runner(cfg, name: str, impl: str, source, batch, mesh, share: bool = True, **tables):

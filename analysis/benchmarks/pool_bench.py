@@ -12,8 +12,10 @@ collected (input shape, window, strides, padding), and each distinct one is time
 - `before`: `reduce_window` and the gradient with each tap's cotangents placed at full size
   (`pooling.FORWARD = 'reduce_window'`, `pooling.GRADIENT = 'full'`: jaxpar's max-pool
   before the stride phases);
-- `jaxpar`: what `max_pool` runs now, the maximum of strided slices and the gradient per
-  stride phase;
+- `interleave`, `parity`: the maximum of strided slices, and the gradient per stride phase
+  with its phases interleaved or selected by parity (`pooling.ASSEMBLY`);
+- `jaxpar`: what `max_pool` runs now (`ASSEMBLY = 'auto'`: parity where the pool is
+  unpadded, else interleaved — the rule these rows are for);
 - with `--torch`, PyTorch's `max_pool2d` on NCHW (as torchvision's networks run it; Caffe's
   ceil padding as `ceil_mode`, a symmetric one as `padding`) and its gradient.
 'forward + backward' is one call computing the pool, kept as an output as the next layer
@@ -41,8 +43,12 @@ from jaxpar.models import MIN_IMAGE_SIZE, MODELS, pooling  # noqa: E402
 FLAGS = flags.FLAGS
 
 Pool = collections.namedtuple('Pool', 'shape window strides padding')
-FORMULATIONS = {'flax': None, 'before': {'FORWARD': 'reduce_window', 'GRADIENT': 'full'},
-                'jaxpar': {'FORWARD': 'slices', 'GRADIENT': 'phases'}}
+FORMULATIONS = {'flax': None,
+                'before': {'FORWARD': 'reduce_window', 'GRADIENT': 'full'},
+                'interleave': {'FORWARD': 'slices', 'GRADIENT': 'phases',
+                               'ASSEMBLY': 'interleave'},
+                'parity': {'FORWARD': 'slices', 'GRADIENT': 'phases', 'ASSEMBLY': 'parity'},
+                'jaxpar': {'FORWARD': 'slices', 'GRADIENT': 'phases', 'ASSEMBLY': 'auto'}}
 PASSES = ('forward', 'forward_backward')
 
 
@@ -99,7 +105,7 @@ def programs(formulation: str, p: Pool, dtype) -> dict:
     pool = lambda x: nn.max_pool(x, p.window, p.strides, p.padding)
   else:
     pool = lambda x: pooling._max_pool(x, p.window, p.strides, p.padding)
-  saved = {name: getattr(pooling, name) for name in ('FORWARD', 'GRADIENT')}
+  saved = {name: getattr(pooling, name) for name in ('FORWARD', 'GRADIENT', 'ASSEMBLY')}
   try:
     for name, value in (settings or {}).items():
       setattr(pooling, name, value)
@@ -208,13 +214,13 @@ def _line(r) -> str:
 
 
 def table(results) -> str:
-  """One line per distinct pool: forward and forward + backward per formulation (ms), and
-  the ratios of forward + backward."""
+  """One line per distinct pool: forward + backward per formulation (ms), the forward pass
+  of flax's and jaxpar's, and jaxpar's ratios."""
   first = results[0]['rows'][0]['times'] if results and results[0]['rows'] else {}
   names = list(first)
-  lines = ['| compute | pool (input, window/stride) | in | ' + ' | '.join(
-      f'{f} fwd / fwd+bwd (ms)' for f in names) + ' | jaxpar / before | jaxpar / flax | '
-      'jaxpar / torch |', '|---|---|---|' + '---:|' * (len(names) + 3)]
+  lines = ['| compute | pool (input, window/stride) | in | ' + ' | '.join(names) +
+           ' | fwd: flax / jaxpar | jaxpar / before | jaxpar / flax | jaxpar / torch |',
+           '|---|---|---|' + '---:|' * (len(names) + 4)]
   for result in results:
     seen = {}
     for r in result['rows']:
@@ -224,10 +230,11 @@ def table(results) -> str:
     for (shape, window, strides, _), (r, where) in seen.items():
       t = r['times']
       both = lambda f: t[f]['forward_backward']
-      cells = ' | '.join(f"{t[f]['forward'] * 1e3:.2f} / {both(f) * 1e3:.2f}" for f in names)
+      cells = ' | '.join(f'{both(f) * 1e3:.2f}' for f in names)
       peer = f"{both('jaxpar') / both('torch'):.2f}" if 'torch' in t else 'n/a'
       lines.append(f"| {result['dtype']} | {'×'.join(map(str, shape))}, "
                    f"{window[0]}×{window[1]}/{strides[0]} | {', '.join(where)} | {cells} | "
+                   f"{t['flax']['forward'] * 1e3:.2f} / {t['jaxpar']['forward'] * 1e3:.2f} | "
                    f"{both('jaxpar') / both('before'):.2f} | "
                    f"{both('jaxpar') / both('flax'):.2f} | {peer} |")
   return '\n'.join(lines)

@@ -6,8 +6,8 @@ The forward pass,
     y[n, a, b, c] = max_{i<kh, j<kw} x̃[n, a·sh + i, b·sw + j, c]     (x̃: x padded with −∞),
 
 is the elementwise maximum of the kh·kw strided slices x̃_t (one per tap), which XLA fuses
-into one loop; its `reduce_window`, flax's, took up to 6.7× as long on these networks' pools
-in float32 and up to 14× in bfloat16 (below float32 the maximum runs in float32: exact, and
+into one loop; its `reduce_window`, flax's, took up to 8× as long on these networks' pools
+in float32 and up to 11× in bfloat16 (below float32 the maximum runs in float32: exact, and
 XLA's CPU bfloat16 elementwise code is slow; `analysis.benchmarks.pool_bench`,
 docs/performance.md). Its gradient sends each dy[n, a, b, c] to the *first* window element, in row-major tap
 order, that equals the maximum — the element JAX's own gradient picks (`select_and_scatter_add`
@@ -23,7 +23,11 @@ i ≡ r (mod s), position p = q·s + r from output a = q − ⌊i/s⌋, so
     D_{r,r'}[q, q'] = Σ_{i ≡ r, j ≡ r'} (m_{ij} · dy)[q − ⌊i/s⌋, q' − ⌊j/s'⌋]      (0 outside)
 
 is a sum of shifted pooled-size arrays (≤ 4 for 3×3 at stride 2), and dx̃ interleaves the
-s·s' phases (dx̃[q·s + r, q'·s' + r'] = D_{r,r'}[q, q']). Every term is elementwise, a pad or a
+s·s' phases (dx̃[q·s + r, q'·s' + r'] = D_{r,r'}[q, q']: a stack and a reshape) or, where
+the windows overlap and the pool is unpadded, sums each phase repeated s×s' times and kept
+where (p mod s, p' mod s') = (r, r') — the faster of the two there, measured per pool
+(`ASSEMBLY`; SqueezeNet's unpadded 3×3/2 on odd maps 0.49–0.64× the interleaving's time,
+the padded pools the other way round; why XLA's loops differ so was not found). Every term is elementwise, a pad or a
 reshape, which XLA fuses into one loop over dx̃ that reads pooled-size arrays; XLA's CPU
 `select_and_scatter` runs a scalar loop instead — 4–25× slower on these networks' pools (the
 2×2/2 pool on VGG16E's 2×224×224×64: 50 ms against 2 ms; docs/performance.md), on 224²
@@ -31,8 +35,9 @@ inputs a larger share of GoogLeNet's and SqueezeNet's step than their convolutio
 first formulation (`GRADIENT = 'full'`: each m_t · dy placed at full size with the stride's
 interior zeros, 9 full-size terms for 3×3) is kept for the A/B
 (`analysis.benchmarks.conv_step_ab`'s `pool_full`). Forward and backward together, the
-224² pools took 0.20–0.85× the time of these formulations before (reduce_window, taps at full
-size) in float32, 0.02–0.36× flax's, and 0.10–1.00× PyTorch's `max_pool2d` (NCHW).
+224² pools took 0.16–0.82× the time of these formulations before (reduce_window, taps at full
+size) in float32, 0.02–0.12× flax's, and every pool 0.09–0.85× PyTorch's `max_pool2d` (NCHW;
+`analysis.benchmarks.pool_bench`).
 
 Exact: the forward pass is the same maximum (a maximum is exact in any order, and float32
 holds every bfloat16); the same elements receive the same cotangents; where windows overlap (3×3 at stride
@@ -56,6 +61,7 @@ from jax import lax
 ENABLED = True
 FORWARD = 'slices'  # or 'reduce_window'
 GRADIENT = 'phases'  # or 'full'
+ASSEMBLY = 'auto'  # how the phases make dx̃: 'interleave', 'parity', or the rule's choice
 
 
 def max_pool(x, window_shape, strides=None, padding='VALID'):
@@ -133,7 +139,7 @@ def _backward(window, strides, padding, residuals, dy):
                         (j, wp - j - (ow - 1) * sw - 1, sw - 1), (0, 0, 0)))
       dxp = placed if dxp is None else dxp + placed
     return (dxp[:, pt:pt + h, pl:pl + w].astype(out_dtype),)
-  # Per stride phase: D[r, r'] of shape (n, hq, wq, c), then interleaved.
+  # Per stride phase: D[r, r'] of shape (n, hq, wq, c), then assembled.
   hq, wq = -(-hp // sh), -(-wp // sw)
   phases = {}
   for i, j, first in _first_maxima(xp, y, window, strides):
@@ -142,9 +148,25 @@ def _backward(window, strides, padding, residuals, dy):
                       ((0, 0, 0), (di, hq - oh - di, 0), (dj, wq - ow - dj, 0), (0, 0, 0)))
     key = (i % sh, j % sw)
     phases[key] = phases[key] + shifted if key in phases else shifted
-  none = jnp.zeros((n, hq, wq, c), dy.dtype)  # a phase no tap reaches (window < stride)
-  rows = [jnp.stack([phases.get((r, q), none) for q in range(sw)], axis=3) for r in range(sh)]
-  dxp = jnp.stack(rows, axis=2).reshape(n, hq * sh, wq * sw, c)
+  assembly = ASSEMBLY
+  if assembly == 'auto':  # the rule analysis/report/pool/ measured (module doc)
+    overlapping = window[0] > sh or window[1] > sw
+    assembly = 'parity' if overlapping and not (pt or pb or pl or pr) else 'interleave'
+  if assembly == 'parity':
+    # Each phase repeated s×s' times (a broadcast and a reshape), kept where the
+    # position's parity is the phase's.
+    ri = lax.broadcasted_iota(jnp.int32, (1, hq * sh, 1, 1), 1) % sh
+    rj = lax.broadcasted_iota(jnp.int32, (1, 1, wq * sw, 1), 2) % sw
+    dxp = jnp.zeros((n, hq * sh, wq * sw, c), dy.dtype)
+    for (r, q), d in phases.items():
+      repeated = jnp.broadcast_to(d[:, :, None, :, None, :],
+                                  (n, hq, sh, wq, sw, c)).reshape(n, hq * sh, wq * sw, c)
+      dxp = dxp + jnp.where((ri == r) & (rj == q), repeated, zero)
+  else:
+    none = jnp.zeros((n, hq, wq, c), dy.dtype)  # a phase no tap reaches (window < stride)
+    rows = [jnp.stack([phases.get((r, q), none) for q in range(sw)], axis=3)
+            for r in range(sh)]
+    dxp = jnp.stack(rows, axis=2).reshape(n, hq * sh, wq * sw, c)
   return (dxp[:, pt:pt + h, pl:pl + w].astype(out_dtype),)
 
 
