@@ -9,42 +9,44 @@ is the elementwise maximum of the kh·kw strided slices x̃_t (one per tap), whi
 into one loop; its `reduce_window`, flax's, took up to 8× as long on these networks' pools
 in float32 and up to 11× in bfloat16 (below float32 the maximum runs in float32: exact, and
 XLA's CPU bfloat16 elementwise code is slow; `analysis.benchmarks.pool_bench`,
-docs/performance.md). Its gradient sends each dy[n, a, b, c] to the *first* window element, in row-major tap
-order, that equals the maximum — the element JAX's own gradient picks (`select_and_scatter_add`
-with a ≥ selection keeps the first maximum):
+docs/performance.md).
+
+The gradient sends each dy[n, a, b, c] to the *first* window element, in row-major tap
+order, that equals the maximum — the element JAX's own gradient picks
+(`select_and_scatter_add` with a ≥ selection keeps the first maximum):
 
     taken₀ = 0;  m_t = (x̃_t == y) ∧ ¬taken_{t−1};  taken_t = taken_{t−1} ∨ m_t
     dx̃ = Σ_t place_t(m_t · dy),
 
-x̃_t the strided slice tap t = (i, j) sees and place_t its transpose. Computed per stride
-phase: the padded-map positions p ≡ r (mod s) (per axis) only receive from the taps with
-i ≡ r (mod s), position p = q·s + r from output a = q − ⌊i/s⌋, so
+place_t the transpose of tap t's strided slice. Computed per stride phase: the padded-map
+positions p ≡ r (mod s) (per axis) only receive from the taps with i ≡ r (mod s), position
+p = q·s + r from output a = q − ⌊i/s⌋, so
 
     D_{r,r'}[q, q'] = Σ_{i ≡ r, j ≡ r'} (m_{ij} · dy)[q − ⌊i/s⌋, q' − ⌊j/s'⌋]      (0 outside)
 
 is a sum of shifted pooled-size arrays (≤ 4 for 3×3 at stride 2), and dx̃ interleaves the
-s·s' phases (dx̃[q·s + r, q'·s' + r'] = D_{r,r'}[q, q']: a stack and a reshape) or, where
-the windows overlap and the pool is unpadded, sums each phase repeated s×s' times and kept
-where (p mod s, p' mod s') = (r, r') — the faster of the two there, measured per pool
-(`ASSEMBLY`; SqueezeNet's unpadded 3×3/2 on odd maps 0.49–0.64× the interleaving's time,
-the padded pools the other way round; why XLA's loops differ so was not found). Every term is elementwise, a pad or a
-reshape, which XLA fuses into one loop over dx̃ that reads pooled-size arrays; XLA's CPU
-`select_and_scatter` runs a scalar loop instead — 4–25× slower on these networks' pools (the
-2×2/2 pool on VGG16E's 2×224×224×64: 50 ms against 2 ms; docs/performance.md), on 224²
-inputs a larger share of GoogLeNet's and SqueezeNet's step than their convolutions. The
-first formulation (`GRADIENT = 'full'`: each m_t · dy placed at full size with the stride's
+s·s' phases (dx̃[q·s + r, q'·s' + r'] = D_{r,r'}[q, q']: a stack and a reshape) or, where the
+windows overlap and the pool is unpadded, sums each phase repeated s×s' times and kept where
+(p mod s, p' mod s') = (r, r') — the faster of the two there, measured per pool (`ASSEMBLY`;
+SqueezeNet's unpadded 3×3/2 on odd maps 0.49–0.64× the interleaving's time, the padded pools
+the other way round; why XLA's loops differ so was not found). Every term is elementwise, a
+pad or a reshape, which XLA fuses into one loop over dx̃ that reads pooled-size arrays; XLA's
+CPU `select_and_scatter` runs a scalar loop instead — 4–25× slower on these networks' pools
+(the 2×2/2 pool on VGG16E's 2×224×224×64: 50 ms against 2 ms; docs/performance.md), on 224²
+inputs a larger share of GoogLeNet's and SqueezeNet's step than their convolutions. The first
+formulation (`GRADIENT = 'full'`: each m_t · dy placed at full size with the stride's
 interior zeros, 9 full-size terms for 3×3) is kept for the A/B
-(`analysis.benchmarks.conv_step_ab`'s `pool_full`). Forward and backward together, the
-224² pools took 0.16–0.82× the time of these formulations before (reduce_window, taps at full
+(`analysis.benchmarks.conv_step_ab`'s `pool_full`). Forward and backward together, the 224²
+pools took 0.16–0.82× the time of these formulations before (reduce_window, taps at full
 size) in float32, 0.02–0.12× flax's, and every pool 0.09–0.85× PyTorch's `max_pool2d` (NCHW;
 `analysis.benchmarks.pool_bench`).
 
 Exact: the forward pass is the same maximum (a maximum is exact in any order, and float32
-holds every bfloat16); the same elements receive the same cotangents; where windows overlap (3×3 at stride
-1 and 2) an element's contributions are summed in another order, so equal within float
-rounding (tests/test_pooling.py, with ties). Below float32 the backward pass runs in float32
-and rounds once (XLA's CPU bfloat16 elementwise code is slower than its loop there). On GPU
-and TPU `max_pool` is flax's (XLA's gradient there was not measured slow).
+holds every bfloat16); the same elements receive the same cotangents; where windows overlap
+(3×3 at stride 1 and 2) an element's contributions are summed in another order, so equal
+within float rounding (tests/test_pooling.py, with ties). Below float32 the backward pass
+runs in float32 and rounds once (XLA's CPU bfloat16 elementwise code is slower than its loop
+there). On GPU and TPU `max_pool` is flax's (XLA's gradient there was not measured slow).
 """
 import functools
 
@@ -83,14 +85,10 @@ def _max_pool(x, window, strides, padding):
                              (1, *strides, 1), ((0, 0), *padding, (0, 0)))
   wide = x.astype(jnp.float32) if jnp.finfo(x.dtype).bits < 32 else x
   xp = jnp.pad(wide, ((0, 0), *padding, (0, 0)), constant_values=-jnp.inf)
-  n, c = x.shape[0], x.shape[3]
-  oh, ow = ((xp.shape[k + 1] - window[k]) // strides[k] + 1 for k in (0, 1))
+  out = tuple((xp.shape[k + 1] - window[k]) // strides[k] + 1 for k in (0, 1))
   y = None
-  for i in range(window[0]):
-    for j in range(window[1]):
-      seen = lax.slice(xp, (0, i, j, 0), (n, i + (oh - 1) * strides[0] + 1,
-                                          j + (ow - 1) * strides[1] + 1, c), (1, *strides, 1))
-      y = seen if y is None else jnp.maximum(y, seen)
+  for _, _, seen in _taps(xp, window, strides, out):
+    y = seen if y is None else jnp.maximum(y, seen)
   return y.astype(x.dtype)
 
 
@@ -99,20 +97,25 @@ def _forward(x, window, strides, padding):
   return y, (x, y)
 
 
+def _taps(xp, window, strides, out):
+  """Yields (i, j, x̃_ij) in row-major tap order: the strided slice of the padded map `xp`
+  that tap (i, j) reads, one element per output position (`out`: the output's (h, w))."""
+  n, c = xp.shape[0], xp.shape[3]
+  for i in range(window[0]):
+    for j in range(window[1]):
+      yield i, j, lax.slice(xp, (0, i, j, 0), (n, i + (out[0] - 1) * strides[0] + 1,
+                                               j + (out[1] - 1) * strides[1] + 1, c),
+                            (1, *strides, 1))
+
+
 def _first_maxima(xp, y, window, strides):
   """Yields (i, j, m_ij): tap (i, j)'s mask of the output positions whose first maximum it
   holds (m_t above), taps in row-major order."""
-  n, c = y.shape[0], y.shape[3]
-  oh, ow = y.shape[1:3]
-  sh, sw = strides
   taken = None
-  for i in range(window[0]):
-    for j in range(window[1]):
-      seen = lax.slice(xp, (0, i, j, 0), (n, i + (oh - 1) * sh + 1, j + (ow - 1) * sw + 1, c),
-                       (1, sh, sw, 1))
-      first = seen == y if taken is None else (seen == y) & ~taken
-      taken = first if taken is None else taken | first
-      yield i, j, first
+  for i, j, seen in _taps(xp, window, strides, y.shape[1:3]):
+    first = seen == y if taken is None else (seen == y) & ~taken
+    taken = first if taken is None else taken | first
+    yield i, j, first
 
 
 def _backward(window, strides, padding, residuals, dy):
