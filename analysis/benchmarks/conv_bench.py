@@ -23,7 +23,6 @@ import collections
 import datetime
 import json
 import os
-import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -34,6 +33,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from jax import lax  # noqa: E402
 
+from analysis.benchmarks.alternate import call_timer, jax_timer, medians  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS  # noqa: E402
 from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS,  # noqa: E402
@@ -87,17 +87,6 @@ NHWC = ('NHWC', 'HWIO', 'NHWC')
 NCHW = ('NCHW', 'OIHW', 'NCHW')
 
 
-def _timer(f, *args):
-  """Runs the compiled `f` once (compiling it), then returns a callable timing one call."""
-  jax.block_until_ready(f(*args))
-
-  def run():
-    start = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    return time.perf_counter() - start
-  return run
-
-
 def jax_passes(impl: str, c: Conv, dtype) -> dict:
   """{pass: timer} of lowering `impl` ('xla_nchw': XLA's convolution on NCHW/OIHW arrays,
   transposed outside the timed call) for geometry `c`."""
@@ -111,11 +100,11 @@ def jax_passes(impl: str, c: Conv, dtype) -> dict:
     conv, dn = LOWERINGS[impl], NHWC
   f = lambda x, w: conv(x, w, c.strides, c.padding, dimension_numbers=dn)
   dy = jnp.asarray(rng.normal(size=jax.eval_shape(f, x, w).shape), dtype)
-  return {'forward': _timer(jax.jit(f), x, w),
-          'input_grad': _timer(jax.jit(lambda x, w, dy: jax.vjp(lambda x: f(x, w), x)[1](dy)[0]),
-                               x, w, dy),
-          'kernel_grad': _timer(jax.jit(lambda x, w, dy: jax.vjp(lambda w: f(x, w), w)[1](dy)[0]),
-                                x, w, dy)}
+  input_grad = lambda x, w, dy: jax.vjp(lambda x: f(x, w), x)[1](dy)[0]
+  kernel_grad = lambda x, w, dy: jax.vjp(lambda w: f(x, w), w)[1](dy)[0]
+  return {'forward': jax_timer(jax.jit(f), x, w),
+          'input_grad': jax_timer(jax.jit(input_grad), x, w, dy),
+          'kernel_grad': jax_timer(jax.jit(kernel_grad), x, w, dy)}
 
 
 def torch_passes(c: Conv, dtype) -> dict:
@@ -141,15 +130,10 @@ def torch_passes(c: Conv, dtype) -> dict:
                      generator=g).to(tdtype)
 
   def timer(f):
-    with torch.no_grad():
-      f()
-
-    def run():
+    def call():
       with torch.no_grad():
-        start = time.perf_counter()
         f()
-        return time.perf_counter() - start
-    return run
+    return call_timer(call)
   return {'forward': timer(lambda: F.conv2d(prepad(x), w, stride=c.strides, padding=pad)),
           'input_grad': timer(lambda: torch.nn.grad.conv2d_input(
               prepad(x).shape, w, dy, stride=c.strides, padding=pad)),
@@ -158,23 +142,14 @@ def torch_passes(c: Conv, dtype) -> dict:
 
 
 def time_geometry(c: Conv, dtype, impls, rounds: int, torch: bool, repeat: int = 2) -> dict:
-  """{lowering: {pass: median seconds}} for geometry `c`; every lowering's passes alternate
-  in each round, so all see the same machine state. Each pass is called `repeat` times in a
-  row and the last call timed: right after another runtime's work (XLA's threads, PyTorch's
-  or oneDNN's OpenMP threads still spinning on the two cores) a call measured up to 2× its
-  time in a row (oneDNN's forward 3×3 64→64 on 2×224×224: 33 against 14 ms; 2026-11-27).
-  Winograd only where it applies."""
+  """{lowering: {pass: median seconds}} for geometry `c`, every lowering's passes alternating
+  in each round, each called `repeat` times in a row and the last call timed
+  (`alternate.medians`). Winograd only where it applies."""
   timers = {impl: jax_passes(impl, c, dtype) for impl in impls
             if impl != 'winograd' or winograd_applies(c.rhs, c.strides)}
   if torch:
     timers['torch'] = torch_passes(c, dtype)
-  samples = {impl: {p: [] for p in PASSES} for impl in timers}
-  for _ in range(rounds):
-    for impl, passes in timers.items():
-      for p, run in passes.items():
-        samples[impl][p].append([run() for _ in range(repeat)][-1])
-  return {impl: {p: float(np.median(t)) for p, t in by_pass.items()}
-          for impl, by_pass in samples.items()}
+  return medians(timers, rounds, repeat)
 
 
 def total(times: dict) -> float:

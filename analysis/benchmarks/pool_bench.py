@@ -19,15 +19,15 @@ collected (input shape, window, strides, padding), and each distinct one is time
 - with `--torch`, PyTorch's `max_pool2d` on NCHW (as torchvision's networks run it; Caffe's
   ceil padding as `ceil_mode`, a symmetric one as `padding`) and its gradient.
 'forward + backward' is one call computing the pool, kept as an output as the next layer
-reads it, and its gradient (what a train step runs of it); all formulations alternate in rounds, each call `--repeat` times in a row with
-the last timed, median of the rounds. Nothing here is asserted in tests; the formulations'
-equality is (tests/test_pooling.py).
+reads it, and its gradient (what a train step runs of it); all formulations alternate in
+rounds, each call `--repeat` times in a row with the last timed, median of the rounds
+(`alternate.medians`). Nothing here is asserted in tests; the formulations' equality is
+(tests/test_pooling.py).
 """
 import collections
 import datetime
 import json
 import os
-import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -37,6 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from analysis.benchmarks.alternate import call_timer, jax_timer, medians  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS, pooling  # noqa: E402
 
@@ -72,16 +73,6 @@ def pools(net: str, size: int, batch: int, dtype) -> collections.Counter:
   finally:
     pooling._max_pool = inner
   return collections.Counter(seen)
-
-
-def _timer(f, *args):
-  jax.block_until_ready(f(*args))
-
-  def run():
-    start = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    return time.perf_counter() - start
-  return run
 
 
 def _forward_backward(pool):
@@ -122,7 +113,7 @@ def programs(formulation: str, p: Pool, dtype) -> dict:
 
 def jax_passes(formulation: str, p: Pool, dtype) -> dict:
   """{pass: timer} of one formulation of pool `p`."""
-  return {q: _timer(f, *args) for q, (f, args) in programs(formulation, p, dtype).items()}
+  return {q: jax_timer(f, *args) for q, (f, args) in programs(formulation, p, dtype).items()}
 
 
 def torch_passes(p: Pool, dtype) -> dict:
@@ -153,29 +144,16 @@ def torch_passes(p: Pool, dtype) -> dict:
   def forward_backward():
     torch.autograd.grad(pool(), x, dy)
 
-  def timer(f):
-    f()
-
-    def run():
-      start = time.perf_counter()
-      f()
-      return time.perf_counter() - start
-    return run
-  return {'forward': timer(forward), 'forward_backward': timer(forward_backward)}
+  return {'forward': call_timer(forward), 'forward_backward': call_timer(forward_backward)}
 
 
 def time_pool(p: Pool, dtype, rounds: int, repeat: int, torch: bool) -> dict:
-  """{formulation: {pass: median seconds}}, all alternating in each round."""
+  """{formulation: {pass: median seconds}}, all alternating in each round
+  (`alternate.medians`)."""
   timers = {f: jax_passes(f, p, dtype) for f in FORMULATIONS}
   if torch:
     timers['torch'] = torch_passes(p, dtype)
-  samples = {f: {q: [] for q in PASSES} for f in timers}
-  for _ in range(rounds):
-    for f, passes in timers.items():
-      for q, run in passes.items():
-        samples[f][q].append([run() for _ in range(repeat)][-1])
-  return {f: {q: float(np.median(t)) for q, t in by_pass.items()}
-          for f, by_pass in samples.items()}
+  return medians(timers, rounds, repeat)
 
 
 def main(argv):
