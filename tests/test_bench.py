@@ -43,6 +43,7 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir, monke
   assert calls == [(n, False) for n in names] + 2 * [
       c for n in names for c in ((n, False), (n, True))]
   assert result['repeat'] == 2
+  assert result['host_speed']['matmul_gflop_s'] > 0 and result['host_speed']['copy_gb_s'] > 0
   jaxpar, jit = result['steps']
   assert (jaxpar['step'], jit['step']) == ('jaxpar shard_map', 'auto-sharded jit')
   param_bytes = 731_146 * 4  # SqueezeNet at 10 classes, float32

@@ -169,6 +169,29 @@ PAUSE_S = 0.05
 REPEAT = 2
 
 
+def host_speed(calls: int = 5) -> dict:
+  """This host's speed when the bench starts, so that tables from different hosts of one kind
+  can be put side by side (the same "2 cores of an AMD EPYC" ran every step 1.1–3.9× slower
+  one afternoon than that morning; docs/benchmark.md): a float32 2048 × 2048 matmul in numpy
+  (its BLAS, every core) in GFLOP/s and a 64 MB copy (one core) in GB/s, each the best of
+  `calls`."""
+  rng = np.random.default_rng(0)
+  a = rng.random((2048, 2048), dtype=np.float32)
+  src = np.ones(16 * 2**20, np.float32)
+  dst = np.empty_like(src)
+
+  def best(call):
+    call()
+    times = []
+    for _ in range(calls):
+      start = time.perf_counter()
+      call()
+      times.append(time.perf_counter() - start)
+    return min(times)
+  return {'matmul_gflop_s': 2 * 2048**3 / best(lambda: a @ a) / 1e9,
+          'copy_gb_s': 2 * src.nbytes / best(lambda: np.copyto(dst, src)) / 1e9}
+
+
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False,
           with_torch_compile: bool = False, repeat: int = REPEAT) -> dict:
   peers = [compiled for compiled, wanted in ((False, with_torch), (True, with_torch_compile))
@@ -176,6 +199,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   check(cfg, bool(peers), '--torch_compile' if with_torch_compile and not with_torch
         else '--torch')
   mesh = build.mesh(cfg)
+  speed = host_speed()  # before anything compiles or runs: BLAS's threads then sleep
   torch_device = _torch_device() if peers else None
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)
@@ -229,7 +253,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
     found['torch'] = torch.__version__
   return {'tool': 'analysis.benchmarks.bench',
           'created': datetime.datetime.now().isoformat(timespec='seconds'),
-          'machine': machine(), 'versions': found,
+          'machine': machine(), 'host_speed': speed, 'versions': found,
           'backend': jax.default_backend(), 'device_kind': jax.devices()[0].device_kind,
           'config': cfg.to_dict(), 'command': ' '.join(['python -m analysis.benchmarks.bench']
                                                        + sys.argv[1:]),
@@ -248,8 +272,10 @@ def _shown(value, scale: float, digits: int) -> str:
 
 
 def markdown(r) -> str:
+  speed = (f"; host: matmul {r['host_speed']['matmul_gflop_s']:.0f} GFLOP/s, copy "
+           f"{r['host_speed']['copy_gb_s']:.1f} GB/s" if 'host_speed' in r else '')
   lines = [f"{r['network']} {r['image_size']}², {r['dtype']}, mesh {tuple(r['mesh'])}, global "
-           f"batch {r['global_batch']}, {r['method']}", '',
+           f"batch {r['global_batch']}, {r['method']}{speed}", '',
            '| step | compile (s) | step (s): median (min–max) | images/s | GFLOP/device '
            '| GFLOP/s/device | peak MB/device | collectives | collective MB/device |',
            '|---|---:|---:|---:|---:|---:|---:|---:|---:|']
