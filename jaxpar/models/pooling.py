@@ -28,7 +28,7 @@ is a sum of shifted pooled-size arrays (≤ 4 for 3×3 at stride 2), and dx̃ in
 s·s' phases (dx̃[q·s + r, q'·s' + r'] = D_{r,r'}[q, q']: a stack and a reshape) or, where the
 windows overlap and the pool is unpadded, sums each phase repeated s×s' times and kept where
 (p mod s, p' mod s') = (r, r') — the faster of the two there, measured per pool (`ASSEMBLY`;
-SqueezeNet's unpadded 3×3/2 on odd maps 0.49–0.64× the interleaving's time, the padded pools
+SqueezeNet's unpadded 3×3/2 on odd maps 0.43–0.64× the interleaving's time, the padded pools
 the other way round; why XLA's loops differ so was not found). Every term is elementwise, a
 pad or a reshape, which XLA fuses into one loop over dx̃ that reads pooled-size arrays; XLA's
 CPU `select_and_scatter` runs a scalar loop instead — 4–25× slower on these networks' pools
