@@ -98,9 +98,9 @@ def _team_calls_since(before):
 @pytest.mark.parametrize('share', [True, False])
 def test_the_devices_of_a_mesh_share_the_openmp_threads(share):
   # Eight devices call at once (the tests' process has 8): with sharing each call takes
-  # max(1, T / 8) of the T threads, without all T; every call says 8 (an attribute). The results equal
-  # XLA's either way, and the same step gives the same bits again (the team is fixed by
-  # the program, not by the timing of the calls).
+  # max(1, T / 8) of the T threads, without all T; every call says 8 (an attribute). The
+  # results equal XLA's either way, and the same step gives the same bits again (the team
+  # is fixed by the program, not by the timing of the calls).
   mesh = jax.make_mesh((8,), ('data',))
   x, w = _inputs(n=16, hw=12, c=8, d=16)
   x = jax.device_put(x, NamedSharding(mesh, P('data')))

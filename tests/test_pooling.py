@@ -106,3 +106,15 @@ def test_auto_assembles_unpadded_overlapping_pools_by_parity():
   assert not parity((3, 3), (2, 2), ((1, 1), (1, 1)))
   assert not parity((3, 3), (2, 2), ((0, 1), (0, 1)))
   assert not parity((2, 2), (2, 2), ((0, 0), (0, 0)))
+
+
+def test_settings_apply_while_active_and_are_restored():
+  x = jnp.ones((2, 9, 9, 3))
+  pool = lambda x: max_pool(x, (3, 3), (2, 2), ((0, 0), (0, 0)))
+  with pooling.settings(FORWARD='reduce_window', GRADIENT='full'):
+    assert 'reduce_window' in jax.jit(pool).lower(x).as_text()
+  assert (pooling.FORWARD, pooling.GRADIENT) == ('slices', 'phases')
+  assert 'reduce_window' not in jax.jit(lambda x: pool(x)).lower(x).as_text()
+  with pytest.raises(ValueError, match='FORWRD'):
+    with pooling.settings(FORWRD='reduce_window'):
+      pass

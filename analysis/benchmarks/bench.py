@@ -12,8 +12,9 @@ inserting the collectives — are compiled, then run alternately, round by round
 see the same machine state; in each round each runner takes `--repeat` steps in a row and
 the last is timed (a step right after another framework's is slower: `REPEAT`). Per step:
 compile time; step time (median, min, max); images/s; FLOPs per device from the compiled
-program's cost analysis and the FLOP/s achieved; peak memory and temporaries per device from its memory analysis; the
-process's minor page faults a timed step (`getrusage`); the collectives of the
+program's cost analysis and the FLOP/s achieved; peak memory and temporaries per device
+from its memory analysis; the process's minor page faults a timed step (`getrusage`); the
+host's speed when the run starts (`host_speed`); the collectives of the
 compiled program and their bytes per device and step (`jaxpar.plan.hlo.compiled_collectives`:
 every branch of a conditional counts, and on CPU bfloat16 sums show as float32). Ratios are taken side by side
 in this one run; nothing here is asserted in tests. `--torch` adds PyTorch's eager step and
@@ -40,7 +41,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from analysis.benchmarks import bench_table, profile, torch_peer  # noqa: E402
 from jaxpar.models import onednn  # noqa: E402
-from jaxpar.plan import hlo  # noqa: E402
+from jaxpar.plan import calibrate, hlo  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
@@ -179,15 +180,7 @@ def host_speed(calls: int = 5) -> dict:
   a = rng.random((2048, 2048), dtype=np.float32)
   src = np.ones(16 * 2**20, np.float32)
   dst = np.empty_like(src)
-
-  def best(call):
-    call()
-    times = []
-    for _ in range(calls):
-      start = time.perf_counter()
-      call()
-      times.append(time.perf_counter() - start)
-    return min(times)
+  best = lambda call: min(calibrate.timed(call, calls, warmup=1))
   return {'matmul_gflop_s': 2 * 2048**3 / best(lambda: a @ a) / 1e9,
           'copy_gb_s': 2 * src.nbytes / best(lambda: np.copyto(dst, src)) / 1e9}
 

@@ -56,7 +56,8 @@ from jaxpar.models import conv, onednn, pooling  # noqa: E402
 from jaxpar.step import make_train_step, to_global  # noqa: E402
 
 FLAGS = flags.FLAGS
-VARIANTS = ('rule', 'auto', 'previous', 'pool_reduce_window', 'pool_full', 'onednn', 'unshared', 'xla', 'measured', 'measured:*')
+VARIANTS = ('rule', 'auto', 'previous', 'pool_reduce_window', 'pool_full', 'onednn', 'unshared',
+            'xla', 'measured', 'measured:*')
 FASTER = 0.02  # `verified`: a kind's variant must be at least this much below `rule`
 
 
@@ -68,7 +69,9 @@ class _Choices:
   def __init__(self, measured: dict | None = None, auto: dict | None = None,
                onednn: bool = True, pool: dict | None = None):
     self.measured, self.auto, self.used = measured, auto, collections.Counter()
-    self.onednn, self.pool = onednn, pool or {}
+    self.onednn = onednn
+    # The step before oneDNN had flax's max-pool too.
+    self.pool = pooling.settings(**(pool or {}), **({} if onednn else {'ENABLED': False}))
 
   def __enter__(self):
     self._saved = (conv.measured_choices, conv.auto_choices, conv.choose,
@@ -79,9 +82,7 @@ class _Choices:
       conv.auto_choices = lambda: self.auto
     if not self.onednn:
       conv.onednn_in_auto = lambda dtype=None: False
-      pooling.ENABLED = False
-    for name, value in self.pool.items():
-      setattr(pooling, name, value)
+    self.pool.__enter__()
     choose = self._saved[2]
 
     def recording(impl, lhs_shape, rhs_shape, window_strides, padding, backend=None, **kw):
@@ -95,8 +96,7 @@ class _Choices:
   def __exit__(self, *exc):
     (conv.measured_choices, conv.auto_choices, conv.choose,
      conv.onednn_in_auto) = self._saved
-    pooling.ENABLED, pooling.FORWARD, pooling.GRADIENT = True, 'slices', 'phases'
-    pooling.ASSEMBLY = 'auto'
+    self.pool.__exit__(*exc)
 
 
 def _runner(cfg, name: str, impl: str, source, batch, mesh, share: bool = True, **tables):

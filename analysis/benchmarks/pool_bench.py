@@ -96,19 +96,13 @@ def programs(formulation: str, p: Pool, dtype) -> dict:
     pool = lambda x: nn.max_pool(x, p.window, p.strides, p.padding)
   else:
     pool = lambda x: pooling._max_pool(x, p.window, p.strides, p.padding)
-  saved = {name: getattr(pooling, name) for name in ('FORWARD', 'GRADIENT', 'ASSEMBLY')}
-  try:
-    for name, value in (settings or {}).items():
-      setattr(pooling, name, value)
+  with pooling.settings(**(settings or {})):
     dy = jnp.asarray(rng.normal(size=jax.eval_shape(pool, x).shape), dtype)
     found = {'forward': (jax.jit(pool), (x,)),
              'forward_backward': (jax.jit(_forward_backward(pool)), (x, dy))}
     for f, args in found.values():
       f.lower(*args)  # traced now, under the settings
-    return found
-  finally:
-    for name, value in saved.items():
-      setattr(pooling, name, value)
+  return found
 
 
 def jax_passes(formulation: str, p: Pool, dtype) -> dict:

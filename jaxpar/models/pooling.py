@@ -48,6 +48,7 @@ within float rounding (tests/test_pooling.py, with ties). Below float32 the back
 runs in float32 and rounds once (XLA's CPU bfloat16 elementwise code is slower than its loop
 there). On GPU and TPU `max_pool` is flax's (XLA's gradient there was not measured slow).
 """
+import contextlib
 import functools
 
 import flax.linen as nn
@@ -64,6 +65,21 @@ ENABLED = True
 FORWARD = 'slices'  # or 'reduce_window'
 GRADIENT = 'phases'  # or 'full'
 ASSEMBLY = 'auto'  # how the phases make dx̃: 'interleave', 'parity', or the rule's choice
+
+
+@contextlib.contextmanager
+def settings(**values):
+  """Sets these of the settings above (`settings(FORWARD='reduce_window')`) while active and
+  restores them after; they are read when a step is traced, so trace inside."""
+  unknown = set(values) - {'ENABLED', 'FORWARD', 'GRADIENT', 'ASSEMBLY'}
+  if unknown:
+    raise ValueError(f'pooling.settings: no setting {sorted(unknown)}')
+  saved = {name: globals()[name] for name in values}
+  globals().update(values)
+  try:
+    yield
+  finally:
+    globals().update(saved)
 
 
 def max_pool(x, window_shape, strides=None, padding='VALID'):
