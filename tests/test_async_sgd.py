@@ -98,12 +98,17 @@ def test_four_workers_apply_every_batch_once(server_kind):
   assert early and late and np.mean(late) < 0.85 * np.mean(early)
   assert [m['staleness'] for m in metrics] == [u.staleness for u in log]
   replay = downpour_replay(TinyResNet(), tx, lambda u: batches[u.batch], log, IMAGE)
-  assert_trees_close(state.params, replay.params, rtol=1e-5, atol=1e-6)
+  # The eager replay's sums are not the workers' jitted ones: 2e-7 apart alone, once 4.5e-6
+  # under a full suite's load. A wrong ledger is 25x this tolerance away at least (measured
+  # on this log: two batches swapped 6.5e-3 to 8.5e-3, one update a version off 1.2e-3 to
+  # 3.6e-3, the last update dropped 1.0e-2).
+  tol = dict(rtol=1e-5, atol=5e-5)
+  assert_trees_close(state.params, replay.params, **tol)
   # Momentum, gathered from the owners' parts into the order of the parameters.
   by_leaf = {i: m for (_, part), s in zip(server.parts, state.opt_state)
              for i, m in zip(part, jax.tree.leaves(s))}
   assert_trees_close([by_leaf[i] for i in range(len(by_leaf))],
-                     jax.tree.leaves(replay.opt_state), rtol=1e-5, atol=1e-6)
+                     jax.tree.leaves(replay.opt_state), **tol)
   if server_kind == 'distributed':  # every tensor lives with its Algorithm 3.7 owner
     counts = collections.Counter(server.owners)
     assert len(counts) == workers

@@ -54,12 +54,18 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir, monke
     assert s['page_faults_per_step'] >= 0
     # Both compiled programs all-reduce the gradients over the 8 devices (+ a few metrics).
     assert s['collective_bytes_per_device'] == pytest.approx(2 * 7 / 8 * param_bytes, rel=1e-4)
-  assert result['shard_map_over_jit_throughput'] == pytest.approx(
-      jit['median_s'] / jaxpar['median_s'])
+  # Round by round: each round's jit step over its jaxpar step, the median of the two.
+  ratios = np.array(jit['samples']) / np.array(jaxpar['samples'])
+  assert result['shard_map_over_jit_throughput'] == pytest.approx(ratios.mean())
+  gap = ratios.max() - ratios.min()
+  assert result['shard_map_over_jit_quartiles'] == pytest.approx(
+      [ratios.min() + gap / 4, ratios.max() - gap / 4])
   assert '| jaxpar shard_map |' in bench.markdown(result)
   row = bench_table.table([result]).splitlines()[-1]
   assert row.startswith('| squeezenet | 32² | float32 | 8 (emulated) | 16 | no BN |')
-  assert f"| {result['shard_map_over_jit_throughput']:.3f}× | – | – |" in row
+  low, high = result['shard_map_over_jit_quartiles']
+  assert (f"| {result['shard_map_over_jit_throughput']:.3f}× ({low:.2f}–{high:.2f}) | – | – |"
+          in row)
   row = bench_table.methods_table([result]).splitlines()[-1]
   assert row.startswith('| squeezenet | 32² | 8 | 16 | allreduce | sgd |')
   assert row.endswith(f"| {jaxpar['peak_memory_bytes_per_device'] / 1e6:.0f} "
@@ -92,6 +98,20 @@ def test_minor_faults_count_the_pages_a_step_maps_afresh():
     region[i * mmap.PAGESIZE] = 1
   assert bench._minor_faults() - before >= pages
   region.close()
+
+
+def test_the_ratio_is_taken_round_by_round():
+  # A host that runs the third round at half speed slows both of its steps: the rounds'
+  # ratios stay 2.0, where the ratio of the medians would read 1.0.
+  jaxpar, peer = [0.1, 0.1, 0.2, 0.2, 0.2], [0.2, 0.2, 0.4, 0.4, 0.4]
+  assert bench.paired_ratio(peer, [0.1, 0.2, 0.2, 0.1, 0.1]) != bench.paired_ratio(peer, jaxpar)
+  assert bench.paired_ratio(peer, jaxpar) == {'median': 2.0, 'q25': 2.0, 'q75': 2.0}
+  spread = bench.paired_ratio([1.0, 1.1, 1.2, 1.3, 1.4], [1.0] * 5)
+  assert spread == pytest.approx({'median': 1.2, 'q25': 1.1, 'q75': 1.3})
+  old = {'shard_map_over_torch_throughput': 1.234}  # a file from before the quartiles
+  assert bench_table.ratio(old, 'shard_map_over_torch') == '1.23×'
+  assert bench_table.ratio(dict(old, shard_map_over_torch_quartiles=[1.1, 1.3]),
+                           'shard_map_over_torch') == '1.23× (1.10–1.30)'
 
 
 def test_bench_refuses_the_async_scheme(data_dir):
@@ -143,7 +163,9 @@ def test_bench_alternates_the_torch_peer(data_dir):
   peer = result['steps'][2]
   assert peer['step'] == 'PyTorch eager' and len(peer['samples']) == 1 and peer['flops_per_device']
   assert result['shard_map_over_torch_throughput'] == pytest.approx(
-      peer['median_s'] / result['steps'][0]['median_s'])
+      peer['median_s'] / result['steps'][0]['median_s'])  # one round: its ratio
+  assert result['shard_map_over_torch_quartiles'] == pytest.approx(
+      [result['shard_map_over_torch_throughput']] * 2)
   assert "PyTorch's" in bench.markdown(result) and 'Time by HLO op' in bench.markdown(result)
 
 

@@ -1,10 +1,13 @@
 """Timing calls side by side, shared by the benchmarks of single operations
 (`conv_bench`, `pool_bench`): a call as a timer (a compiled JAX function's, waiting for its
-result; or any other), and rounds in which every timer runs in turn."""
+result; or any other), and rounds in which every timer runs in turn; and the host's speed
+every benchmark records when it starts (`host_speed`)."""
 import time
 
 import jax
 import numpy as np
+
+from jaxpar.plan import calibrate
 
 
 def call_timer(call):
@@ -38,3 +41,18 @@ def medians(timers: dict, rounds: int, repeat: int) -> dict:
         samples[name][p].append([run() for _ in range(repeat)][-1])
   return {name: {p: float(np.median(t)) for p, t in by_pass.items()}
           for name, by_pass in samples.items()}
+
+
+def host_speed(calls: int = 5) -> dict:
+  """This host's speed when a benchmark starts, so that tables from different hosts of one kind
+  can be put side by side (the same "2 cores of an AMD EPYC" ran every step 1.1–3.9× slower
+  one afternoon than that morning; docs/benchmark.md): a float32 2048 × 2048 matmul in numpy
+  (its BLAS, every core) in GFLOP/s and a 64 MB copy (one core) in GB/s, each the best of
+  `calls`."""
+  rng = np.random.default_rng(0)
+  a = rng.random((2048, 2048), dtype=np.float32)
+  src = np.ones(16 * 2**20, np.float32)
+  dst = np.empty_like(src)
+  best = lambda call: min(calibrate.timed(call, calls, warmup=1))
+  return {'matmul_gflop_s': 2 * 2048**3 / best(lambda: a @ a) / 1e9,
+          'copy_gb_s': 2 * src.nbytes / best(lambda: np.copyto(dst, src)) / 1e9}

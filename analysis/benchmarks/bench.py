@@ -39,9 +39,9 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis.benchmarks import bench_table, profile, torch_peer  # noqa: E402
+from analysis.benchmarks import alternate, bench_table, profile, torch_peer  # noqa: E402
 from jaxpar.models import onednn  # noqa: E402
-from jaxpar.plan import calibrate, hlo  # noqa: E402
+from jaxpar.plan import hlo  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
@@ -170,19 +170,14 @@ PAUSE_S = 0.05
 REPEAT = 2
 
 
-def host_speed(calls: int = 5) -> dict:
-  """This host's speed when the bench starts, so that tables from different hosts of one kind
-  can be put side by side (the same "2 cores of an AMD EPYC" ran every step 1.1–3.9× slower
-  one afternoon than that morning; docs/benchmark.md): a float32 2048 × 2048 matmul in numpy
-  (its BLAS, every core) in GFLOP/s and a 64 MB copy (one core) in GB/s, each the best of
-  `calls`."""
-  rng = np.random.default_rng(0)
-  a = rng.random((2048, 2048), dtype=np.float32)
-  src = np.ones(16 * 2**20, np.float32)
-  dst = np.empty_like(src)
-  best = lambda call: min(calibrate.timed(call, calls, warmup=1))
-  return {'matmul_gflop_s': 2 * 2048**3 / best(lambda: a @ a) / 1e9,
-          'copy_gb_s': 2 * src.nbytes / best(lambda: np.copyto(dst, src)) / 1e9}
+def paired_ratio(peer_times, jaxpar_times) -> dict:
+  """jaxpar's throughput over a peer's, round by round: the peer's step over jaxpar's timed in
+  the same round (a few hundred ms apart), so that a host whose speed drifts during the run
+  (20-90 % between rounds on a shared VM; docs/benchmark.md) moves both sides of each ratio
+  alike. The median of the rounds' ratios and their quartiles (the noise the table shows)."""
+  ratios = np.asarray(peer_times, float) / np.asarray(jaxpar_times, float)
+  q25, median, q75 = np.percentile(ratios, [25, 50, 75])
+  return {'median': float(median), 'q25': float(q25), 'q75': float(q75)}
 
 
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False,
@@ -192,7 +187,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   check(cfg, bool(peers), '--torch_compile' if with_torch_compile and not with_torch
         else '--torch')
   mesh = build.mesh(cfg)
-  speed = host_speed()  # before anything compiles or runs: BLAS's threads then sleep
+  speed = alternate.host_speed()  # before anything compiles or runs: BLAS's threads then sleep
   torch_device = _torch_device() if peers else None
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)
@@ -240,6 +235,13 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
       result['profile'] = r.profile(profile_steps)
   for r in runners[2:]:
     r.close()
+  ratios = {}
+  for key, result in [('shard_map_over_jit', results[1])] + [
+      (f"shard_map_over_torch{'_compile' if compiled else ''}", result)
+      for compiled, result in zip(peers, results[2:])]:
+    paired = paired_ratio(result['samples'], results[0]['samples'])
+    ratios[f'{key}_throughput'] = paired['median']
+    ratios[f'{key}_quartiles'] = [paired['q25'], paired['q75']]
   found = versions()
   if peers:
     import torch
@@ -253,11 +255,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
           'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
           'mesh': list(cfg.mesh.shape), 'global_batch': global_batch, 'repeat': repeat,
           'method': f'{cfg.scheme} {cfg.server} {cfg.grad_reduce} {cfg.grad_reduce_dtype}',
-          'steps': results,
-          'shard_map_over_jit_throughput': results[1]['median_s'] / results[0]['median_s'],
-          **{f"shard_map_over_torch{'_compile' if compiled else ''}_throughput":
-             result['median_s'] / results[0]['median_s']
-             for compiled, result in zip(peers, results[2:])}}
+          'steps': results, **ratios}
 
 
 def _shown(value, scale: float, digits: int) -> str:
@@ -282,13 +280,12 @@ def markdown(r) -> str:
   if not bench_table.xla_counts_convolutions(r):
     lines.append("\nOn this GPU XLA's GFLOP count of the JAX steps leaves out the convolutions "
                  "(cuDNN custom calls).")
-  lines.append(f"\njaxpar's throughput / auto-sharded jit's: "
-               f"{r['shard_map_over_jit_throughput']:.3f}×")
-  if 'shard_map_over_torch_throughput' in r:
-    lines.append(f"jaxpar's throughput / PyTorch's: {r['shard_map_over_torch_throughput']:.3f}×")
-  if 'shard_map_over_torch_compile_throughput' in r:
-    lines.append("jaxpar's throughput / torch.compile's: "
-                 f"{r['shard_map_over_torch_compile_throughput']:.3f}×")
+  lines.append('')
+  for key, peer in (('shard_map_over_jit', "auto-sharded jit's"),
+                    ('shard_map_over_torch', "PyTorch's"),
+                    ('shard_map_over_torch_compile', "torch.compile's")):
+    if f'{key}_throughput' in r:
+      lines.append(f"jaxpar's throughput / {peer}: {bench_table.ratio(r, key, 3)}")
   profiled = [s for s in r['steps'] if 'profile' in s]  # the two JAX steps
   if profiled:
     profiles = [s['profile']['seconds_per_step'] for s in profiled]

@@ -49,6 +49,16 @@ def _peers(steps):
           next((s for name, s in steps.items() if name.startswith('torch.compile')), None))
 
 
+def ratio(r, key: str, digits: int = 2) -> str:
+  """A throughput ratio of the run (`key` + '_throughput'), with the quartiles of its rounds'
+  ratios where the run recorded them (bench's `paired_ratio`; older files have none)."""
+  cell = f"{r[key + '_throughput']:.{digits}f}×"
+  if key + '_quartiles' in r:
+    low, high = r[key + '_quartiles']
+    cell += f' ({low:.2f}–{high:.2f})'
+  return cell
+
+
 def row(r, compiled_column: bool = False, peak_column: bool = False) -> str:
   steps = {s['step']: s for s in r['steps']}
   jaxpar, jit = steps['jaxpar shard_map'], steps['auto-sharded jit']
@@ -61,12 +71,12 @@ def row(r, compiled_column: bool = False, peak_column: bool = False) -> str:
         else 'all devices' if group in (0, devices)
         else 'each device' if group == 1 else f'groups of {group}')
   cells = [r['network'], f"{r['image_size']}²", r['dtype'], where, str(r['global_batch']), bn, _seconds(jaxpar), _seconds(jit),
-           f"{r['shard_map_over_jit_throughput']:.3f}×",
+           ratio(r, 'shard_map_over_jit', 3),
            _seconds(peer) if peer else '–',
-           f"{r['shard_map_over_torch_throughput']:.2f}×" if peer else '–']
+           ratio(r, 'shard_map_over_torch') if peer else '–']
   if compiled_column:
     cells += [_seconds(compiled) if compiled else '–',
-              f"{r['shard_map_over_torch_compile_throughput']:.2f}×" if compiled else '–']
+              ratio(r, 'shard_map_over_torch_compile') if compiled else '–']
   cells.append(_gflops(r, jaxpar, peer or compiled))
   if peak_column:
     rate, peak = _flop_rate(r, jaxpar, peer or compiled), peak_flops(r)

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from jax import lax  # noqa: E402
 
-from analysis.benchmarks.alternate import call_timer, jax_timer, medians  # noqa: E402
+from analysis.benchmarks.alternate import call_timer, host_speed, jax_timer, medians  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS  # noqa: E402
 from jaxpar.models.conv import (LOWERINGS, TAPS_MAX_OUTPUT_POSITIONS,  # noqa: E402
@@ -197,6 +197,7 @@ def main(argv):
     if _CHOICES.value:
       write_choices(results, _CHOICES.value)
     return
+  speed = host_speed()  # before anything compiles or runs
   dtype = jnp.dtype(_DTYPE.value)
   rows, cache = [], {}
   for net in _NETS.value:
@@ -221,7 +222,8 @@ def main(argv):
               f"out {out:5d}  ms: {cells}{peer}  auto={auto}", flush=True)
   result = dict(tool='analysis.benchmarks.conv_bench',
                 created=datetime.datetime.now().isoformat(timespec='seconds'),
-                machine=machine(), versions=versions(), backend=jax.default_backend(),
+                machine=machine(), host_speed=speed, versions=versions(),
+                backend=jax.default_backend(),
                 dtype=_DTYPE.value, rounds=_ROUNDS.value, repeat=_REPEAT.value,
                 rule_max_positions=TAPS_MAX_OUTPUT_POSITIONS, rows=rows,
                 summary=summarize(rows))

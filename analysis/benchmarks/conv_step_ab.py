@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from analysis.benchmarks.alternate import host_speed  # noqa: E402
 from analysis.benchmarks.bench import Runner  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
@@ -120,6 +121,7 @@ def _run(runner, timed: bool = True):
 
 def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
   mesh = build.mesh(cfg)
+  speed = host_speed()  # before anything compiles or runs
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)
   rng = np.random.default_rng(0)
@@ -166,7 +168,7 @@ def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
                  'convolutions_by_lowering': dict(lowerings)})
   return {'tool': 'analysis.benchmarks.conv_step_ab',
           'created': datetime.datetime.now().isoformat(timespec='seconds'),
-          'machine': machine(), 'versions': versions(),
+          'machine': machine(), 'host_speed': speed, 'versions': versions(),
           'command': ' '.join(['python -m analysis.benchmarks.conv_step_ab'] + sys.argv[1:]),
           'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
           'global_batch': global_batch, 'geometries': len(rule),

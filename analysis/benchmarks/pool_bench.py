@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from analysis.benchmarks.alternate import call_timer, jax_timer, medians  # noqa: E402
+from analysis.benchmarks.alternate import call_timer, host_speed, jax_timer, medians  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS, pooling  # noqa: E402
 
@@ -152,6 +152,7 @@ def time_pool(p: Pool, dtype, rounds: int, repeat: int, torch: bool) -> dict:
 
 def main(argv):
   del argv
+  speed = host_speed()  # before anything compiles or runs
   dtype = jnp.dtype(FLAGS.dtype)
   rows, cache = [], {}
   for net in FLAGS.nets:
@@ -168,7 +169,8 @@ def main(argv):
         print(_line(rows[-1]), flush=True)
   result = dict(tool='analysis.benchmarks.pool_bench',
                 created=datetime.datetime.now().isoformat(timespec='seconds'),
-                machine=machine(), versions=versions(), backend=jax.default_backend(),
+                machine=machine(), host_speed=speed, versions=versions(),
+                backend=jax.default_backend(),
                 dtype=FLAGS.dtype, rounds=FLAGS.rounds, repeat=FLAGS.repeat, rows=rows)
   print('\n' + table([result]))
   if FLAGS.out:
