@@ -38,10 +38,11 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir, monke
     return run(self, timed)
   monkeypatch.setattr(bench.Runner, '__call__', recorded)
   result = bench.bench(_config(data_dir), steps=2, warmup=1, repeat=2)
-  # A warm-up round, then each round each runner's untimed step and its timed one in a row.
+  # A warm-up round, then each round each runner's untimed step and its timed one in a row,
+  # each round starting with the next runner.
   names = ('jaxpar shard_map', 'auto-sharded jit')
-  assert calls == [(n, False) for n in names] + 2 * [
-      c for n in names for c in ((n, False), (n, True))]
+  assert calls == [(n, False) for n in names] + [
+      c for n in names + names[::-1] for c in ((n, False), (n, True))]
   assert result['repeat'] == 2
   assert result['host_speed']['matmul_gflop_s'] > 0 and result['host_speed']['copy_gb_s'] > 0
   jaxpar, jit = result['steps']

@@ -219,7 +219,11 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
       r(timed=False)
   faults = [[] for _ in runners]
   for i in range(steps):  # alternate: every runner sees the same machine state
-    for r, counted in zip(runners, faults):
+    # Each round starts with the next runner: each comes right after each other equally
+    # often (the first of every round ran up to 1.12x the second's time, the same program
+    # on one device, 2026-11-27: the step after PyTorch's pays for it, `REPEAT` aside).
+    pairs = list(zip(runners, faults))
+    for r, counted in pairs[i % len(pairs):] + pairs[:i % len(pairs)]:
       time.sleep(PAUSE_S)
       for _ in range(repeat - 1):
         r(timed=False)
