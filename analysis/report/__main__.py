@@ -242,6 +242,7 @@ TABLES = {
     'conv-step-onednn-bf16': lambda: _conv_steps('step_onednn_bf16'),
     'conv-step-bf16-above16': lambda: _conv_steps('step_bf16_above16'),
     'conv-step-pool': lambda: _conv_steps('step_pool'),
+    'conv-step-xla': lambda: _conv_steps('step_xla'),
     'pool-float32': _pools,
     'small-collectives': _small_collectives,
     'collectives-resnet34': lambda: _bench('collectives/bench_resnet34_32_2p_*.json'),
