@@ -90,6 +90,32 @@ def test_on_a_mesh_every_device_runs_its_own_calls_at_once():
       np.testing.assert_allclose(g, v, rtol=0, atol=1e-5 * float(np.abs(v).max()))
 
 
+def test_an_auto_sharded_jit_splits_each_call_over_the_batch():
+  # Where XLA partitions the program (a flax user's jit over a mesh), each device calls
+  # oneDNN on its shard of the batch — no operand gathered, the kernel's gradient the sum
+  # of the devices' parts — and the results are XLA's convolution's.
+  from jaxpar.mesh import make_mesh
+  mesh = make_mesh((8,), ('data',))
+  x, w = _inputs(n=16, hw=12, c=8, d=16)
+  x = jax.device_put(x, NamedSharding(mesh, P('data')))
+  w = jax.device_put(w, NamedSharding(mesh, P()))
+
+  def step(conv):
+    return jax.jit(jax.value_and_grad(functools.partial(_loss, conv), argnums=(0, 1)))
+  text = step(conv_lib.conv_onednn).lower(x, w).compile().as_text()
+  calls = [line for line in text.splitlines() if 'custom_call_target="jaxpar_onednn' in line]
+  assert len(calls) == 3 and 'all-gather' not in text
+  forward, input_grad, kernel_grad = (
+      next(c for c in calls if f'jaxpar_onednn_{name}"' in c)
+      for name in ('forward', 'input_grad', 'kernel_grad'))
+  assert 'f32[2,6,6,16]' in forward and 'f32[2,12,12,8]' in input_grad  # 16 images / 8
+  assert 'f32[3,3,8,16]' in kernel_grad
+  got, want = step(conv_lib.conv_onednn)(x, w), step(lax.conv_general_dilated)(x, w)
+  for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, v, rtol=0, atol=1e-5 * float(np.abs(v).max()))
+  assert got[1][0].sharding.spec == P('data') and got[1][1].sharding.spec == P()
+
+
 def _team_calls_since(before):
   now = onednn.calls_by_team()
   return {t: n - before.get(t, 0) for t, n in now.items() if n - before.get(t, 0)}

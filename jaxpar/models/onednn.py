@@ -30,6 +30,12 @@ instead of oversubscribing them (`share_threads(False)`: every call takes T;
 docs/performance.md). D is fixed for the process, never by how many calls happen to run at
 the moment: oneDNN's sums depend on its team, and results must not depend on timing.
 
+Meshes: inside `shard_map` (jaxpar's step) each device calls oneDNN on its own shard. Where
+XLA partitions the program instead (an auto-sharded `jit` over a mesh), each pass carries a
+partitioning rule (`custom_partitioning`): the batch stays split, every other dimension
+whole, and the kernel's gradient is each device's part summed by a psum. Without it XLA
+gathered the operands and ran every call on the whole batch on every device.
+
 float32 and bfloat16 (oneDNN's bf16 kernels accumulate in float32 and round once, as XLA's
 convolution does); other dtypes, dilations, groups and negative padding go to XLA's
 convolution, as for every lowering (`conv._lowering`).
@@ -47,6 +53,7 @@ import sysconfig
 import tempfile
 
 import jax
+import jax.experimental.custom_partitioning
 import jaxlib
 import numpy as np
 from absl import logging
@@ -249,16 +256,85 @@ def _callers() -> int:
   return max(1, jax.local_device_count('cpu'))
 
 
-def _call(name, a, b, shape, strides, pads):
+def _ffi(name, a, b, shape, strides, pads, typed: bool = True):
   """One handler's call; its result is typed as varying over the operands' mesh axes
-  (`manual_axis_type`; `_same_varying` made them the same)."""
+  (`manual_axis_type`; `_same_varying` made them the same), or untyped (`typed=False`:
+  on a device's shard of a partitioned call)."""
   (pt, pb), (pl, pr) = pads
   aval = jax.typeof(a)
-  result = jax.ShapeDtypeStruct(shape, a.dtype, sharding=aval.sharding,
-                                manual_axis_type=aval.manual_axis_type)
+  result = (jax.ShapeDtypeStruct(shape, a.dtype, sharding=aval.sharding,
+                                 manual_axis_type=aval.manual_axis_type) if typed
+            else jax.ShapeDtypeStruct(shape, a.dtype))
   return jax.ffi.ffi_call(f'jaxpar_onednn_{name}', result, vmap_method='sequential')(
       a, b, strides=np.asarray(strides, np.int64), padding=np.asarray([pt, pb, pl, pr], np.int64),
       callers=np.int64(_callers()))
+
+
+def _call(name, a, b, shape, strides, pads):
+  """A pass's call: as it is inside `shard_map` (each device's shard is its own), and
+  partitioned over the batch where XLA partitions the program (`_partitioned`)."""
+  if jax.sharding.get_abstract_mesh().manual_axes:
+    return _ffi(name, a, b, shape, strides, pads)
+  return _partitioned(a, b, name, tuple(shape), strides, pads)
+
+
+# Where XLA partitions a program (an auto-sharded `jit` over a mesh), a custom call without
+# a rule runs whole on every device: the partitioner gathers its operands (an 8-device
+# ResNet34 step computed the whole batch's convolutions on each device). Each pass is
+# batch-parallel, so its rule lets the batch dimension n stay split and nothing else:
+#   forward      x[n h w c], w[p q c o] -> y[n i j o]
+#   input_grad  dy[n i j o], w[p q c o] -> dx[n h w c]
+#   kernel_grad  x[n h w c], dy[n i j o] -> dw[p q c o], n summed: each device's part of
+#                the sum, then a psum over the batch's mesh axes.
+_RULES = {'forward': 'n h w c, p q c o -> n i j o', 'input_grad': 'n i j o, p q c o -> n h w c',
+          'kernel_grad': 'n h w c, n i j o -> p q c o'}
+
+
+def _batch_axes(sharding):
+  """The mesh axes an operand's first (batch) dimension is split over, or None."""
+  spec = getattr(sharding, 'spec', None)
+  return spec[0] if spec else None
+
+
+def _partition(name, shape, strides, pads, mesh, arg_shapes, result_shape):
+  batch = _batch_axes(arg_shapes[0].sharding)
+  P = jax.sharding.PartitionSpec
+  split = jax.sharding.NamedSharding(mesh, P(batch))
+  whole = jax.sharding.NamedSharding(mesh, P())
+  if name == 'kernel_grad':
+    def lower(a, b):
+      part = _ffi(name, a, b, shape, strides, pads, typed=False)
+      return jax.lax.psum(part, batch) if batch else part
+    return mesh, lower, whole, (split, split)
+
+  def lower(a, b):
+    return _ffi(name, a, b, (a.shape[0],) + shape[1:], strides, pads, typed=False)
+  return mesh, lower, split, (split, whole)
+
+
+def _infer(name, shape, strides, pads, mesh, arg_shapes, result_shape):
+  P = jax.sharding.PartitionSpec
+  if name == 'kernel_grad':
+    return jax.sharding.NamedSharding(mesh, P())
+  return jax.sharding.NamedSharding(mesh, P(_batch_axes(arg_shapes[0].sharding)))
+
+
+@functools.partial(jax.experimental.custom_partitioning.custom_partitioning,
+                   static_argnums=(2, 3, 4, 5))
+def _partitioned(a, b, name, shape, strides, pads):
+  return _ffi(name, a, b, shape, strides, pads, typed=False)
+
+
+def _rule(name, *_):
+  """The pass's rule: every factor but n replicated (listed in the rule's order)."""
+  factors = dict.fromkeys(f for f in _RULES[name].replace(',', ' ').split()
+                          if f not in ('n', '->'))
+  return _RULES[name], {'need_replication_factors': tuple(factors),
+                        'reduction_factors': ('n',) if name == 'kernel_grad' else ()}
+
+
+_partitioned.def_partition(partition=_partition, infer_sharding_from_operands=_infer,
+                           sharding_rule=_rule)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
