@@ -10,17 +10,16 @@
 set -euo pipefail
 out=${1:-runs}; mkdir -p "$out"
 cell() { echo "configs/thesis.py:net=$1,scheme=sync-split,server=allreduce,workers=$2,batch=$3"; }
-declare -A rounds32=([resnet34]=12 [squeezenet]=30 [googlenet]=12 [vgg16e]=12)
-declare -A rounds224=([resnet34]=12 [squeezenet]=30 [googlenet]=12 [vgg16e]=12)
+declare -A rounds=([resnet34]=12 [squeezenet]=30 [googlenet]=12 [vgg16e]=12)
 for net in resnet34 squeezenet googlenet vgg16e; do
   for dtype in float32 bfloat16; do
     peer=(); [ $dtype = float32 ] && peer=(--torch)
     # The published networks (the digits recipe gives SqueezeNet BatchNorm; its peer has none).
     [ $net = squeezenet ] && peer+=(--config.batch_norm=False)
     python -m analysis.benchmarks.bench --config "$(cell $net 1 32)" --config.dtype=$dtype \
-        --steps ${rounds32[$net]} --warmup 1 "${peer[@]}" --out "$out/${net}_32_${dtype}_1.json"
+        --steps ${rounds[$net]} --warmup 1 "${peer[@]}" --out "$out/${net}_32_${dtype}_1.json"
     python -m analysis.benchmarks.bench --config "$(cell $net 1 2)" --config.image_size=224 \
-        --config.dtype=$dtype --steps ${rounds224[$net]} --warmup 1 "${peer[@]}" \
+        --config.dtype=$dtype --steps ${rounds[$net]} --warmup 1 "${peer[@]}" \
         --out "$out/${net}_224_${dtype}_1.json"
   done
 done

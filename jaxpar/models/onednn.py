@@ -312,11 +312,9 @@ def _partition(name, shape, strides, pads, mesh, arg_shapes, result_shape):
   return mesh, lower, split, (split, whole)
 
 
-def _infer(name, shape, strides, pads, mesh, arg_shapes, result_shape):
-  P = jax.sharding.PartitionSpec
-  if name == 'kernel_grad':
-    return jax.sharding.NamedSharding(mesh, P())
-  return jax.sharding.NamedSharding(mesh, P(_batch_axes(arg_shapes[0].sharding)))
+def _infer(*args):
+  """The result's sharding, as `_partition` decides it."""
+  return _partition(*args)[2]
 
 
 @functools.partial(jax.experimental.custom_partitioning.custom_partitioning,
