@@ -1,4 +1,5 @@
 """Reporting: console lines, a progress bar on a terminal, TensorBoard summaries."""
+import contextlib
 import sys
 import time
 
@@ -21,7 +22,9 @@ class Reporter:
   """Averages the step metrics between reports and adds throughput.
 
   Step metrics stay on device until a report, so the loop never waits on them.
-  The clock restarts after the first step, whose time is mostly compilation.
+  The clock restarts after the first step, whose time is mostly compilation, and stops
+  while the loop evaluates or saves (`paused`, as big_vision's `chrono.pause`): `step_time`
+  and `images_per_sec` are the training steps' alone.
   """
 
   def __init__(self, workdir: str, total_steps: int, first_step: int, global_batch: int):
@@ -47,6 +50,21 @@ class Reporter:
     if self.clock is None:  # first step of this process: compiled just now
       jax.block_until_ready(metrics)
       self.clock, self.clock_step = time.perf_counter(), step
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Stops the clock for the block (an evaluation, a checkpoint), after the steps already
+    dispatched have finished: their time stays the steps'."""
+    if self.clock is None:
+      yield
+      return
+    if self.pending:
+      jax.block_until_ready(self.pending[-1][1])
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.clock += time.perf_counter() - start
 
   def report(self, step: int, lr: float):
     fetched = jax.device_get(self.pending)

@@ -121,19 +121,24 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
         clock.started(metrics)
     reporter.step(step, metrics)
     if clock:
-      clock.check(step, metrics, lambda: evaluate(
-          eval_step, strategy.variables(loop.synced(state)), mesh, source, cfg,
-          split=clock.target.split))
+      def on_train_split():
+        with reporter.paused():
+          return evaluate(eval_step, strategy.variables(loop.synced(state)), mesh, source, cfg,
+                          split=clock.target.split)
+      clock.check(step, metrics, on_train_split)
     if step % cfg.log_every == 0 or step == last_step:
       reporter.report(step, float(schedule(step - 1)))
     if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
-      state = loop.synced(state)
-      reporter.evaluation(step, evaluate(eval_step, strategy.variables(state), mesh, source, cfg))
+      with reporter.paused():
+        state = loop.synced(state)
+        results = evaluate(eval_step, strategy.variables(state), mesh, source, cfg)
+      reporter.evaluation(step, results)
     # One process stops at the step a signal finds in flight; several stop together at the
     # step JAX's preemption service agrees on (`due` is true there, then `reached_preemption`).
     stopping = stop.requested()
     if checkpoints.due(step) or step == last_step or stopping:
-      checkpoints.save(step, loop.synced(state), force=step == last_step or stopping)
+      with reporter.paused():
+        checkpoints.save(step, loop.synced(state), force=step == last_step or stopping)
     if stopping or checkpoints.reached_preemption(step):
       stopped_by = stop.received or 'SIGTERM'  # JAX's preemption service is told by SIGTERM
       logging.warning('%s: saved step %d; run the same command to resume.', stopped_by, step)

@@ -68,3 +68,34 @@ def test_async_run_through_the_cli_applies_every_batch_and_reports_staleness(dat
   assert result.eval['count'] == 360
   assert {'train/staleness', 'train/sent_bytes', 'train/loss', 'eval/top1'} <= _summary_tags(
       tmp_path)
+
+
+def test_the_step_time_leaves_out_evaluations_and_checkpoints(tmp_path, monkeypatch):
+  """`step_time` (and images/s) is the steps' time alone: the clock stops while the loop
+  evaluates or saves, as big_vision's `chrono.pause` does."""
+  import jax.numpy as jnp
+
+  from jaxpar import metrics
+  now = [0.0]
+  monkeypatch.setattr(metrics.time, 'perf_counter', lambda: now[0])
+  logged = []
+  reporter = metrics.Reporter(str(tmp_path), total_steps=5, first_step=0, global_batch=8)
+  monkeypatch.setattr(reporter, '_write', lambda prefix, step, values: logged.append(values))
+  reporter.step(1, {'loss': jnp.float32(1.0)})  # the clock starts after the first step
+  for step in (2, 3):
+    now[0] += 0.5                               # a step
+    reporter.step(step, {'loss': jnp.float32(1.0)})
+    with reporter.paused():
+      now[0] += 7.0                             # an evaluation or a checkpoint
+  now[0] += 0.5
+  reporter.step(4, {'loss': jnp.float32(1.0)})
+  reporter.report(4, 0.1)
+  assert logged[-1]['step_time'] == pytest.approx(0.5)
+  assert logged[-1]['images_per_sec'] == pytest.approx(16.0)
+  with reporter.paused():                       # nothing pending: nothing to wait for
+    now[0] += 3.0
+  now[0] += 0.25
+  reporter.step(5, {'loss': jnp.float32(1.0)})
+  reporter.report(5, 0.1)
+  assert logged[-1]['step_time'] == pytest.approx(0.25)
+  reporter.close()
