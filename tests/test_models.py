@@ -181,3 +181,43 @@ def test_googlenet_stem_pads_symmetrically_on_even_inputs():
   stem = params['ConvReLU_0']['Conv_0']
   expected = jax.nn.relu(_symmetric_conv(x, stem['kernel'], 2, 3) + stem['bias'])
   np.testing.assert_allclose(inter['ConvReLU_0']['__call__'][0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', [
+    # SqueezeNet and VGG16E hold every piece (both of max-pooling's gradient assemblies).
+    'squeezenet', 'vgg16e', *(pytest.param(n, marks=pytest.mark.slow)
+                              for n in ('googlenet', 'resnet34'))])
+def test_a_jit_over_explicit_mesh_axes_computes_the_one_device_step(name):
+  """A flax user's step on `jax.make_mesh`'s Explicit axes (sharding in types, with
+  `jax.set_mesh`), the batch split over 8 devices and `conv_impl='auto'` (oneDNN's calls,
+  per-tap convolutions, max-pooling's rewritten gradient, dropout): its loss and gradients
+  are one device's. JAX refuses an operation whose result's split it cannot infer; before,
+  each network stopped at one (a custom gradient's untyped result, a reshape that merges
+  dimensions, flax's dropout mask drawn unsplit)."""
+  import functools
+
+  import flax.linen as nn
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from jaxpar.models import conv as conv_lib
+  model = models.MODELS[name](num_classes=10, conv=functools.partial(
+      nn.Conv, conv_general_dilated=conv_lib.conv_general_dilated('auto')))
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(16, 32, 32, 3)).astype(np.float32)
+  labels = rng.integers(0, 10, 16)
+  variables = jax.jit(functools.partial(model.init, train=True))(RNGS, x[:1])
+
+  def loss(params, x):
+    out, _ = model.apply({**variables, 'params': params}, x, train=True,
+                         rngs={'dropout': jax.random.key(2)}, mutable=['batch_stats'])
+    logits = out[0] if isinstance(out, tuple) else out
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+  step = jax.jit(jax.value_and_grad(loss))
+  want = step(variables['params'], x)
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Explicit,))
+  with jax.set_mesh(mesh):
+    got = step(jax.device_put(variables['params'], NamedSharding(mesh, P())),
+               jax.device_put(x, NamedSharding(mesh, P('data'))))
+  for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, v, rtol=0, atol=2e-5 * float(np.abs(v).max()))

@@ -4,6 +4,7 @@ fallback), on a mesh of devices at once, equal to XLA's convolution there; the l
 builds once per source and jaxlib; where oneDNN cannot run, `auto` says why and takes the
 other lowerings, and `onednn` computes by XLA's convolution; `hlo_flops` counts the calls'
 FLOPs as PyTorch counts a convolution's."""
+import contextlib
 import functools
 
 import jax
@@ -114,6 +115,42 @@ def test_an_auto_sharded_jit_splits_each_call_over_the_batch():
   for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, v, rtol=0, atol=1e-5 * float(np.abs(v).max()))
   assert got[1][0].sharding.spec == P('data') and got[1][1].sharding.spec == P()
+
+
+@pytest.mark.parametrize('shape,axes,x_spec,w_spec', [
+    ((8,), ('data',), P('data'), P()),
+    # The batch over one axis, the kernel's outputs over the other: the call gathers the
+    # kernel, and its gradient comes back split as the kernel is.
+    ((2, 4), ('x', 'y'), P('x'), P(None, None, None, 'y')),
+])
+@pytest.mark.parametrize('context', [True, False], ids=['set_mesh', 'no_context'])
+def test_over_explicit_mesh_axes_each_call_takes_its_devices_shard(shape, axes, x_spec, w_spec,
+                                                                   context):
+  # `jax.make_mesh`'s axes are Explicit (sharding in types): every result's type must say
+  # its sharding and a gradient must have its input's type, which an FFI call cannot say by
+  # itself. Each call runs on its device's shard of the batch; the values are XLA's. With
+  # the mesh set (`jax.set_mesh`, as flax's examples do) the custom VJP's gradient was
+  # untyped and JAX refused it.
+  mesh = jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Explicit,) * len(axes))
+  x, w = _inputs(n=16, hw=12, c=8, d=16)
+  x = jax.device_put(x, NamedSharding(mesh, x_spec))
+  w = jax.device_put(w, NamedSharding(mesh, w_spec))
+
+  def step(conv):
+    return jax.jit(jax.value_and_grad(functools.partial(_loss, conv), argnums=(0, 1)))
+  with jax.set_mesh(mesh) if context else contextlib.nullcontext():
+    text = step(conv_lib.conv_onednn).lower(x, w).compile().as_text()
+    got = step(conv_lib.conv_onednn)(x, w)
+  calls = [line for line in text.splitlines() if 'custom_call_target="jaxpar_onednn' in line]
+  assert len(calls) == 3
+  images = 16 // mesh.shape[x_spec[0]]
+  assert f'f32[{images},6,6,16]' in next(c for c in calls if 'jaxpar_onednn_forward"' in c)
+  # XLA's convolution on one device (over these axes it asks for the result's sharding).
+  want = step(lax.conv_general_dilated)(np.asarray(x), np.asarray(w))
+  for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, v, rtol=0, atol=1e-5 * float(np.abs(v).max()))
+  assert jax.typeof(got[1][0]).sharding.spec == jax.typeof(x).sharding.spec
+  assert jax.typeof(got[1][1]).sharding.spec == jax.typeof(w).sharding.spec
 
 
 def _team_calls_since(before):

@@ -5,8 +5,8 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import (ConvReLU, batch_norm, dense, dense_init, global_avg_pool,
-                                  max_pool, max_pool_ceil)
+from jaxpar.models.layers import (ConvReLU, Dropout, batch_norm, dense, dense_init,
+                                  global_avg_pool, max_pool, max_pool_ceil)
 
 # Module name → (1×1, 3×3 reduce, 3×3, 5×5 reduce, 5×5, pool proj); 'M' is a 3×3/2 max-pool.
 INCEPTIONS = (
@@ -57,7 +57,7 @@ class AuxClassifier(nn.Module):
     x = ConvReLU(128, 1, norm=self.norm, dtype=self.dtype, conv=self.conv)(x)
     x = x.reshape((x.shape[0], -1))
     x = nn.relu(nn.Dense(1024, dtype=self.dtype, kernel_init=dense_init())(x))
-    x = nn.Dropout(0.7, deterministic=not train)(x)
+    x = Dropout(0.7, deterministic=not train)(x)
     return nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init())(x)
 
 
@@ -93,7 +93,7 @@ class GoogLeNet(nn.Module):
       if train and name in AUX_AFTER:
         aux.append(AuxClassifier(self.num_classes, norm=norm, dtype=self.dtype, conv=self.conv,
                                  name=f'aux_{name}')(x, train))
-    x = nn.Dropout(self.dropout_rate, deterministic=not train)(global_avg_pool(x))
+    x = Dropout(self.dropout_rate, deterministic=not train)(global_avg_pool(x))
     x = dense(self.num_classes, 'Dense_0', self.dtype, self.fc_axis, self.fc_split)(x)
     if train:
       return tuple(y.astype(jnp.float32) for y in (x, *aux))

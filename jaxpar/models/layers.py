@@ -4,13 +4,42 @@ from typing import Any, Optional
 
 import flax.linen as nn
 from flax.linen import normalization
+import jax
 import jax.numpy as jnp
 from flax.linen.dtypes import promote_dtype
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxpar.models import explicit
 from jaxpar.models.pooling import max_pool
 
 ModuleDef = Any
+
+
+class Dropout(nn.Dropout):
+  """flax's `nn.Dropout`, whose mask is drawn split as its input is where the input's type
+  says how it is split (Explicit mesh axes, `models/explicit.py`): flax's linen Dropout
+  (0.12.8–0.12.12) draws an unsplit mask there and its `lax.select` refuses the mix. The
+  same key draws the same mask either way (threefry's bits do not depend on the split)."""
+
+  def __call__(self, inputs, deterministic: bool | None = None, rng=None):
+    if not explicit.sharded(inputs):
+      return super().__call__(inputs, deterministic, rng)
+    deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
+    if self.rate == 0.0 or deterministic:
+      return inputs
+    if self.rate == 1.0:
+      return jnp.zeros_like(inputs)
+    keep = 1.0 - self.rate
+    rng = self.make_rng(self.rng_collection) if rng is None else rng
+    sharding = jax.typeof(inputs).sharding
+    spec = [None if d in self.broadcast_dims else s
+            for d, s in enumerate(tuple(sharding.spec) + (None,) * inputs.ndim)][:inputs.ndim]
+    shape = [1 if d in self.broadcast_dims else n for d, n in enumerate(inputs.shape)]
+    mask = jax.random.bernoulli(rng, keep, shape,
+                                out_sharding=NamedSharding(sharding.mesh, PartitionSpec(*spec)))
+    mask = jnp.broadcast_to(mask, inputs.shape)
+    return lax.select(mask, inputs / keep, jnp.zeros_like(inputs))
 
 
 class ConvReLU(nn.Module):

@@ -34,7 +34,10 @@ Meshes: inside `shard_map` (jaxpar's step) each device calls oneDNN on its own s
 XLA partitions the program instead (an auto-sharded `jit` over a mesh), each pass carries a
 partitioning rule (`custom_partitioning`): the batch stays split, every other dimension
 whole, and the kernel's gradient is each device's part summed by a psum. Without it XLA
-gathered the operands and ran every call on the whole batch on every device.
+gathered the operands and ran every call on the whole batch on every device. Over Explicit
+axes (`jax.make_mesh`'s default: sharding in types, where every result's type must say its
+split and an FFI call's cannot) each pass is a `shard_map` over the batch's axes, as in
+jaxpar's step, and each gradient is given its input's type (`models/explicit.py`).
 
 float32 and bfloat16 (oneDNN's bf16 kernels accumulate in float32 and round once, as XLA's
 convolution does); other dtypes, dilations, groups and negative padding go to XLA's
@@ -57,6 +60,8 @@ import jax.experimental.custom_partitioning
 import jaxlib
 import numpy as np
 from absl import logging
+
+from jaxpar.models import explicit
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'onednn_conv.cc')
 DTYPES = ('float32', 'bfloat16')
@@ -271,11 +276,46 @@ def _ffi(name, a, b, shape, strides, pads, typed: bool = True):
 
 
 def _call(name, a, b, shape, strides, pads):
-  """A pass's call: as it is inside `shard_map` (each device's shard is its own), and
-  partitioned over the batch where XLA partitions the program (`_partitioned`)."""
+  """A pass's call: as it is inside `shard_map` (each device's shard is its own), over the
+  batch's mesh axes where the operands' types carry their sharding (`_sharded_in_types`),
+  and partitioned over the batch where XLA partitions the program (`_partitioned`)."""
   if jax.sharding.get_abstract_mesh().manual_axes:
     return _ffi(name, a, b, shape, strides, pads)
+  if explicit.sharded(a) or explicit.sharded(b):
+    return _sharded_in_types(name, a, b, shape, strides, pads)
   return _partitioned(a, b, name, tuple(shape), strides, pads)
+
+
+def _sharded_in_types(name, a, b, shape, strides, pads):
+  """Over Explicit mesh axes, where every operation's result type must say its sharding
+  (an FFI call's cannot): each device calls oneDNN on its shard of the batch in a
+  `shard_map` over the mesh of `a`'s type, as in jaxpar's step. The batch stays split over
+  the axes `a`'s batch is split over; any other dimension split is gathered first (by
+  `reshard`). The kernel gradient is each device's part, summed by a psum."""
+  P = jax.sharding.PartitionSpec
+  mesh = jax.typeof(a if explicit.sharded(a) else b).sharding.mesh
+  split = P(jax.typeof(a).sharding.spec[0] if explicit.sharded(a) else None)
+  axes = split[0] or ()
+  if name == 'kernel_grad':
+    in_specs, out_spec = (split, split), P()
+    def body(a, b):
+      part = _ffi(name, *_same_varying(a, b), shape, strides, pads)
+      return jax.lax.psum(part, axes) if axes else part
+  else:
+    in_specs, out_spec = (split, P()), split
+    def body(a, b):
+      return _ffi(name, *_same_varying(a, b), (a.shape[0],) + tuple(shape[1:]), strides, pads)
+  a, b = (jax.sharding.reshard(t, jax.sharding.NamedSharding(mesh, spec))
+          for t, spec in zip((a, b), in_specs))
+  return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec)(a, b)
+
+
+def _typed_like(t, reference):
+  """`t` resharded to `reference`'s type where types carry sharding (a gradient must have
+  its primal input's type)."""
+  if not (explicit.sharded(t) or explicit.sharded(reference)):
+    return t
+  return jax.sharding.reshard(t, jax.typeof(reference).sharding)
 
 
 # Where XLA partitions a program (an auto-sharded `jit` over a mesh), a custom call without
@@ -353,8 +393,8 @@ def _conv_fwd(x, w, strides, pads):
 
 def _conv_bwd(strides, pads, residuals, dy):
   x, w = residuals
-  return (_call('input_grad', dy, w, x.shape, strides, pads),
-          _call('kernel_grad', x, dy, w.shape, strides, pads))
+  return (_typed_like(_call('input_grad', dy, w, x.shape, strides, pads), x),
+          _typed_like(_call('kernel_grad', x, dy, w.shape, strides, pads), w))
 
 
 _conv.defvjp(_conv_fwd, _conv_bwd)

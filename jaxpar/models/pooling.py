@@ -56,6 +56,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxpar.models import explicit
+
 
 # Read at trace time, for `analysis.benchmarks.conv_step_ab`'s variants: `previous` turns
 # ENABLED off (flax's max-pool, the steps before it); `pool_reduce_window` and `pool_full`
@@ -178,14 +180,15 @@ def _backward(window, strides, padding, residuals, dy):
     rj = lax.broadcasted_iota(jnp.int32, (1, 1, wq * sw, 1), 2) % sw
     dxp = jnp.zeros((n, hq * sh, wq * sw, c), dy.dtype)
     for (r, q), d in phases.items():
-      repeated = jnp.broadcast_to(d[:, :, None, :, None, :],
-                                  (n, hq, sh, wq, sw, c)).reshape(n, hq * sh, wq * sw, c)
+      repeated = explicit.reshape(jnp.broadcast_to(d[:, :, None, :, None, :],
+                                                   (n, hq, sh, wq, sw, c)),
+                                  (n, hq * sh, wq * sw, c))
       dxp = dxp + jnp.where((ri == r) & (rj == q), repeated, zero)
   else:
     none = jnp.zeros((n, hq, wq, c), dy.dtype)  # a phase no tap reaches (window < stride)
     rows = [jnp.stack([phases.get((r, q), none) for q in range(sw)], axis=3)
             for r in range(sh)]
-    dxp = jnp.stack(rows, axis=2).reshape(n, hq * sh, wq * sw, c)
+    dxp = explicit.reshape(jnp.stack(rows, axis=2), (n, hq * sh, wq * sw, c))
   return (dxp[:, pt:pt + h, pl:pl + w].astype(out_dtype),)
 
 

@@ -5,7 +5,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import ConvReLU, batch_norm, global_avg_pool, max_pool_ceil
+from jaxpar.models.layers import ConvReLU, Dropout, batch_norm, global_avg_pool, max_pool_ceil
 
 # (squeeze, expand 1×1, expand 3×3) for fire2..fire9; 'M' is a 3×3/2 max-pool.
 FIRES = ((16, 64, 64), (16, 64, 64), (32, 128, 128), 'M',
@@ -49,7 +49,7 @@ class SqueezeNet(nn.Module):
     for fire in FIRES:
       x = max_pool_ceil(x, 3, 2) if fire == 'M' else Fire(*fire, norm=norm, dtype=self.dtype,
                                                                     conv=self.conv)(x)
-    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    x = Dropout(self.dropout_rate, deterministic=not train)(x)
     # conv10 keeps its bias and ReLU as in the original; the BatchNorm variant normalises
     # it too (docs/training.md: without it, class units dead at init never revive).
     x = self.conv(self.num_classes, (1, 1), use_bias=norm is None, dtype=self.dtype,

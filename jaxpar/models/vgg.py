@@ -5,7 +5,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import ConvReLU, batch_norm, dense, max_pool
+from jaxpar.models.layers import ConvReLU, Dropout, batch_norm, dense, max_pool
 
 # Channels per 3×3 convolution; 'M' is a 2×2/2 max-pool.
 CONFIG_E = (64, 64, 'M', 128, 128, 'M', 256, 256, 256, 256, 'M',
@@ -39,7 +39,7 @@ class VGG(nn.Module):
     fc = functools.partial(dense, dtype=self.dtype, fc_axis=self.fc_axis, fc_split=self.fc_split)
     for name in self.FC_LAYERS[:2]:  # FC 4096 → ReLU → dropout, twice, as in the VGG paper
       x = nn.relu(fc(self.fc_features, name)(x))
-      x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+      x = Dropout(self.dropout_rate, deterministic=not train)(x)
     x = fc(self.num_classes, self.FC_LAYERS[2])(x)
     return x.astype(jnp.float32)
 
