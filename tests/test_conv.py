@@ -147,6 +147,29 @@ def test_layouts_and_options_the_lowerings_cannot_do_fall_back_to_xla(impl):
         rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('impl', HAND)
+def test_each_lowering_over_explicit_mesh_axes_computes_one_devices_values(impl):
+  # `jax.make_mesh`'s Explicit axes (sharding in types) refuse a reshape whose result's
+  # split JAX cannot infer: Winograd's interleave of its tiles was one. Both strides.
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+  if impl == 'onednn' and not onednn.available():
+    pytest.skip(onednn.unavailable_reason())
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Explicit,))
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(16, 12, 12, 8)).astype(np.float32)
+  w = rng.normal(size=(3, 3, 8, 16)).astype(np.float32)
+  for strides in ((1, 1), (2, 2)):
+    step = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(jnp.sin(LOWERINGS[impl](
+        x, w, strides, ((1, 1), (1, 1)), dimension_numbers=DN))), argnums=(0, 1)))
+    want = step(x, w)
+    with jax.set_mesh(mesh):
+      got = step(jax.device_put(x, NamedSharding(mesh, P('data'))),
+                 jax.device_put(w, NamedSharding(mesh, P())))
+    for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(g, v, rtol=0, atol=1e-5 * float(np.abs(v).max()))
+
+
 def test_auto_uses_taps_on_small_cpu_maps_only():
   assert use_taps('auto', TAPS_MAX_OUTPUT_POSITIONS, 'cpu')
   assert not use_taps('auto', TAPS_MAX_OUTPUT_POSITIONS + 1, 'cpu')

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from absl import logging
 from jax import lax
 
-from jaxpar.models import onednn
+from jaxpar.models import explicit, onednn
 
 CONV_IMPLS = ('auto', 'measured', 'xla', 'taps', 'im2col', 'winograd', 'onednn')
 # `auto` on CPU: taps where the output map has at most this many positions (oh·ow), XLA's
@@ -349,7 +349,7 @@ def _conv_winograd(lhs, rhs, window_strides, pads, precision, preferred_element_
   y = [[_combine(_AT[s], m_rows[r]) for s in range(2)] for r in range(2)]
   # Interleave the tiles' 2×2 outputs: (N, th, 2, tw, 2, D) → (N, 2·th, 2·tw, D), cropped.
   out = jnp.stack([jnp.stack(y[r], axis=3) for r in range(2)], axis=2)
-  out = out.reshape(n, 2 * th, 2 * tw, rhs.shape[3])[:, :oh, :ow]
+  out = explicit.reshape(out, (n, 2 * th, 2 * tw, rhs.shape[3]))[:, :oh, :ow]
   return out.astype(result)
 
 
