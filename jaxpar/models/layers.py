@@ -33,9 +33,10 @@ class Dropout(nn.Dropout):
     keep = 1.0 - self.rate
     rng = self.make_rng(self.rng_collection) if rng is None else rng
     sharding = jax.typeof(inputs).sharding
-    spec = [None if d in self.broadcast_dims else s
-            for d, s in enumerate(tuple(sharding.spec) + (None,) * inputs.ndim)][:inputs.ndim]
-    shape = [1 if d in self.broadcast_dims else n for d, n in enumerate(inputs.shape)]
+    spec = list(sharding.spec) + [None] * (inputs.ndim - len(sharding.spec))
+    shape = list(inputs.shape)
+    for d in self.broadcast_dims:  # one mask entry along d, and so no split of it
+      spec[d], shape[d] = None, 1
     mask = jax.random.bernoulli(rng, keep, shape,
                                 out_sharding=NamedSharding(sharding.mesh, PartitionSpec(*spec)))
     mask = jnp.broadcast_to(mask, inputs.shape)

@@ -289,25 +289,16 @@ def _call(name, a, b, shape, strides, pads):
 def _sharded_in_types(name, a, b, shape, strides, pads):
   """Over Explicit mesh axes, where every operation's result type must say its sharding
   (an FFI call's cannot): each device calls oneDNN on its shard of the batch in a
-  `shard_map` over the mesh of `a`'s type, as in jaxpar's step. The batch stays split over
-  the axes `a`'s batch is split over; any other dimension split is gathered first (by
-  `reshard`). The kernel gradient is each device's part, summed by a psum."""
-  P = jax.sharding.PartitionSpec
+  `shard_map` over the mesh of the operands' types, as in jaxpar's step (`_per_shard`).
+  The batch stays split over the axes `a`'s batch is split over; any other dimension
+  split is gathered first (by `reshard`)."""
   mesh = jax.typeof(a if explicit.sharded(a) else b).sharding.mesh
-  split = P(jax.typeof(a).sharding.spec[0] if explicit.sharded(a) else None)
-  axes = split[0] or ()
-  if name == 'kernel_grad':
-    in_specs, out_spec = (split, split), P()
-    def body(a, b):
-      part = _ffi(name, *_same_varying(a, b), shape, strides, pads)
-      return jax.lax.psum(part, axes) if axes else part
-  else:
-    in_specs, out_spec = (split, P()), split
-    def body(a, b):
-      return _ffi(name, *_same_varying(a, b), (a.shape[0],) + tuple(shape[1:]), strides, pads)
+  in_specs, out_spec, call = _per_shard(name, _batch_axes(jax.typeof(a).sharding), shape,
+                                        strides, pads, typed=True)
   a, b = (jax.sharding.reshard(t, jax.sharding.NamedSharding(mesh, spec))
           for t, spec in zip((a, b), in_specs))
-  return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec)(a, b)
+  return jax.shard_map(lambda a, b: call(*_same_varying(a, b)), mesh=mesh,
+                       in_specs=in_specs, out_specs=out_spec)(a, b)
 
 
 def _typed_like(t, reference):
@@ -336,20 +327,28 @@ def _batch_axes(sharding):
   return spec[0] if spec else None
 
 
-def _partition(name, shape, strides, pads, mesh, arg_shapes, result_shape):
-  batch = _batch_axes(arg_shapes[0].sharding)
+def _per_shard(name, batch, shape, strides, pads, typed: bool):
+  """A pass on each device's shard of the batch (split over the mesh axes `batch`, or
+  None): its operands' and result's specs and the call on a shard. The kernel gradient is
+  each device's part of the sum over the batch, then a psum over `batch`."""
   P = jax.sharding.PartitionSpec
-  split = jax.sharding.NamedSharding(mesh, P(batch))
-  whole = jax.sharding.NamedSharding(mesh, P())
   if name == 'kernel_grad':
-    def lower(a, b):
-      part = _ffi(name, a, b, shape, strides, pads, typed=False)
+    def call(a, b):
+      part = _ffi(name, a, b, shape, strides, pads, typed)
       return jax.lax.psum(part, batch) if batch else part
-    return mesh, lower, whole, (split, split)
+    return (P(batch), P(batch)), P(), call
 
-  def lower(a, b):
-    return _ffi(name, a, b, (a.shape[0],) + shape[1:], strides, pads, typed=False)
-  return mesh, lower, split, (split, whole)
+  def call(a, b):
+    return _ffi(name, a, b, (a.shape[0],) + tuple(shape[1:]), strides, pads, typed)
+  return (P(batch), P()), P(batch), call
+
+
+def _partition(name, shape, strides, pads, mesh, arg_shapes, result_shape):
+  in_specs, out_spec, call = _per_shard(name, _batch_axes(arg_shapes[0].sharding), shape,
+                                        strides, pads, typed=False)
+  def named(spec):
+    return jax.sharding.NamedSharding(mesh, spec)
+  return mesh, call, named(out_spec), tuple(named(spec) for spec in in_specs)
 
 
 def _infer(*args):
