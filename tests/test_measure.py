@@ -78,11 +78,15 @@ def test_gaps_count_each_cycle_in_ticks_of_the_back_to_back_call():
   assert untimed['rows'][-1]['off'] == pytest.approx(abs(11.1 / 4 - 3))
   with pytest.raises(ValueError, match='without compute'):
     gaps.ticks(rows[:1])
-  # A few matmuls' gap measuring no longer than none (seen on a loaded machine): q is still
-  # the row without compute's call.
+  # A few matmuls' gap measuring no longer than none, or shorter (seen on a loaded machine,
+  # 2 repeats): q is still the row without compute's call, and the rows keep the compute's
+  # order, which `table` lines up across settings.
   tied = gaps.ticks([{'matmuls': 8, 'gap_s': 1.1e-4, 'call_s': 3.15e-3},
                      {'matmuls': 0, 'gap_s': 1.1e-4, 'call_s': 2.92e-3}])
   assert tied['tick_s'] == 2.92e-3
+  inverted = gaps.ticks([{'matmuls': 0, 'gap_s': 1.2e-4, 'call_s': 2.92e-3},
+                         {'matmuls': 8, 'gap_s': 1.0e-4, 'call_s': 3.15e-3}])
+  assert [r['matmuls'] for r in inverted['rows']] == [0, 8]
 
 
 def test_gaps_table_names_each_setting_and_the_loop_it_ran_under():

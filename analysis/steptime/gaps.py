@@ -41,8 +41,9 @@ def ticks(rows) -> dict:
   """{'tick_s': q, 'rows': [row + {'cycle_s', 'ticks', 'off'}]}: q is the call time of the
   row without compute (the back-to-back call); each row's cycle g + t_call in ticks, and
   how far that is from the nearest whole number of ticks (0: on a tick; 0.5: midway)."""
-  rows = sorted(rows, key=lambda r: r['gap_s'])
-  # Found by its count, not as the smallest gap: a few matmuls' gap can measure no longer.
+  # In order of the compute's length, not of the measured gap: a few matmuls' gap can
+  # measure no longer than none, and `table` lines the settings' rows up column by column.
+  rows = sorted(rows, key=lambda r: r['matmuls'])
   base = next((r for r in rows if r['matmuls'] == 0), None)
   if base is None:
     raise ValueError('ticks needs the row without compute (matmuls = 0)')
