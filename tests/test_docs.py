@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from jaxpar import config as config_lib
+from jaxpar import validation
 from runs import ROOT, process_env
 
 # A command in a ```bash block (continuation lines joined) or in one `code span`; it ends at
@@ -22,11 +23,12 @@ NOT_TOOLS = {'pytest', 'pip'}
 def commands() -> list[tuple[str, str, str]]:
   """(file, module, arguments) of each command in README.md and docs/*.md."""
   found = []
-  for path in ['README.md'] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md'))):
-    with open(os.path.join(ROOT, path)) as f:
+  docs = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'docs', '*.md')))
+  for name in ['README.md'] + docs:
+    with open(os.path.join(ROOT, name)) as f:
       text = f.read()
-    name = os.path.relpath(os.path.join(ROOT, path), ROOT)
-    blocks = [re.sub(r'\\\n\s*', ' ', b) for b in re.findall(r'```(?:bash|sh)?\n(.*?)```', text, re.S)]
+    blocks = [re.sub(r'\\\n\s*', ' ', b)
+              for b in re.findall(r'```(?:bash|sh)?\n(.*?)```', text, re.S)]
     spans = re.findall(r'`([^`\n]*python -m [^`\n]*)`', re.sub(r'```.*?```', '', text, flags=re.S))
     for piece in blocks + spans:
       found += [(name, m.group(1), m.group(2)) for m in COMMAND.finditer(piece)
@@ -47,12 +49,10 @@ def defined_flags(module: str) -> set[str]:
 
 
 def has_field(config, path: str) -> bool:
-  node = config
-  for part in path.split('.'):
-    try:
-      node = node[part]
-    except (KeyError, TypeError, AttributeError):
-      return False
+  try:
+    validation._get(config, path)  # as the config's checks read a dotted field
+  except (KeyError, TypeError, AttributeError):
+    return False
   return True
 
 
