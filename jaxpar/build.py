@@ -106,11 +106,12 @@ def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_step
           schedule)
 
 
-def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng) -> TrainState:
+def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng,
+                  abstract: bool = False) -> TrainState:
   """Freshly initialised parameters, BN statistics and optimizer state, in the
-  strategy's layout on the mesh."""
+  strategy's layout on the mesh (`abstract`: their shapes and shardings only)."""
   return init_state(model, tx, strategy, mesh, _input_shape(cfg, channels), rng,
-                    loss_scaling=cfg.loss_scaling == 'dynamic')
+                    loss_scaling=cfg.loss_scaling == 'dynamic', abstract=abstract)
 
 
 def timing_steps(cfg) -> int:
@@ -119,15 +120,20 @@ def timing_steps(cfg) -> int:
   return max(1000, cfg.optimizer.warmup_steps + 1)
 
 
-def for_timing(cfg, num_classes: int, channels: int, mesh):
+def for_timing(cfg, num_classes: int, channels: int, mesh, abstract: bool = False):
   """(model, strategy, tx, state) of a config on a mesh, for the tools that time its steps
-  (`analysis/`), with a schedule of `timing_steps`."""
+  (`analysis/`, `jaxpar.plan`), with a schedule of `timing_steps`; `abstract`: the state's
+  shapes and shardings only (`timing_state` makes the state itself)."""
   network = model(cfg, num_classes, channels, mesh)
   method = strategy(cfg, mesh, network)
   tx, _ = optimizer(cfg, network, channels, method, config_lib.global_batch(cfg),
                     total_steps=timing_steps(cfg))
-  return network, method, tx, initial_state(cfg, network, tx, method, channels, mesh,
-                                            jax.random.key(0))
+  return network, method, tx, timing_state(cfg, network, tx, method, channels, mesh, abstract)
+
+
+def timing_state(cfg, model, tx, strategy, channels: int, mesh, abstract: bool = False):
+  """`for_timing`'s state: the same seed whether made with it or afterwards."""
+  return initial_state(cfg, model, tx, strategy, channels, mesh, jax.random.key(0), abstract)
 
 
 def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):

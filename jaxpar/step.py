@@ -272,9 +272,11 @@ def init_variables(model, input_shape, rng):
 
 
 def init_state(model, tx, strategy: Strategy, mesh, input_shape, rng,
-               loss_scaling: bool = False) -> TrainState:
+               loss_scaling: bool = False, abstract: bool = False) -> TrainState:
   """Freshly initialised parameters, BN statistics and optimizer state, placed on the
-  mesh in the strategy's layout; with `loss_scaling`, the initial `LossScale`."""
+  mesh in the strategy's layout; with `loss_scaling`, the initial `LossScale`. `abstract`:
+  their shapes, dtypes and shardings only (nothing compiled or computed), enough to lower
+  a step."""
   def init():
     variables = init_variables(model, input_shape, rng)
     params, batch_stats, opt_state = strategy.init(tx, variables['params'],
@@ -283,8 +285,9 @@ def init_state(model, tx, strategy: Strategy, mesh, input_shape, rng,
                       batch_stats=batch_stats, opt_state=opt_state,
                       loss_scale=LossScale.initial() if loss_scaling else None)
   specs = strategy.state_specs(jax.eval_shape(init))
-  return jax.jit(init, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), specs),
-                 compiler_options=init_compiler_options())()
+  placed = jax.jit(init, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), specs),
+                   compiler_options=init_compiler_options())
+  return jax.eval_shape(placed) if abstract else placed()
 
 
 def init_compiler_options():

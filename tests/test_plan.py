@@ -126,6 +126,31 @@ def test_a_candidate_s_overrides_make_a_valid_config_of_its_method():
 
 
 # =============================================================================== ranking
+@pytest.mark.parametrize('server', ['allreduce', 'distributed'])
+def test_a_candidate_is_lowered_from_its_state_s_shapes_as_from_the_state(server):
+  """`probe.step_call` lowers each candidate from the state's shapes and shardings (making
+  the state compiles and runs the initialisation): the same program, the distributed
+  server's sharded optimizer state included."""
+  import jax
+  from jaxpar import build
+  from jaxpar.mesh import make_mesh
+  from jaxpar.plan import probe
+  from jaxpar.step import make_train_step, to_global
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',), 'server': server})
+  validation.validate(c)
+  meta = {'num_classes': 10, 'channels': 1}
+  mesh = make_mesh((2,), ('data',), jax.devices()[:2])
+  model, strategy, tx, shapes = build.for_timing(c, 10, 1, mesh, abstract=True)
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes))
+  state = build.timing_state(c, model, tx, strategy, 1, mesh)
+  assert jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), shapes) == jax.tree.map(
+      lambda x: (x.shape, x.dtype, x.sharding), state)
+  step = make_train_step(model, tx, mesh, strategy, c.grad_accum_steps)
+  batch = to_global(mesh, probe.synthetic_batch(64, c, meta))
+  key = jax.random.key(1)
+  assert step.lower(shapes, batch, key).as_text() == step.lower(state, batch, key).as_text()
+
+
 def test_ranking_picks_the_hand_worked_fastest():
   # K_b = 400 at b = 16, B_noise = 48: K(16) = 400, K(32) = 250, K(64) = 175.
   c = candidates.Candidate
