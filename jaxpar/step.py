@@ -284,10 +284,12 @@ def init_state(model, tx, strategy: Strategy, mesh, input_shape, rng,
     return TrainState(step=jnp.int32(0), examples_seen=jnp.int32(0), params=params,
                       batch_stats=batch_stats, opt_state=opt_state,
                       loss_scale=LossScale.initial() if loss_scaling else None)
-  specs = strategy.state_specs(jax.eval_shape(init))
-  placed = jax.jit(init, out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), specs),
-                   compiler_options=init_compiler_options())
-  return jax.eval_shape(placed) if abstract else placed()
+  shapes = jax.eval_shape(init)
+  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), strategy.state_specs(shapes))
+  if abstract:  # init traced once, not again under jit
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, shardings)
+  return jax.jit(init, out_shardings=shardings, compiler_options=init_compiler_options())()
 
 
 def init_compiler_options():
