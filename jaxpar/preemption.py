@@ -20,7 +20,8 @@ bad config (2) or a kill (137).
   SIGINT is passed on to it as a SIGTERM to this process.
 - **A second signal** while stopping (saving, above all) is logged and ignored: the save
   finishes, so no checkpoint is ever half written (orbax writes a step into a temporary
-  folder and renames it when complete; only SIGKILL can stop that).
+  folder and renames it when complete; only SIGKILL can stop that). After the save the
+  command ignores both signals to its exit (`ignore_until_exit`), so it exits 75.
 """
 import os
 import signal
@@ -60,6 +61,16 @@ class StopSignals:
   def restore(self):
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
+    self._previous = {}
+
+  def ignore_until_exit(self):
+    """SIGTERM and SIGINT ignored (SIG_IGN) from here to the process's end: for a command
+    that saved and now exits 75. A Python handler would not last: the interpreter's
+    finalization sets SIG_DFL again where one was set (CPython's `_PySignal_Fini`), and a
+    repeated signal then killed the process (143) after its save, which a requeue on 75 does
+    not retry; SIG_IGN is left as it is."""
+    for sig in SIGNALS:
+      signal.signal(sig, signal.SIG_IGN)
     self._previous = {}
 
   def requested(self) -> bool:

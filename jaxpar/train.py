@@ -184,8 +184,9 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if _WORKDIR.value is None:
     sys.exit('--workdir is required: the folder for checkpoints and TensorBoard summaries.')
+  stop = StopSignals()
   try:
-    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    result = _train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop)
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
@@ -196,10 +197,12 @@ def main(argv):
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(1)
   if result.stopped_by:
+    stop.ignore_until_exit()  # saved: a scheduler's repeated signal must not turn 75 into 143
     print(f'jaxpar: {result.stopped_by}: stopped after step {result.step}, checkpoint saved in '
           f'{result.checkpoint}; run the same command to resume (exit status '
           f'{EXIT_RESUMABLE}).', file=sys.stderr)
     sys.exit(EXIT_RESUMABLE)
+  stop.restore()
   if result.eval:
     skipped = result.eval['unreadable_files']
     print(f"test accuracy: top-1 {result.eval['top1']:.2%}, top-5 {result.eval['top5']:.2%} "
