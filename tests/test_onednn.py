@@ -66,6 +66,32 @@ def test_auto_without_a_dtype_is_a_float32_steps_choice():
                          jnp.float16) == 'xla'
 
 
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_a_kernel_gradient_ignores_what_an_earlier_call_left_in_the_scratchpad(dtype):
+  """ResNet34's stage 4 at 16²: a 3×3 stride-2 convolution of a 1×1 map. oneDNN 3.2's
+  backward-weights kernel reads scratchpad it did not write there, so after another call
+  had left large values in the thread's scratchpad the kernel's gradient was 2300 times
+  its own size off (bfloat16); each call now gets its scratchpad zeroed."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(8, 1, 1, 256)), dtype)
+  w = jnp.asarray(rng.normal(size=(3, 3, 256, 512)), dtype)
+  big_x = jnp.asarray(1000 * rng.normal(size=(8, 2, 2, 512)), dtype)
+  big_w = jnp.asarray(rng.normal(size=(3, 3, 512, 512)), dtype)
+
+  def grad_of_sum(conv, x, w, strides):  # ∂Σy/∂w: the same ones as ∂L/∂y for both
+    return jax.grad(lambda w: jnp.sum(conv(x, w, strides, ((1, 1), (1, 1)),
+                                           dimension_numbers=DN).astype(jnp.float32)))(w)
+
+  kernel_grad = jax.jit(functools.partial(grad_of_sum, conv_lib.conv_onednn), static_argnums=2)
+  want = np.asarray(grad_of_sum(lax.conv_general_dilated, x.astype(jnp.float32),
+                                w.astype(jnp.float32), (2, 2)))
+  tolerance = 1e-4 if dtype == jnp.float32 else 1e-2
+  for _ in range(3):
+    kernel_grad(big_x, big_w, (1, 1)).block_until_ready()  # leaves its scratchpad behind
+    got = np.asarray(kernel_grad(x, w, (2, 2))).astype(np.float32)
+    assert np.abs(got - want).max() <= tolerance * np.abs(want).max()
+
+
 def test_on_a_mesh_every_device_runs_its_own_calls_at_once():
   # Eight emulated devices call the handlers from eight threads at the same time, with one
   # cached primitive per pass: each must get its own shard's convolution and gradients.

@@ -231,7 +231,13 @@ ffi::Error Run(Pass pass, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::A
     memory ma = Staged(p.a, p.a_user, a.untyped_data(), buffers, 0);
     memory mb = Staged(p.b, p.b_user, b.untyped_data(), buffers, 1);
     memory mout = Staged(p.out, p.out_user, out->untyped_data(), buffers, 2);
-    memory scratch(p.scratchpad, Engine(), buffers.Get(3, p.scratchpad.get_size()));
+    // Zeroed for every call: oneDNN 3.2's bfloat16 backward-weights kernel for some geometries
+    // (a 3×3 stride-2 convolution of a 1×1 map: ResNet34's stage 4 at 16²) reads scratchpad it
+    // did not write, so the kernel's gradient took in what the thread's previous call left
+    // there: wrong values, which call came before set by timing (docs/performance.md).
+    void* scratch_data = buffers.Get(3, p.scratchpad.get_size());
+    std::memset(scratch_data, 0, p.scratchpad.get_size());
+    memory scratch(p.scratchpad, Engine(), scratch_data);
     if (p.to_a) p.to_a->execute(stream, a_user, ma);
     if (p.to_b) p.to_b->execute(stream, b_user, mb);
     p.primitive.execute(stream, {{p.a_arg, ma}, {p.b_arg, mb}, {p.out_arg, mout},
