@@ -70,7 +70,7 @@ def test_auto_without_a_dtype_is_a_float32_steps_choice():
 def test_a_kernel_gradient_ignores_what_an_earlier_call_left_in_the_scratchpad(dtype):
   """ResNet34's stage 4 at 16²: a 3×3 stride-2 convolution of a 1×1 map. oneDNN 3.2's
   backward-weights kernel reads scratchpad it did not write there, so after another call
-  had left large values in the thread's scratchpad the kernel's gradient was 2300 times
+  had left large values in the thread's scratchpad the kernel's gradient was 2000 times
   its own size off (bfloat16); each call now gets its scratchpad zeroed."""
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(8, 1, 1, 256)), dtype)
