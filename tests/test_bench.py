@@ -140,8 +140,20 @@ def test_cli_on_one_device_no_collectives_and_time_by_op(data_dir, tmp_path):
     assert 0 < seconds <= by_op[category]
 
 
-@pytest.mark.parametrize('name,size', [('resnet34', 16), ('vgg16e', 32), ('squeezenet', 32),
-                                       ('googlenet', 32), ('googlenet', 224)])
+@pytest.mark.parametrize('size', range(1, 8))
+def test_the_torch_peers_ceil_max_pool_is_jaxpars(size):
+  """Every map size, maps smaller than the window included (torch's ceil-mode pool refuses
+  them; SqueezeNet and GoogLeNet at 16² reach 1×1)."""
+  torch = pytest.importorskip('torch')
+  from jaxpar.models.layers import max_pool_ceil
+  x = np.random.default_rng(size).normal(size=(2, size, size + 1, 3)).astype(np.float32)
+  want = np.asarray(max_pool_ceil(jax.numpy.asarray(x), 3, 2))
+  got = torch_peer.ceil_max_pool()(torch.from_numpy(x).permute(0, 3, 1, 2))
+  np.testing.assert_array_equal(got.permute(0, 2, 3, 1).numpy(), want)
+
+
+@pytest.mark.parametrize('name,size', [('resnet34', 16), ('vgg16e', 32), ('squeezenet', 16),
+                                       ('squeezenet', 32), ('googlenet', 32), ('googlenet', 224)])
 def test_torch_peer_is_jaxpars_network(name, size):
   pytest.importorskip('torchvision')
   variables = jax.eval_shape(lambda: init_variables(models.MODELS[name](num_classes=10),
@@ -158,7 +170,7 @@ def test_torch_peer_is_jaxpars_network(name, size):
 
 def test_bench_alternates_the_torch_peer(data_dir):
   pytest.importorskip('torch')
-  result = bench.bench(_config(data_dir, model='resnet34', image_size=16, global_batch=8),
+  result = bench.bench(_config(data_dir, image_size=16, global_batch=8),
                        steps=1, warmup=1, profile_steps=1, with_torch=True)
   assert len(result['steps']) == 3 and 'shard_map_over_torch_compile_throughput' not in result
   peer = result['steps'][2]

@@ -27,12 +27,12 @@ TIMEOUT = 600  # seconds: no run may hang the suite
 
 
 def _train_command(workdir, data_dir, *overrides):
-  """SqueezeNet on the digits, 2 emulated devices, 8 steps, a line logged each step."""
+  """SqueezeNet on the digits at 16², 2 emulated devices, 8 steps, a line logged each step."""
   return [sys.executable, '-m', 'jaxpar.train', '--config',
           os.path.join(ROOT, 'configs', 'squeezenet.py'), '--workdir', str(workdir),
           f'--config.dataset.data_dir={data_dir}', '--config.mesh.shape=2',
-          '--config.per_device_batch=8', '--config.total_steps=8', '--config.log_every=1',
-          '--config.optimizer.warmup_steps=1', *overrides]
+          '--config.image_size=16', '--config.per_device_batch=8', '--config.total_steps=8',
+          '--config.log_every=1', '--config.optimizer.warmup_steps=1', *overrides]
 
 
 def _run(command):
@@ -105,7 +105,7 @@ def test_sigterm_stops_an_asynchronous_run_with_its_servers_state_saved(data_dir
   workdir = tmp_path / backend
   command = _train_command(workdir, data_dir, '--config.checkpoint_every=100',
                            '--config.scheme=async', '--config.server=central',
-                           f'--config.async_sgd.backend={backend}', '--config.image_size=16')
+                           f'--config.async_sgd.backend={backend}')
   # Ray's shutdown, at the exit, sets SIGTERM's action back to the default (its failure
   # signal handler's removal): a repeat that comes then kills the process (143).
   _stopped_and_resumed(command, workdir, tmp_path / f'{backend}.log', to_exit=backend != 'ray')

@@ -17,22 +17,23 @@ import pytest
 from jaxpar.host_memory import HOST_MEMORY, keep_freed_memory
 from tests.runs import process_env
 
-# Two 3000 × 3000 float32 matmuls: their 36 MB outputs are the program's temporaries,
-# above glibc's largest mmap threshold.
+# Two products of a 3000 × 8 and an 8 × 3000 float32 matrix: their 3000 × 3000 (36 MB)
+# outputs are the program's temporaries, above glibc's largest mmap threshold; the inner
+# dimension of 8 keeps a call to milliseconds (3000 × 3000 × 3000 products: 2 s a call).
 _CHILD = """
 import json, resource, sys
 from jaxpar.host_memory import keep_freed_memory
 kept = keep_freed_memory(sys.argv[1])
 import jax, jax.numpy as jnp
-f = jax.jit(lambda x: jnp.tanh(x @ x).sum(axis=0) + jnp.tanh(x.T @ x).sum(axis=1))
-x = jnp.ones((3000, 3000), jnp.float32) / 3000
-f(x).block_until_ready()
+f = jax.jit(lambda a, b: jnp.tanh(a @ b).sum(axis=0) + jnp.tanh(b.T @ a.T).sum(axis=1))
+a, b = jnp.ones((3000, 8), jnp.float32) / 8, jnp.ones((8, 3000), jnp.float32)
+f(a, b).block_until_ready()
 calls = []
 for _ in range(15):
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-  f(x).block_until_ready()
+  f(a, b).block_until_ready()
   calls.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-temp = f.lower(x).compile().memory_analysis().temp_size_in_bytes
+temp = f.lower(a, b).compile().memory_analysis().temp_size_in_bytes
 print(json.dumps({'kept': kept, 'faults': sorted(calls)[len(calls) // 2], 'calls': calls,
                   'temp': temp}))
 """

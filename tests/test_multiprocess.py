@@ -168,7 +168,7 @@ def test_a_process_whose_peers_never_come_gives_up_at_the_initialization_timeout
 
 
 def _launch(workdir, data_dir, port, fake_ssh=None):
-  """2 processes training SqueezeNet on the digits for 12 steps: by launch/local.sh, or by
+  """2 processes training SqueezeNet on the digits for STEPS steps: by launch/local.sh, or by
   launch/gpu_cluster.sh on two "hosts" reached through `fake_ssh` (runs the command here)."""
   env = {**ENV, 'PYTHON': sys.executable, 'JAXPAR_PORT': port}
   script = ['local.sh', '2']
@@ -178,29 +178,68 @@ def _launch(workdir, data_dir, port, fake_ssh=None):
   return subprocess.Popen(
       ['bash', os.path.join(ROOT, 'launch', script[0]), *script[1:], '--config',
        os.path.join(ROOT, 'configs', 'squeezenet.py'), '--workdir', str(workdir),
-       f'--config.dataset.data_dir={data_dir}', '--config.total_steps=12',
-       '--config.optimizer.warmup_steps=1', '--config.checkpoint_every=4',
+       f'--config.dataset.data_dir={data_dir}', f'--config.total_steps={STEPS}',
+       '--config.optimizer.warmup_steps=1', f'--config.checkpoint_every={EVERY}',
        '--config.log_every=1', '--config.distributed.heartbeat_timeout=10'],
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
+STEPS, EVERY = 16, 4  # _launch's run: its length, its checkpoints' period
+
+
+def _when_logged(run, log, line):
+  """Waits until `log` holds `line`, `run` still running."""
+  deadline = time.monotonic() + PROCESS_TIMEOUT
+  while not (log.exists() and line in log.read_text()):
+    assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+    time.sleep(0.05)
+
+
 @pytest.mark.slow
-def test_a_lost_process_stops_the_other_and_a_restart_resumes_the_run(tmp_path, data_dir):
-  """Kill -9 process 1 of 2 (launched by gpu_cluster.sh) after step 6, the step-4 checkpoint
-  written: process 0 stops within the heartbeat timeout naming it; both started again
-  (local.sh) resume from the last checkpoint, recompute steps 5 and 6 with the losses the
-  first run logged for them, and finish, evaluating every test example in both processes."""
+def test_a_stopped_run_resumes_a_lost_process_stops_the_other_and_a_restart_finishes(
+    tmp_path, data_dir):
+  """One run of 2 processes, started three times (each start costs the processes' startup
+  and compilation, so one run takes all three faults in turn):
+
+  1. SIGTERM to process 1 (launched by local.sh) after step 5: JAX's preemption service tells
+     process 0, both save the same step and exit 75 (so does local.sh);
+  2. started again (launch/gpu_cluster.sh on two "hosts"), both resume from that step; kill
+     -9 of process 1 two steps after the next checkpoint: process 0 stops within the
+     heartbeat timeout, naming it;
+  3. started again (local.sh), both resume from the last checkpoint, recompute the steps the
+     lost run had taken beyond it with the losses it logged, finish and evaluate every test
+     example in both processes."""
+  workdir = tmp_path / 'run'
+  log0, log1 = workdir / 'process_0.log', workdir / 'process_1.log'
+
+  def checkpoints():
+    return sorted(int(d) for d in os.listdir(workdir / 'checkpoints') if d.isdigit())
+
+  # 1. SIGTERM to one process: both save one step and exit 75.
+  run = _launch(workdir, data_dir, _port())
+  _when_logged(run, log0, f'[train] step 5/{STEPS}')
+  subprocess.run(['pkill', '-TERM', '-f', '--', f'--workdir {workdir} .*process_id=1'], check=True)
+  out, err = run.communicate(timeout=PROCESS_TIMEOUT)
+  assert run.returncode == 75, out[-3000:] + err[-3000:]
+  for i in (0, 1):
+    assert f'process {i} stopped on a signal after saving a checkpoint' in err
+  steps = checkpoints()
+  assert steps[0] == EVERY and len(steps) == 2 and 5 <= steps[1] < STEPS - EVERY, steps
+  stopped = steps[1]
+  for log in (log0, log1):
+    assert f'jaxpar: SIGTERM: stopped after step {stopped}, checkpoint saved in' in log.read_text()
+  first = train_losses(workdir)
+  assert set(first) == set(range(1, stopped + 1)), sorted(first)
+
+  # 2. Resumed where it stopped; process 1 killed two steps after the next checkpoint.
   fake_ssh = tmp_path / 'bin'
   fake_ssh.mkdir()
   (fake_ssh / 'ssh').write_text('#!/usr/bin/env bash\nshift  # the host\nexec bash -c "$*"\n')
   (fake_ssh / 'ssh').chmod(0o755)
-  workdir = tmp_path / 'killed'
+  saved = (stopped // EVERY + 1) * EVERY
   run = _launch(workdir, data_dir, _port(), fake_ssh)
-  deadline = time.monotonic() + PROCESS_TIMEOUT
-  log0 = workdir / 'process_0.log'
-  while not (log0.exists() and '[train] step 6/12' in log0.read_text()):
-    assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-    time.sleep(0.05)
+  _when_logged(run, log0, f'[train] step {saved + 2}/{STEPS}')
+  assert f'Resumed from step {stopped}' in log0.read_text()
   subprocess.run(['pkill', '-9', '-f', '--', f'--workdir {workdir} .*process_id=1'], check=True)
   killed = time.monotonic()
   out, err = run.communicate(timeout=PROCESS_TIMEOUT)
@@ -210,62 +249,25 @@ def test_a_lost_process_stops_the_other_and_a_restart_resumes_the_run(tmp_path, 
   assert 'process 0 of 2 stops: process 1 sent no heartbeat' in log0.read_text()
   assert 'process 0 failed (stopped because another process was lost)' in err
   assert 'process 1 failed (killed by signal 9)' in err
-  saved = max(int(d) for d in os.listdir(workdir / 'checkpoints') if d.isdigit())
-  assert saved == 4 and 'test accuracy' not in log0.read_text()
-  before = train_losses(workdir)
-  assert {5, 6} <= set(before), sorted(before)
+  assert checkpoints()[-1] == saved and 'test accuracy' not in log0.read_text()
+  second = train_losses(workdir)
+  assert set(range(stopped + 1, saved + 3)) <= set(second), sorted(second)
 
-  again = _launch(workdir, data_dir, _port())
-  out, err = again.communicate(timeout=PROCESS_TIMEOUT)
-  assert again.returncode == 0, out[-3000:] + err[-3000:]
-  assert f'Resumed from step {saved}' in log0.read_text()
-  log1 = (workdir / 'process_1.log').read_text()
-  assert 'on 360 examples' in out and 'on 360 examples' in log1
-  assert re.search(r'Process 1 of 2: 4 cpu devices \(emulated\) on core \d+ of', log1)
-  assert sorted(os.listdir(workdir / 'checkpoints')) == ['12', '4', '8']
-
-  losses = train_losses(workdir)
-  assert sorted(losses) == list(range(1, 13))
-  for step in range(1, 13):  # the steps both runs took: twice, equal; the others once
-    assert len(losses[step]) == (2 if step in before and step > saved else 1), step
-    assert losses[step] == pytest.approx([losses[step][0]] * len(losses[step]), rel=1e-6), step
-  assert losses[12] != losses[1]
-
-
-@pytest.mark.slow
-def test_sigterm_to_one_process_stops_both_at_one_saved_step_and_the_run_resumes(tmp_path,
-                                                                                  data_dir):
-  """SIGTERM to process 1 of 2 (launched by local.sh) after step 5: JAX's preemption service
-  tells process 0, both save the same step and exit 75 (so does local.sh); started again,
-  both resume from that step with the losses the first run logged, and finish."""
-  workdir = tmp_path / 'stopped'
+  # 3. Resumed from the last checkpoint: the lost steps again, with the same losses.
   run = _launch(workdir, data_dir, _port())
-  deadline = time.monotonic() + PROCESS_TIMEOUT
-  log0, log1 = workdir / 'process_0.log', workdir / 'process_1.log'
-  while not (log0.exists() and '[train] step 5/12' in log0.read_text()):
-    assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-    time.sleep(0.05)
-  subprocess.run(['pkill', '-TERM', '-f', '--', f'--workdir {workdir} .*process_id=1'], check=True)
   out, err = run.communicate(timeout=PROCESS_TIMEOUT)
-  assert run.returncode == 75, out[-3000:] + err[-3000:]
-  for i in (0, 1):
-    assert f'process {i} stopped on a signal after saving a checkpoint' in err
-  steps = sorted(int(d) for d in os.listdir(workdir / 'checkpoints'))
-  assert steps[0] == 4 and len(steps) == 2 and 5 <= steps[1] < 12, steps
-  saved = steps[1]
-  for log in (log0, log1):
-    assert f'jaxpar: SIGTERM: stopped after step {saved}, checkpoint saved in' in log.read_text()
-  before = train_losses(workdir)
-  assert set(before) == set(range(1, saved + 1)), sorted(before)
-
-  again = _launch(workdir, data_dir, _port())
-  out, err = again.communicate(timeout=PROCESS_TIMEOUT)
-  assert again.returncode == 0, out[-3000:] + err[-3000:]
+  assert run.returncode == 0, out[-3000:] + err[-3000:]
   assert f'Resumed from step {saved}' in log0.read_text()
   assert 'on 360 examples' in out and 'on 360 examples' in log1.read_text()
+  assert re.search(r'Process 1 of 2: 4 cpu devices \(emulated\) on core \d+ of',
+                   log1.read_text())
+  assert checkpoints()[-1] == STEPS
   losses = train_losses(workdir)
-  assert sorted(losses) == list(range(1, 13))
-  assert all(len(v) == 1 for v in losses.values())  # no step run twice: it resumed where it saved
+  assert sorted(losses) == list(range(1, STEPS + 1))
+  for step in range(1, STEPS + 1):  # a step the lost run took beyond `saved`: twice, equal
+    assert len(losses[step]) == (2 if step > saved and step in second else 1), step
+    assert losses[step] == pytest.approx([losses[step][0]] * len(losses[step]), rel=1e-6), step
+  assert losses[STEPS] != losses[1]
 
 
 def test_a_value_of_process_0_reaches_every_process_and_so_does_its_error():

@@ -266,9 +266,9 @@ def test_scheme_auto_trains_with_a_plan_file_and_reports_the_time_to_its_target(
 def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_close_ones(
     data_dir, tmp_path):
   c = _config(**{'dataset.data_dir': data_dir, 'mesh.shape': (2,), 'mesh.axes': ('data',),
-                 'plan.target_loss': 2.0, 'plan.budget_s': 600.0, 'plan.eval_every': 5,
-                 'plan.max_steps': 200, 'plan.measure_top': 2, 'plan.measure_steps': 3,
-                 'plan.measure_windows': 3})
+                 'plan.target_loss': 2.2, 'plan.close': 1.25, 'plan.budget_s': 600.0,
+                 'plan.eval_every': 5, 'plan.max_steps': 200, 'plan.measure_top': 2,
+                 'plan.measure_steps': 3, 'plan.measure_windows': 3})
   lines = []
   plan = planner.make(c, log=lines.append)
   assert plan['devices'] == 2 and plan['setting'].startswith('2 emulated CPU devices sharing')
@@ -314,7 +314,7 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
        '--config.mesh.shape=(2,)', '--config.global_batch=64', '--config.per_device_batch=16',
        f'--config.dataset.data_dir={data_dir}', '--config.plan.eval_every=5',
        '--config.plan.max_steps=200', '--config.plan.measure_top=2',
-       '--config.plan.measure_steps=3', '--target_loss=2.0', '--budget_s=600',
+       '--config.plan.measure_steps=3', '--target_loss=2.2', '--budget_s=600',
        f'--out={out}'],
       capture_output=True, text=True, env={**process_env(), 'PYTHON': sys.executable},
       cwd=ROOT, timeout=900)

@@ -12,7 +12,8 @@ classes of the run, changed where jaxpar's published network differs:
   jaxpar's does (512 inputs at 32², 25,088 at 224²; torchvision would upsample a 1×1 map
   to 7×7 and add 102 M weights);
 - squeezenet: `squeezenet1_0`, as jaxpar's (ceil-mode max-pools, the classifier a 1×1
-  convolution with its ReLU);
+  convolution with its ReLU), its max-pools jaxpar's on maps smaller than the window
+  (`ceil_max_pool`: torch's refuses them);
 - googlenet: written out here (`googlenet`), as jaxpar's and the paper's: torchvision's
   `googlenet` puts BatchNorm after every convolution, uses 3×3 convolutions in the "5×5"
   branches and a 4×4 adaptive pool and a 2048-input FC in its auxiliary heads. Both
@@ -87,7 +88,27 @@ def network(name: str, num_classes: int, channels: int, image_size: int, device:
   else:
     model = models.squeezenet1_0(num_classes=num_classes)
     model.features[0] = nn.Conv2d(channels, 96, 7, 2)
+    for i, layer in enumerate(model.features):
+      if isinstance(layer, nn.MaxPool2d):
+        model.features[i] = ceil_max_pool()
   return model
+
+
+def ceil_max_pool(window: int = 3, stride: int = 2):
+  """Caffe's ceil-rounded max-pool as jaxpar's (`layers.max_pool_ceil`): torch's
+  `ceil_mode=True` on maps at least `window` wide, and a map smaller than the window pooled
+  to one position (torch refuses it: SqueezeNet and GoogLeNet at 16² end in 1×1 maps)."""
+  import torch  # after `network`, which imported it for its device
+  from torch import nn
+
+  class CeilMaxPool(nn.MaxPool2d):
+    def forward(self, x):
+      short_h, short_w = (max(0, window - n) for n in x.shape[2:])
+      if short_h or short_w:
+        x = nn.functional.pad(x, (0, short_w, 0, short_h), value=-torch.inf)
+      return super().forward(x)
+
+  return CeilMaxPool(window, stride, ceil_mode=True)
 
 
 def materialise(model, channels: int, image_size: int):
@@ -138,7 +159,7 @@ def googlenet(num_classes: int, channels: int):
   class GoogLeNet(nn.Module):
     def __init__(self):
       super().__init__()
-      pool = lambda: nn.MaxPool2d(3, 2, ceil_mode=True)
+      pool = ceil_max_pool
       self.stem = nn.Sequential(conv(channels, 64, 7, 2), pool(), conv(64, 64, 1),
                                 conv(64, 192, 3), pool())
       self.blocks, self.heads, cin = nn.ModuleList(), nn.ModuleDict(), 192
