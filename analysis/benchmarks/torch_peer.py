@@ -159,13 +159,12 @@ def googlenet(num_classes: int, channels: int):
   class GoogLeNet(nn.Module):
     def __init__(self):
       super().__init__()
-      pool = ceil_max_pool
-      self.stem = nn.Sequential(conv(channels, 64, 7, 2), pool(), conv(64, 64, 1),
-                                conv(64, 192, 3), pool())
+      self.stem = nn.Sequential(conv(channels, 64, 7, 2), ceil_max_pool(), conv(64, 64, 1),
+                                conv(64, 192, 3), ceil_max_pool())
       self.blocks, self.heads, cin = nn.ModuleList(), nn.ModuleDict(), 192
       for item in INCEPTIONS:
         if item == 'M':
-          self.blocks.append(pool())
+          self.blocks.append(ceil_max_pool())
           continue
         name, widths = item
         self.blocks.append(Inception(cin, widths))
