@@ -70,6 +70,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.dataset.synthetic.train_examples = 1024
   c.dataset.synthetic.test_examples = 256
   c.dataset.cache = True             # cache decoded train examples in memory
+  # Evaluation batches (decoded, resized, float32) kept in host memory after an
+  # evaluation's first pass and replayed by the next ones where a split's fit in this many
+  # MiB per process (0: read every time): the digits' 1,437 training images at 16²: 1.5 MiB.
+  c.dataset.eval_cache_mb = 1024
   c.dataset.shuffle_buffer = 50_000
   # A TFDS dataset not yet prepared in data_dir is downloaded and prepared, after a 3 s
   # check that the internet is reachable (cluster nodes often have none: then one line

@@ -212,6 +212,10 @@ def validate(c) -> None:
     _fail('grad_accum_steps', c.grad_accum_steps,
           f'it splits per_device_batch={c.per_device_batch} into equal micro-batches: use a '
           f'divisor of it')
+  mb = c.dataset.eval_cache_mb
+  if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < math.inf:
+    _fail('dataset.eval_cache_mb', mb, 'MiB of evaluation batches kept in memory per process, '
+          'e.g. 1024 (0: read the split again at every evaluation)')
   for field in ('eval_every', 'stop_after_steps', 'optimizer.warmup_steps', 'augment.crop_padding'):
     value = _get(c, field)
     if not isinstance(value, int) or value < 0:

@@ -33,6 +33,7 @@ def test_defaults_are_valid():
     ({'dataset.name': 'image_folder', 'dataset.path': '/no/such/dir'}, 'config.dataset.path',
      'sub-folder per class'),
     ({'dtype': 'float8'}, 'config.dtype', 'bfloat16'),
+    ({'dataset.eval_cache_mb': -1}, 'config.dataset.eval_cache_mb', '0: read the split again'),
     ({'host_memory': 'pool'}, 'config.host_memory', "'keep', 'system'"),
     ({'scheme': 'hogwild'}, 'config.scheme', "'async'"),
     ({'scheme': 'async'}, 'config.server', "'central' or 'distributed'"),

@@ -67,6 +67,41 @@ def test_eval_covers_every_example_once(data_dir):
   assert all(b['mask'].sum() == 0 and b['image'].shape == (64, 16, 16, 1) for b in extra)
 
 
+def test_evaluation_reads_a_small_split_once_and_replays_the_same_batches(data_dir, monkeypatch):
+  """`evaluation.evaluate` keeps a split's batches after its first pass where they fit in
+  `dataset.eval_cache_mb`: the next evaluations read nothing and sum the same numbers as
+  evaluations that read the split every time (a split above the size)."""
+  import jax
+  import jax.numpy as jnp
+  from jaxpar.evaluation import evaluate
+  from jaxpar.mesh import make_mesh
+  reads, read = [], pipeline.eval_batches
+  monkeypatch.setattr(pipeline, 'eval_batches',
+                      lambda *a, **k: reads.append(k['split']) or read(*a, **k))
+  mesh = make_mesh((1,), ('data',), jax.devices()[:1])
+
+  def sums(variables, batch):  # what the images and labels of the unmasked rows add up to
+    mask = batch['mask']
+    return {'top1': jnp.sum(batch['image'] * mask[:, None, None, None]),
+            'top5': jnp.sum(batch['image'] ** 2 * mask[:, None, None, None]),
+            'loss': jnp.sum(batch['label'] * mask), 'count': jnp.sum(mask)}
+  cfg = config_lib.defaults()
+  cfg.image_size, cfg.eval_batch = 16, 64
+  cfg.dataset.data_dir = data_dir
+  # 1 MiB: the test split (6 batches of 64 at 16², 0.4 MiB) fits, the train split (1.4 MiB) does not.
+  cfg.dataset.eval_cache_mb = 1
+  kept = sources.open_source(cfg.dataset)
+  train = [evaluate(sums, {}, mesh, kept, cfg, split='train') for _ in range(2)]
+  test = [evaluate(sums, {}, mesh, kept, cfg, split='test') for _ in range(3)]
+  assert reads == ['train', 'train', 'test']
+  assert train[0] == train[1] and test[0] == test[1] == test[2]
+  assert (train[0]['count'], test[0]['count']) == (1437, 360)
+  cfg.dataset.eval_cache_mb = 0
+  fresh = sources.open_source(cfg.dataset)
+  assert evaluate(sums, {}, mesh, fresh, cfg, split='test') == test[0]
+  assert reads[3:] == ['test'] and not any(fresh.kept.values())
+
+
 def test_image_folder(tmp_path):
   rng = np.random.default_rng(0)
   for cls in ('ant', 'bee', 'cat'):

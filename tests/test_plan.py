@@ -196,6 +196,44 @@ def test_predicting_costs_only_the_candidates_a_bound_cannot_rule_out():
   assert pruned[0]['notes'] == ['step time predicted, not measured']
 
 
+def test_measuring_times_what_moves_ahead_beside_the_fastest_measured_that_runs_here():
+  """Phase 5 (`planner.time_the_close_ones`), all at batch 64 (one K): the two close ones
+  measured slower than predicted, an unmeasured one leads; it is timed in turn with the
+  fastest measured one that runs here — not the one-device candidate timed alone in its own
+  process (a plan across processes: it has no call here), though that one is faster."""
+  import ml_collections
+  c = candidates.Candidate
+  alone, a, b, d = (c('sync-split', 'allreduce', 1, 64, 'all'),
+                    c('sync-split', 'allreduce', 2, 64, 'all'),
+                    c('sync-split', 'central', 2, 64, 'all'),
+                    c('sync-split', 'distributed', 2, 64, 'all'))
+  rows = [{'candidate': alone, 't_predicted': 0.090, 't_measured': [0.080] * 3},
+          {'candidate': a, 't_predicted': 0.050}, {'candidate': b, 't_predicted': 0.052},
+          {'candidate': d, 't_predicted': 0.060}]
+  step = {a: 0.090, b: 0.093, d: 0.055}
+  timed = []
+
+  def window_of(candidate):
+    def window(k):
+      timed.append(candidate)
+      return step[candidate]
+    window.close = lambda: None
+    return window
+  calls_of = {x: window_of(x) for x in (a, b, d)}
+  p = ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': 3,
+                                 'measure_steps': 10})
+  lines = []
+  ranked = planner.time_the_close_ones(
+      rows, lambda: rank.rank(rows, 100, 64, (math.inf,) * 3), calls_of, cost=None, p=p,
+      past_deadline=lambda: False, agree=lambda x: x, log=lines.append, started=0.0)
+  assert [r['candidate'] for r in ranked] == [d, alone, a, b]
+  assert ranked[0]['t_measured'] == [0.055] * 3 and ranked[1]['t_measured'] == [0.080] * 3
+  assert alone not in timed
+  # Round 1: the two close ones, in turn (a compile call and 3 windows each); round 2: d
+  # beside a, the fastest measured here.
+  assert timed[:8] == [a, b, a, b, b, a, a, b] and sorted(timed[8:], key=str) == [a] * 4 + [d] * 4
+
+
 # =============================================================================== bad input
 @pytest.mark.parametrize('fields, message', [
     ({}, 'config.plan.target_loss=0.0, config.plan.target_accuracy=0.0: set exactly one'),

@@ -44,6 +44,9 @@ class Source:
   train: Callable[[], 'tf.data.Dataset']
   test: Callable[[], 'tf.data.Dataset']
   unreadable: tuple = ()    # files left out because they could not be decoded
+  # Evaluation batches kept in memory after a first pass (`evaluation.evaluate`,
+  # `dataset.eval_cache_mb`): {(split, batch, batches, image_size, augment): [batch, ...]}.
+  kept: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 def open_source(dataset_config, shard=None) -> Source:

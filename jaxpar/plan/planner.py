@@ -144,9 +144,11 @@ def make(cfg, log=logging.info) -> dict:
   # On N devices at once where a candidate computes on N (emulated CPU devices share cores;
   # across processes each process computes on its own devices at once).
   t_grad = {(int(batch), 1): seconds for batch, seconds in alone['t_grad'].items()}
+  variables = None  # the network's initial weights: initialised once (a compile of their own)
   for key in sorted({(c.device_batch, c.devices) for c in found if c.devices > 1}):
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': key[0]}), meta,
-                               key[0], key[1] // processes)
+                               key[0], key[1] // processes, variables)
+    variables = call.variables
     multihost.barrier(f'plan/t_grad/{key}')
     t_grad[key] = agree(float(np.median(calibrate.timed(call, p.measure_steps, 2))))
   overhead = (t_one - t_grad[b, 1]) if t_one else 0.0
@@ -200,41 +202,13 @@ def make(cfg, log=logging.info) -> dict:
   log(f'Plan [{time.perf_counter() - started:.0f} s]: {len(rows)} candidates predicted, '
       f"{sum(1 for r in rows if r.get('pruned'))} of them by a bound without their "
       f'collectives (beyond {p.close:g} × the best).')
-  ranked = rank.rank(rows, k_b, b, noise)
 
   # --------------------------------------------------------------- 5. time the close ones
-  # Side by side: windows taken in turn, so that a machine whose speed drifts (a shared
-  # host) moves every measured candidate alike. Until the leader (`_leader`) is a measured
-  # one: candidates that measurement moves ahead are timed in turn with the best measured.
-  # Only candidates that can be chosen (`_leader`: computing the serial maths) are timed.
-  best = _leader(ranked)['T'][0]
-  group = [r for r in ranked if r['candidate'].exact and r['T'][0] <= p.close * best
-           and not r.get('t_measured')]
-  group = group[:p.measure_top] or [r for r in [_leader(ranked)] if not r.get('t_measured')]
   def past_deadline():  # process 0's clock decides, as it decides what is timed
     return agree(time.perf_counter() > deadline)
 
-  while True:  # each round measures at least one exact candidate not yet measured: it ends
-    group = _measure(group, calls_of, p, past_deadline, agree, log, started)
-    ranked = rank.rank(rows, k_b, b, noise)
-    if _leader(ranked).get('t_measured'):
-      break
-    measured = _fastest_measured(ranked)
-    if past_deadline() and measured:
-      log('Plan: budget spent before the fastest predicted candidate was measured: the choice '
-          'is the fastest measured one.')
-      break
-    while True:  # measuring moved the field within a pruned bound: cost it, rank again
-      ahead = [r for r in ranked if r['candidate'].exact and not r.get('t_measured')
-               and (measured is None or r['T'][0] < measured['T'][0])]
-      ahead = ahead[:max(1, p.measure_top - 1)]
-      if not any(r.get('pruned') for r in ahead):
-        break
-      for row in ahead:
-        if row.get('pruned'):
-          cost(row)
-      ranked = rank.rank(rows, k_b, b, noise)
-    group = ahead + ([measured] if measured else [])
+  ranked = time_the_close_ones(rows, lambda: rank.rank(rows, k_b, b, noise), calls_of, cost,
+                               p, past_deadline, agree, log, started)
   calls_of.clear()
   elapsed = time.perf_counter() - started
   choice = _leader(ranked)
@@ -312,9 +286,11 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log)
   serial = probe.serial_run(one, source, target, eval_every=p.eval_every,
                             max_steps=p.max_steps, deadline=deadline,
                             noise_batches=p.noise_batches, log=log)
-  t_grad = {}
+  t_grad, variables = {}, None
   for batch in batches:
-    call = probe.gradient_call(with_overrides(one, {'per_device_batch': batch}), meta, batch, 1)
+    call = probe.gradient_call(with_overrides(one, {'per_device_batch': batch}), meta, batch, 1,
+                               variables)
+    variables = call.variables
     t_grad[str(batch)] = float(np.median(calibrate.timed(call, p.measure_steps, 2)))
   calls, windows = {}, {}
   for label, overrides in timed:
@@ -366,6 +342,47 @@ def _leader(ranked: list) -> dict:
 def _fastest_measured(ranked: list):
   """The fastest exact candidate whose step was measured, or None."""
   return next((r for r in ranked if r['candidate'].exact and r.get('t_measured')), None)
+
+
+def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
+                        started) -> list:
+  """Phase 5: times the exact candidates predicted within `p.close` of the best (at most
+  `p.measure_top`), side by side — windows taken in turn, so that a machine whose speed
+  drifts (a shared host) moves every measured candidate alike — until the leader
+  (`_leader`) is a measured one: candidates that measuring moves ahead are timed in turn
+  with the fastest measured one that can be timed here. Only candidates that can be chosen
+  (`_leader`: computing the serial maths) are timed. A row without a call in `calls_of`
+  was timed already where it runs alone (a one-device candidate of a plan across
+  processes, in its own process) and is never timed again. `rerank()` ranks `rows` (with
+  their measurements); returns the last ranking."""
+  ranked = rerank()
+  best = _leader(ranked)['T'][0]
+  group = [r for r in ranked if r['candidate'].exact and r['T'][0] <= p.close * best
+           and not r.get('t_measured')]
+  group = group[:p.measure_top] or [r for r in [_leader(ranked)] if not r.get('t_measured')]
+  while True:  # each round measures at least one exact candidate not yet measured: it ends
+    group = _measure(group, calls_of, p, past_deadline, agree, log, started)
+    ranked = rerank()
+    if _leader(ranked).get('t_measured'):
+      return ranked
+    measured = _fastest_measured(ranked)
+    if past_deadline() and measured:
+      log('Plan: budget spent before the fastest predicted candidate was measured: the choice '
+          'is the fastest measured one.')
+      return ranked
+    while True:  # measuring moved the field within a pruned bound: cost it, rank again
+      ahead = [r for r in ranked if r['candidate'].exact and not r.get('t_measured')
+               and (measured is None or r['T'][0] < measured['T'][0])]
+      ahead = ahead[:max(1, p.measure_top - 1)]
+      if not any(r.get('pruned') for r in ahead):
+        break
+      for row in ahead:
+        if row.get('pruned'):
+          cost(row)
+      ranked = rerank()
+    beside = next((r for r in ranked if r['candidate'].exact and r.get('t_measured')
+                   and r['candidate'] in calls_of), None)
+    group = ahead + ([beside] if beside else [])
 
 
 def _measure(group, calls_of, p, past_deadline, agree, log, started) -> list:

@@ -166,11 +166,13 @@ def synthetic_batch(rows: int, cfg, meta, seed=0):
           'label': rng.integers(0, meta['num_classes'], rows).astype(np.int32)}
 
 
-def gradient_call(cfg, meta, batch: int, devices: int = 1):
+def gradient_call(cfg, meta, batch: int, devices: int = 1, variables=None):
   """t_grad's call: a function computing the gradients of one batch on this process's first
   device, blocking until they are ready. With `devices` > 1, each of the first `devices`
   computes its own batch at once (dispatched together, waited for together): t_grad under
-  the contention of an N-device step (emulated CPU devices share the cores)."""
+  the contention of an N-device step (emulated CPU devices share the cores). The weights:
+  `variables`, or the model's initial ones (a compiled program of their own); either way
+  the call's `variables`, for the next call of the same network."""
   from jaxpar import build
   from jaxpar.mesh import make_mesh
   from jaxpar.parallel.async_sgd import gradient_fn
@@ -179,17 +181,21 @@ def gradient_call(cfg, meta, batch: int, devices: int = 1):
   targets = jax.local_devices()[:devices]
   model = build.model(cfg, meta['num_classes'], meta['channels'],
                       make_mesh(cfg.mesh.shape, cfg.mesh.axes, targets[:1], cfg.bn_group_size))
-  # One program, not an op at a time (ResNet34: 180 small compiles, 6 s).
-  variables = jax.jit(lambda: init_variables(
-      model.clone(bn_axis_name=None), (1, cfg.image_size, cfg.image_size, meta['channels']),
-      jax.random.key(0)), out_shardings=jax.sharding.SingleDeviceSharding(targets[0]),
-      compiler_options=init_compiler_options())()
+  if variables is None:  # one program, not an op at a time (ResNet34: 180 small compiles, 6 s)
+    variables = jax.jit(lambda: init_variables(
+        model.clone(bn_axis_name=None), (1, cfg.image_size, cfg.image_size, meta['channels']),
+        jax.random.key(0)), out_shardings=jax.sharding.SingleDeviceSharding(targets[0]),
+        compiler_options=init_compiler_options())()
   grads = gradient_fn(model)
   data = synthetic_batch(batch, cfg, meta)
   placed = [(jax.device_put(variables, d), jax.device_put(data, d)) for d in targets]
   rng = jax.random.key(1)
-  return lambda: jax.block_until_ready(
-      [grads(v['params'], v.get('batch_stats', {}), x, rng) for v, x in placed])
+
+  def call():
+    return jax.block_until_ready(
+        [grads(v['params'], v.get('batch_stats', {}), x, rng) for v, x in placed])
+  call.variables = variables
+  return call
 
 
 def step_call(cfg, meta, source):
