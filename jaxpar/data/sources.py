@@ -45,7 +45,8 @@ class Source:
   test: Callable[[], 'tf.data.Dataset']
   unreadable: tuple = ()    # files left out because they could not be decoded
   # Evaluation batches kept in memory after a first pass (`evaluation.evaluate`,
-  # `dataset.eval_cache_mb`): {(split, batch, batches, image_size, augment): [batch, ...]}.
+  # `dataset.eval_cache_mb`): {(split, batch, batches, image_size, augment): [batch, ...],
+  # or None where they do not fit (read at every evaluation; said once)}.
   kept: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 

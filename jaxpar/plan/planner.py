@@ -339,9 +339,11 @@ def _leader(ranked: list) -> dict:
   return next(r for r in ranked if r['candidate'].exact)
 
 
-def _fastest_measured(ranked: list):
-  """The fastest exact candidate whose step was measured, or None."""
-  return next((r for r in ranked if r['candidate'].exact and r.get('t_measured')), None)
+def _fastest_measured(ranked: list, timed_here=None):
+  """The fastest exact candidate whose step was measured, or None; with `timed_here` (calls
+  by candidate), of those that can be timed again here."""
+  return next((r for r in ranked if r['candidate'].exact and r.get('t_measured')
+               and (timed_here is None or r['candidate'] in timed_here)), None)
 
 
 def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
@@ -380,8 +382,7 @@ def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, l
         if row.get('pruned'):
           cost(row)
       ranked = rerank()
-    beside = next((r for r in ranked if r['candidate'].exact and r.get('t_measured')
-                   and r['candidate'] in calls_of), None)
+    beside = _fastest_measured(ranked, calls_of)
     group = ahead + ([beside] if beside else [])
 
 
