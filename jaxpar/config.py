@@ -164,7 +164,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.distributed.initialization_timeout = 300
   c.distributed.heartbeat_timeout = 100
   # gloo's TCP event-loop threads at idle priority (multihost.IdleGlooLoops: a small collective
-  # across processes then takes ~0.1 ms, not a 4 ms timer tick) | 'normal'
+  # across processes then takes ~0.1 ms, not a 4 ms timer tick; back at normal priority for a
+  # while when another process busy on their core starves them) | 'normal'
   c.distributed.collective_threads = 'idle'
 
   # [T] ch. 3: sync-split divides `global_batch` among the devices (= sequential

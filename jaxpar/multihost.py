@@ -26,6 +26,7 @@ import jax
 from absl import logging
 from jax._src import distributed as jax_distributed  # the joined run's client and ids
 
+from jaxpar import cpu_load
 from jaxpar.config import ConfigError, RunError
 
 EXIT_PEER_LOST = 3
@@ -76,7 +77,8 @@ _EPOLL_SYSCALLS = {'x86_64': ('232', '281'), 'aarch64': ('22',)}
 
 
 class IdleGlooLoops(threading.Thread):
-  """Puts gloo's TCP event-loop threads at idle priority (SCHED_IDLE) as they appear.
+  """Puts gloo's TCP event-loop threads at idle priority (SCHED_IDLE) as they appear, and
+  back at normal priority while another process keeps their core busy.
 
   A cross-process collective on CPU goes through gloo over TCP, whose event loop
   (`gloo::transport::tcp::Loop::run`, one thread per process) calls `epoll_wait(fd, events,
@@ -87,50 +89,171 @@ class IdleGlooLoops(threading.Thread):
   4 ms at CONFIG_HZ = 250 (measured: 98 % of a pinned process's samples in that thread,
   `perf`; 16-float psum 4.00 ms a call). At SCHED_IDLE the loop runs only when nothing else
   on its core can, and is preempted at once when another thread wakes: the same psum takes
-  0.08 ms (nice 19 is not enough: 3.92 ms). docs/performance.md has the measurements.
+  0.08 ms (nice 19 is not enough: 3.92 ms; neither is a 0.1 ms EEVDF slice). docs/performance.md
+  has the measurements.
+
+  Idle priority has one failure: a thread of *another* process busy on the same core (a
+  second job, a test beside this one) leaves the loop almost no time (SCHED_IDLE's weight
+  is 3 against a normal thread's 1024), and every collective waits for it: 16 floats took
+  68 ms a call, 16 MB 272 ms, against 4 and 25 ms at normal priority. The loop's own
+  scheduler statistics show it (`/proc/self/task/<tid>/schedstat`: time spent runnable but
+  waiting for a core, and the number of runs): without another process the loop waits at
+  most 0.14 ms per run (0.01 ms for small calls), starved 2–2.7 ms. So every `period_s` the
+  loop's mean wait per run since the last decision (once it has run `MIN_RUNS` times) is
+  judged: `STARVED_S` or more puts it back at normal priority, logged with the numbers;
+  idle priority is tried again `retry_s` later, doubling while it keeps starving (up to
+  `MAX_RETRY_S`), and back to `retry_s` once idle priority has held that long.
 
   The loop thread is found by its system call: an epoll wait for 64 events with a 10 ms
-  timeout (gRPC's pollers, the other epoll threads of a JAX process, wait for 100). Polled
-  every 0.1 s for the first minute (the loop starts with the first collective), then every
-  2 s; each thread found is logged once. Linux only; elsewhere it does nothing.
+  timeout (gRPC's pollers, the other epoll threads of a JAX process, wait for 100). Looked
+  for every 0.1 s for the first minute (the loop starts with the first collective), then
+  every 2 s; each thread found is logged once. Linux only; elsewhere it does nothing.
   """
 
-  def __init__(self):
+  STARVED_S = 0.5e-3  # a mean wait for a core per run of the loop that starves it,
+  OTHERS_BUSY = 0.25  # while other processes use this many cores' worth of its cores
+  MIN_RUNS = 20       # runs of the loop a judgement needs (fewer: no collective in flight)
+  MIN_WINDOW_S = 0.25  # and seconds
+  RETRY_S = 30.0
+  MAX_RETRY_S = 1800.0
+
+  def __init__(self, retry_s: float = RETRY_S, period_s: float = 0.5):
     super().__init__(name='jaxpar-idle-gloo', daemon=True)
-    self.done = set()
+    self.retry_s, self.period_s = retry_s, period_s
+    self.loops = {}    # tid -> _Loop
+    self.history = []  # (tid, 'idle' | 'normal', why): every change made, in order
+    self._stopped = threading.Event()
+
+  def stop(self):
+    """Ends the thread at its next wake-up; the loops keep the priority they have."""
+    self._stopped.set()
 
   def run(self):
     if not os.path.isdir('/proc/self/task') or not hasattr(os, 'SCHED_IDLE'):
       return
-    started = time.monotonic()
+    global _running
+    _running = self
+    started = last_search = time.monotonic()
     while True:
-      self.poll()
-      time.sleep(0.1 if time.monotonic() - started < 60 else 2.0)
+      now = time.monotonic()
+      if now - started < 60 or now - last_search >= 2.0:
+        self.poll()
+        last_search = now
+      self.watch(now, {tid: _sample(tid) for tid in list(self.loops)})
+      if self._stopped.wait(0.1 if now - started < 60 else self.period_s):
+        return
 
   def poll(self) -> list:
-    """Sets every gloo loop thread not yet done to SCHED_IDLE; returns those it set."""
+    """Sets every gloo loop thread not seen before to SCHED_IDLE; returns those it set."""
     found = []
     for tid in gloo_loop_threads():
-      if tid in self.done:
+      if tid in self.loops:
         continue
-      try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-      except OSError as e:
-        logging.warning('gloo\'s TCP loop thread %d could not be set to idle priority (%s); '
-                        'small collectives across processes may wait for a timer tick.', tid, e)
-      else:
+      loop = self.loops[tid] = _Loop(base=(time.monotonic(), _sample(tid)),
+                                     backoff=self.retry_s)
+      if self._set(tid, idle=True, why='found'):
         logging.info('gloo\'s TCP loop thread %d runs at idle priority (SCHED_IDLE): a '
                      'small collective across processes no longer waits for a timer tick '
                      '(distributed.collective_threads=normal leaves it).', tid)
-      self.done.add(tid)
-      found.append(tid)
+        found.append(tid)
+      else:  # not allowed here: left as it is, never tried again
+        loop.idle, loop.retry_at = False, float('inf')
     return found
+
+  def watch(self, now: float, stats: dict):
+    """One judgement of every known loop, from `stats`: tid -> `_sample(tid)` (seconds run,
+    seconds waiting for a core, runs, CPU seconds other processes used on its cores), None
+    for a thread that has ended."""
+    for tid, stat in stats.items():
+      loop = self.loops[tid]
+      if stat is None:  # the thread ended (its communicator was destroyed)
+        del self.loops[tid]
+        continue
+      if not loop.idle:
+        if now >= loop.retry_at and self._set(tid, idle=True, why='retry'):
+          loop.idle, loop.base, loop.since = True, (now, stat), now
+          logging.info('gloo\'s TCP loop thread %d: idle priority tried again after %.0f s.',
+                       tid, loop.backoff)
+        continue
+      then, base = loop.base
+      runs = stat[2] - base[2]
+      if runs < self.MIN_RUNS or now - then < self.MIN_WINDOW_S:
+        continue
+      wait = (stat[1] - base[1]) / runs
+      others = (stat[3] - base[3]) / (now - then)  # cores' worth
+      loop.base = (now, stat)
+      if wait < self.STARVED_S or others < self.OTHERS_BUSY:
+        if now - loop.since >= loop.backoff:
+          loop.backoff = self.retry_s  # held as long as the last retry waited: reset
+        continue
+      if not self._set(tid, idle=False, why=f'starved: {wait * 1e3:.2f} ms a run, other '
+                                              f'processes {others:.2f} cores'):
+        continue
+      loop.idle = False
+      if loop.starved:
+        loop.backoff = min(2 * loop.backoff, self.MAX_RETRY_S)
+      loop.starved += 1
+      loop.retry_at = now + loop.backoff
+      (logging.warning if loop.starved == 1 else logging.info)(
+          'Other processes used %.0f %% of a core on the cores of gloo\'s TCP loop thread %d '
+          'over the last %.1f s, and at idle priority it waited %.2f ms for a core each of its '
+          '%d runs: every collective across processes waits for it. Back at normal priority '
+          '(a small collective may wait for a 4 ms timer tick); idle priority is tried again '
+          'in %.0f s.', others * 100, tid, now - then, wait * 1e3, runs, loop.backoff)
+
+  def _set(self, tid: int, idle: bool, why: str) -> bool:
+    try:
+      os.sched_setscheduler(tid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
+    except OSError as e:
+      if idle and why == 'found':
+        logging.warning('gloo\'s TCP loop thread %d could not be set to idle priority (%s); '
+                        'small collectives across processes may wait for a timer tick.', tid, e)
+      return False
+    self.history.append((tid, 'idle' if idle else 'normal', why))
+    return True
+
+
+class _Loop:
+  """What `IdleGlooLoops` knows of one loop thread."""
+
+  def __init__(self, base, backoff: float):
+    self.idle = True
+    self.base = base         # (time, its `_sample`) at the last judgement
+    self.since = 0.0         # when idle priority was last set (a found loop: from the start)
+    self.backoff = backoff   # seconds at normal priority before idle is tried again
+    self.retry_at = 0.0
+    self.starved = 0         # times it starved at idle priority
+
+
+_running = None  # the IdleGlooLoops of this process, once it runs
+
+
+def _sample(tid: int):
+  """(seconds run, seconds runnable but waiting for a core, runs) of one thread of this
+  process (its /proc schedstat), and the CPU seconds other processes have used on the cores
+  it may run on (`cpu_load`: those cores' busy time less this process's); None if the
+  thread has ended."""
+  try:
+    with open(f'/proc/self/task/{tid}/schedstat') as f:
+      run, wait, runs = f.read().split()[:3]
+    clock = cpu_load.cpu_clock(cores=os.sched_getaffinity(tid), children=False)
+  except (OSError, ValueError):
+    return None
+  others = clock[0] - clock[1] if clock is not None else 0.0
+  return int(run) / 1e9, int(wait) / 1e9, int(runs), others
+
+
+def gloo_loop_history() -> list:
+  """Every priority change `IdleGlooLoops` made in this process: (thread id, 'idle' or
+  'normal', why), in order; empty where it does not run."""
+  return list(_running.history) if _running is not None else []
 
 
 def wait_for_idle_gloo_loops(timeout_s: float = 5.0) -> bool:
   """Waits, with no collective in flight, until `IdleGlooLoops` has set every gloo loop
-  thread of this process to idle priority; True if it has (False after `timeout_s`, or
-  where there is no loop). The poller sees a loop thread only while it waits in epoll,
+  thread of this process to idle priority; True if it has (False after `timeout_s`: where
+  there is no loop, or one is back at normal priority because another process keeps its
+  core busy). The poller sees a loop thread only while it waits in epoll,
   which a spinning loop seldom does: calls timed right after a process's first collective
   can still wait for ticks. Tools that time small calls call this after one collective."""
   deadline = time.monotonic() + timeout_s

@@ -10,6 +10,7 @@ a 2×4 mesh spanning all processes (this process feeding its rows of each global
 reduces multi-megabyte buffers, and trains TinyResNet for 3 steps with each landed
 strategy. Process 0 saves every result.
 """
+import json
 import os
 import sys
 import time
@@ -130,8 +131,10 @@ def main(out):
     if loops:
       break
     time.sleep(0.1)
-  results['gloo_loop_policies'] = np.array([os.sched_getscheduler(t) for t in loops], np.int64)
   results['gloo_loops_idle'] = np.array(multihost.wait_for_idle_gloo_loops(10.0))
+  results['gloo_loop_ids'] = np.array(loops, np.int64)
+  results['gloo_loop_policies'] = np.array([os.sched_getscheduler(t) for t in loops], np.int64)
+  results['gloo_loop_history'] = np.array(json.dumps(multihost.gloo_loop_history()))
   if process_id == 0:
     np.savez(out, **results)
 

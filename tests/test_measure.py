@@ -21,6 +21,7 @@ from analysis.steptime import compare, gaps, link, measure, timing, trace
 from jaxpar.plan import alpha_beta as collectives
 from jaxpar.plan import calibrate, hlo
 from jaxpar import config as config_lib
+from jaxpar import cpu_load
 from jaxpar.mesh import make_mesh
 from runs import ROOT, config_file, process_env
 
@@ -689,12 +690,19 @@ def test_compare_rejects_a_file_measure_did_not_write(tmp_path):
 
 def test_other_work_during_a_run_is_recorded_and_named_in_a_warning(tmp_path, capsys,
                                                                      monkeypatch):
-  """/proc/stat's busy time less this process tree's: what other work took from the run."""
+  """/proc/stat's busy time less this process tree's: what other work took from the run (the
+  whole machine's, or some cores' as gloo's loop watch reads it: jaxpar.cpu_load)."""
   stat = tmp_path / 'stat'
-  stat.write_text('cpu  100 5 50 1000 20 3 2 7 0 0\ncpu0 50 2 25 500 10 1 1 3 0 0\n')
-  busy, own = measure.cpu_clock(str(stat))
-  assert busy == pytest.approx((100 + 5 + 50 + 3 + 2) / os.sysconf('SC_CLK_TCK')) and own > 0
-  assert measure.cpu_clock(str(tmp_path / 'absent')) is None
+  stat.write_text('cpu  100 5 50 1000 20 3 2 7 0 0\ncpu0 50 2 25 500 10 1 1 3 0 0\n'
+                  'cpu1 50 3 25 500 10 2 1 4 0 0\nintr 5 6\n')
+  hz = os.sysconf('SC_CLK_TCK')
+  busy, own = cpu_load.cpu_clock(str(stat))
+  assert busy == pytest.approx((100 + 5 + 50 + 3 + 2) / hz) and own > 0
+  assert cpu_load.cpu_clock(str(stat), cores={1})[0] == pytest.approx((50 + 3 + 25 + 2 + 1) / hz)
+  assert cpu_load.cpu_clock(str(stat), cores={0, 1})[0] == pytest.approx(busy)
+  assert cpu_load.cpu_clock(str(stat), children=False)[1] <= own
+  assert cpu_load.cpu_clock(str(tmp_path / 'absent')) is None
+  assert measure.other_cpu is cpu_load.other_cpu and measure.cpu_clock is cpu_load.cpu_clock
   assert measure.other_cpu((10.0, 4.0), (16.0, 7.0)) == pytest.approx(3.0)
   assert measure.other_cpu((10.0, 4.0), (10.5, 5.0)) == 0.0  # clock grains: never below 0
   assert measure.other_cpu(None, (1.0, 1.0)) is None

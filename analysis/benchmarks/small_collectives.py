@@ -1,13 +1,17 @@
 """Small collectives across 2 processes: a psum's time per call by size, with gloo's TCP event
 loop at normal priority and at idle priority (what jaxpar sets: `multihost.IdleGlooLoops`),
-side by side in one run.
+side by side in one run; then the same with another process busy on process 0's core, where
+idle priority starves the loop and jaxpar's watch puts it back at normal priority.
 
   python -m analysis.benchmarks.small_collectives [--out small_collectives.json]
 
 Starts 2 processes on loopback, each pinned to its own core (as launch/local.sh does), that
 join with `distributed.collective_threads='normal'`; each round times every size back to back
 (`--calls` calls after 3 warm-up ones) with the loop thread at SCHED_OTHER, then at
-SCHED_IDLE; the rounds alternate the two, and the table gives the median over rounds of each
+SCHED_IDLE; the rounds alternate the two. Then process 0 starts a busy process (`while
+True: pass`) pinned to its core and the rounds are repeated with a third setting: idle
+priority under `IdleGlooLoops`' watch, as a run has it (a fresh watch each round, set idle
+again: the round's first sizes pay for finding the starvation). The table gives the median over rounds of each
 round's median, with the rounds' range. Prints a markdown table; `--out` writes the JSON.
 """
 import json
@@ -39,23 +43,56 @@ def child(process_id: int, port: str, rounds: int, calls: int, out: str):
     assert float(np.asarray(step(x).addressable_shards[0].data).min()) == 3.0, n
   time.sleep(0.5)
   loops = multihost.gloo_loop_threads()
+
+  def time_calls(x):
+    for _ in range(3):
+      step(x).block_until_ready()
+    t = []
+    for _ in range(calls):
+      start = time.perf_counter()
+      step(x).block_until_ready()
+      t.append(time.perf_counter() - start)
+    return float(np.median(t))
+
+  def set_all(sched):
+    for tid in loops:
+      os.sched_setscheduler(tid, sched, os.sched_param(0))
+
   times = {policy: {n: [] for n in SIZES} for policy in ('normal', 'idle')}
   for _ in range(rounds):
     for policy, sched in (('normal', os.SCHED_OTHER), ('idle', os.SCHED_IDLE)):
-      for tid in loops:
-        os.sched_setscheduler(tid, sched, os.sched_param(0))
+      set_all(sched)
       for n, x in arrays.items():
-        for _ in range(3):
-          step(x).block_until_ready()
-        t = []
-        for _ in range(calls):
-          start = time.perf_counter()
-          step(x).block_until_ready()
-          t.append(time.perf_counter() - start)
-        times[policy][n].append(float(np.median(t)))
+        times[policy][n].append(time_calls(x))
+  # Another process busy on process 0's core.
+  busy = None
+  if process_id == 0:
+    busy = subprocess.Popen(['taskset', '-c', str(sorted(os.sched_getaffinity(0))[0]),
+                             sys.executable, '-c', 'while True: pass'])
+  multihost.barrier('busy')
+  contended = {p: {n: [] for n in SIZES} for p in ('normal', 'idle', 'watched')}
+  reverted = 0
+  for _ in range(rounds):
+    for policy in contended:
+      set_all(os.SCHED_OTHER if policy == 'normal' else os.SCHED_IDLE)
+      watch = None
+      if policy == 'watched':  # jaxpar's watch of the loops set idle, as join starts it
+        watch = multihost.IdleGlooLoops(retry_s=3600)
+        for tid in loops:
+          watch.loops[tid] = multihost._Loop((time.monotonic(), multihost._sample(tid)), 3600)
+        watch.start()
+      for n, x in arrays.items():
+        contended[policy][n].append(time_calls(x))
+      if watch is not None:
+        watch.stop()
+        reverted += any(to == 'normal' for _, to, _ in watch.history)
+  if busy is not None:
+    busy.kill()
+    busy.wait()
   if process_id == 0:
     with open(out, 'w') as f:
-      json.dump({'loop_threads': len(loops), 'times': times}, f)
+      json.dump({'loop_threads': len(loops), 'times': times, 'contended': contended,
+                 'watch_reverted': reverted}, f)
 
 
 def table(result: dict) -> str:
@@ -67,9 +104,15 @@ def table(result: dict) -> str:
   lines = ['| gloo loop thread | ' + ' | '.join(f'{n:,} float{"s" if n > 1 else ""}'
                                                 for n in sizes) + ' |',
            '|---|' + '---:|' * len(sizes)]
-  for policy, name in (('normal', 'normal priority (before)'),
-                       ('idle', 'idle priority (jaxpar)')):
-    lines.append(f'| {name}, ms | ' + ' | '.join(cell(times[policy][str(n)]) for n in sizes)
+  rows = [(times, 'normal', 'normal priority (before)'),
+          (times, 'idle', 'idle priority (jaxpar)')]
+  if 'contended' in result:
+    busy = 'another process busy on its core'
+    rows += [(result['contended'], 'normal', f'{busy}: normal priority'),
+             (result['contended'], 'idle', f'{busy}: idle priority'),
+             (result['contended'], 'watched', f'{busy}: jaxpar (idle, watched)')]
+  for source, policy, name in rows:
+    lines.append(f'| {name}, ms | ' + ' | '.join(cell(source[policy][str(n)]) for n in sizes)
                  + ' |')
   return '\n'.join(lines)
 

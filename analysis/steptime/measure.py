@@ -72,6 +72,7 @@ from analysis.steptime import link, volume  # noqa: E402
 from analysis.steptime.timing import ONE_DEVICE  # noqa: E402
 from jaxpar import build, models, validation  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
+from jaxpar.cpu_load import cpu_clock, other_cpu  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
 from jaxpar.parallel.collectives import nbytes  # noqa: E402
 from jaxpar.plan import calibrate  # noqa: E402
@@ -310,29 +311,6 @@ def plan(cfg, workers: int, processes: int, schemes, servers, async_servers, wit
 
 # --------------------------------------------------------------------------- running
 OTHER_LOAD_WARNING = 0.10  # of one core, over a run
-
-
-def cpu_clock(stat: str = '/proc/stat') -> tuple | None:
-  """(seconds every CPU of the machine has been busy, seconds this process and its
-  waited-for children have used), or None where the system has no /proc/stat. Busy: user,
-  nice, system, irq and softirq time (steal is the hypervisor's, not this machine's work)."""
-  try:
-    with open(stat) as f:
-      fields = f.readline().split()
-  except OSError:
-    return None
-  user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[1:8])
-  own = os.times()
-  return ((user + nice + system + irq + softirq) / os.sysconf('SC_CLK_TCK'),
-          own.user + own.system + own.children_user + own.children_system)
-
-
-def other_cpu(before: tuple | None, after: tuple | None) -> float | None:
-  """CPU seconds the machine spent on other work between two `cpu_clock` readings (none
-  below zero: the two clocks tick at different grains)."""
-  if before is None or after is None:
-    return None
-  return max(0.0, (after[0] - before[0]) - (after[1] - before[1]))
 
 
 OTHER_LOAD = []  # per run of child processes: {setting, processes, seconds, other_cpu_s}
