@@ -93,7 +93,8 @@ def test_a_gloo_loop_starved_by_another_process_goes_back_to_normal_priority_for
   history = json.loads(re.search(r'^history (.*)$', logs[0], re.M).group(1))
   assert [(to, why.split(':')[0]) for _, to, why in history[:3]] == [
       ('idle', 'found'), ('normal', 'starved'), ('idle', 'retry')], history
-  assert re.search(r"Other processes used \d+ % of a core on the cores of gloo's TCP loop ", logs[0])
+  assert re.search(r"Other processes used \d+ % of a core on the cores of gloo's TCP loop ",
+                   logs[0])
   calls = json.loads(re.search(r'^calls (.*)$', logs[0], re.M).group(1))
   assert calls == json.loads(re.search(r'^calls (.*)$', logs[1], re.M).group(1))
 

@@ -2,6 +2,7 @@
 one line, a plan made on emulated devices, and scheme='auto' training with a plan."""
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -171,6 +172,36 @@ def test_ranking_picks_the_hand_worked_fastest():
   assert '| 1 (choice) | sync-split allreduce N=2 B=64 | 175 (175–175) |' in rank.table(ranked)
 
 
+def test_the_time_to_the_target_counts_the_checkpoint_saves_before_step_k():
+  # K = 400, 250, 175 (as above). Without saves N=2 leads: 250 × 14.5 ms = 3.625 s against
+  # 175 × 21 ms = 3.675 s. A save every 100 steps of 0.5 s: 4, 2 and 1 saves, and N=4 leads.
+  c = candidates.Candidate
+  rows = [{'candidate': c('sync-join', 'allreduce', 1, 16, ''), 't_predicted': 0.010},
+          {'candidate': c('sync-join', 'allreduce', 2, 32, ''), 't_predicted': 0.0145},
+          {'candidate': c('sync-split', 'allreduce', 4, 64, ''), 't_predicted': 0.021}]
+  plain = rank.rank([dict(r) for r in rows], 400, 16, (48, 48, 48))
+  assert [(r['candidate'].devices, r['saves']) for r in plain] == [(2, 0), (4, 0), (1, 0)]
+  assert [r['T'][0] for r in plain] == pytest.approx([3.625, 3.675, 4.0])
+  saves = {'every': 100, 'seconds': 0.5}
+  ranked = rank.rank([dict(r) for r in rows], 400, 16, (48, 48, 48), saves)
+  assert [(r['candidate'].devices, r['saves']) for r in ranked] == [(4, 1), (2, 2), (1, 4)]
+  assert [r['T'][0] for r in ranked] == pytest.approx([4.175, 4.625, 6.0])
+  assert rank.saves_before(99.9, saves) == 0 and rank.saves_before(100, saves) == 1
+  assert rank.time_to_target([400, 300, 500], [0.01] * 3, None) == pytest.approx([4, 3, 5])
+
+
+def test_a_save_is_timed_as_training_saves_and_leaves_nothing_behind(tmp_path, monkeypatch):
+  import tempfile
+
+  import jax.numpy as jnp
+
+  from jaxpar.plan import probe
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+  state = {'w': jnp.arange(4096.0), 'step': jnp.array(3)}
+  assert 0 < probe.save_seconds(state, repeats=2) < 60
+  assert os.listdir(tmp_path) == []  # its temporary folder removed
+
+
 def test_predicting_costs_only_the_candidates_a_bound_cannot_rule_out():
   # Steps 100 each; step bounds (no collectives) 10, 12, 30, 50 ms; collectives +5 ms each.
   # Costed in bound order: 1.5 s, then 1.7 s; 30 ms · 100 = 3.0 s ≤ 2 × 1.5 is costed
@@ -276,9 +307,10 @@ def test_a_mesh_smaller_than_the_devices_uses_the_first_ones_in_one_process_only
 
 # =============================================================================== a plan, and training with it
 def _plan_json(choice: candidates.Candidate, target: dict) -> dict:
-  return {'target': target, 'choice': {
+  # Made for a save every 10 steps (0.5 s each): T = K·t_step + ⌊K/10⌋ × 0.5.
+  return {'target': target, 'saves': {'every': 10, 'seconds': 0.5}, 'choice': {
       'label': choice.label, 'overrides': choice.overrides(), 'K': [30, 20, 40],
-      'T': [1.0, 0.5, 2.0]}}
+      't_step': [0.03, 0.025, 0.05], 'saves': 3, 'T': [2.4, 1.5, 4.0]}}
 
 
 def test_scheme_auto_trains_with_a_plan_file_and_reports_the_time_to_its_target(data_dir,
@@ -294,6 +326,8 @@ def test_scheme_auto_trains_with_a_plan_file_and_reports_the_time_to_its_target(
   # The plan's K upper end × 1.25 = 50 steps: the run is lengthened to reach the target.
   assert result.step == 50
   assert result.plan['step'] == 2 and result.plan['seconds'] > 0
+  # Run with a save every 100 steps: none before step 30, T = K·t_step alone.
+  assert result.plan['predicted_seconds'] == pytest.approx(0.9)
   assert result.plan['summary'].startswith('time to the target ')
   written = json.loads((tmp_path / 'run' / planner.OUTCOME_FILE).read_text())
   assert written['step'] == 2 and written['choice'] == choice.label
@@ -328,6 +362,12 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
       assert (r['collectives'] > 0) == (r['devices'] > 1)
   json.dumps(plan)  # JSON as written
   assert any(line.startswith('Plan [') and 'candidates predicted' in line for line in lines)
+  # T counts the saves the run makes before step K (a save every 100 steps, timed).
+  saves = plan['saves']
+  assert saves['every'] == c.checkpoint_every and saves['seconds'] > 0
+  for r in plan['candidates']:
+    assert r['saves'] == r['K'][0] // saves['every']
+    assert r['T'][0] == pytest.approx(r['K'][0] * r['t_step'][0] + r['saves'] * saves['seconds'])
 
 
 def test_training_and_the_plan_import_nothing_of_analysis():

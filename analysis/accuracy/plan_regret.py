@@ -124,8 +124,9 @@ def make_plan(configuration: list, out: str, processes: int, rate: str) -> dict:
   from analysis.steptime import link
   from jaxpar.plan import planner
   with tempfile.TemporaryDirectory() as folder:
-    logs = link.launch('jaxpar.plan', [*configuration, f'--out={out}'], processes, rate,
-                       folder)
+    # No checkpoints, as `train` runs it: T without saves.
+    logs = link.launch('jaxpar.plan', [*configuration, '--config.checkpoint_every=1000000000',
+                                       f'--out={out}'], processes, rate, folder)
     with open(logs[0]) as f:
       sys.stderr.write(f.read())
   plan = planner.read(out)

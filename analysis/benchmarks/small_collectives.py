@@ -11,8 +11,9 @@ join with `distributed.collective_threads='normal'`; each round times every size
 SCHED_IDLE; the rounds alternate the two. Then process 0 starts a busy process (`while
 True: pass`) pinned to its core and the rounds are repeated with a third setting: idle
 priority under `IdleGlooLoops`' watch, as a run has it (a fresh watch each round, set idle
-again: the round's first sizes pay for finding the starvation). The table gives the median over rounds of each
-round's median, with the rounds' range. Prints a markdown table; `--out` writes the JSON.
+again: the round's first sizes pay for finding the starvation). The table gives the median
+over rounds of each round's median, with the rounds' range. Prints a markdown table;
+`--out` writes the JSON.
 """
 import json
 import os

@@ -8,7 +8,8 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
   3. calls        each collective kind's per-call cost on two of the devices
                   (`calibrate.time_calls`, 4 KB and the network's weights).
   4. predict      each candidate's step from its lowered program (`rank`), K(B) from the
-                  batch model, T = K·t_step.
+                  batch model, T = K·t_step + the checkpoint saves before step K (each
+                  timed after the serial run: `probe.save_seconds`).
   5. measure      the candidates within `close` of the best predicted T (at most
                   `measure_top`) trained for `measure_windows` windows of `measure_steps`
                   steps on the real input, as the run will (`probe.step_call`); re-ranked
@@ -136,9 +137,11 @@ def make(cfg, log=logging.info) -> dict:
         f"config.plan.budget_s or config.plan.max_steps, or choose a nearer target")
   noise = rank.noise_near_target(serial['noise']) if serial['noise'] else (math.inf,) * 3
   t_one = float(np.median(serial['step_seconds'])) if serial['step_seconds'] else None
+  saves = {'every': cfg.checkpoint_every, 'seconds': serial['save_seconds']}
   log(f'Plan [{time.perf_counter() - started:.0f} s]: K_b = {k_b:.0f} steps at b = {b} ({how}), '
       f'B_noise = {noise[0]:.1f} ({noise[1]:.1f}–{noise[2]:.1f}), one-device step '
-      f'{1e3 * (t_one or 0):.2f} ms.')
+      f"{1e3 * (t_one or 0):.2f} ms, a checkpoint save {saves['seconds']:.2f} s (one every "
+      f"{saves['every']} steps).")
 
   # --------------------------------------------------------------- 2. t_grad per device batch
   # On N devices at once where a candidate computes on N (emulated CPU devices share cores;
@@ -207,7 +210,7 @@ def make(cfg, log=logging.info) -> dict:
   def past_deadline():  # process 0's clock decides, as it decides what is timed
     return agree(time.perf_counter() > deadline)
 
-  ranked = time_the_close_ones(rows, lambda: rank.rank(rows, k_b, b, noise), calls_of, cost,
+  ranked = time_the_close_ones(rows, lambda: rank.rank(rows, k_b, b, noise, saves), calls_of, cost,
                                p, past_deadline, agree, log, started)
   calls_of.clear()
   elapsed = time.perf_counter() - started
@@ -229,7 +232,7 @@ def make(cfg, log=logging.info) -> dict:
                  'noise': serial['noise'], 'B_noise': list(noise), 't_step': t_one,
                  'stopped': serial['stopped']},
       't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()],
-      'overhead_s': overhead, 'calls': calls,
+      'overhead_s': overhead, 'calls': calls, 'saves': saves,
       'step_prediction_error': {'median_abs_log': float(np.median(errors)) if errors else None,
                                 'measured': len(errors)},
       'candidates': [_row_json(r) for r in ranked],
@@ -238,8 +241,8 @@ def make(cfg, log=logging.info) -> dict:
       'choice': _row_json(choice),
   }
   log(f"Plan: {elapsed:.0f} s; choice {choice['candidate'].label}: {choice['K'][0]:.0f} steps × "
-      f"{choice['t_step'][0] * 1e3:.2f} ms = {choice['T'][0]:.2f} s to the target "
-      f"({choice['T'][1]:.2f}–{choice['T'][2]:.2f}).")
+      f"{choice['t_step'][0] * 1e3:.2f} ms + {choice['saves']} saves × {saves['seconds']:.2f} s "
+      f"= {choice['T'][0]:.2f} s to the target ({choice['T'][1]:.2f}–{choice['T'][2]:.2f}).")
   return plan
 
 
@@ -414,7 +417,8 @@ def _row_json(row: dict) -> dict:
   out = {'label': c.label, 'scheme': c.scheme, 'server': c.server, 'devices': c.devices,
          'batch': c.batch, 'bn': c.bn, 'exact': c.exact, 'overrides': c.overrides(),
          'K': row['K'], 't_predicted': row['t_predicted'], 't_step': row['t_step'],
-         'T': row['T'], 'notes': row['notes'], 'collectives': row['collectives']}
+         'saves': row['saves'], 'T': row['T'], 'notes': row['notes'],
+         'collectives': row['collectives']}
   if row.get('t_measured'):
     out['t_measured'] = list(row['t_measured'])
   if row.get('pruned'):  # its collectives not costed: T is a lower bound
@@ -499,6 +503,16 @@ def resolve(cfg, workdir: str):
     logging.info('Plan written to %s.', path)
   _check_processes(cfg, plan)
   chosen = apply(cfg, plan)
+  saves = plan.get('saves')  # None: a plan made before saves were timed
+  if saves and saves['every'] != cfg.checkpoint_every:  # T as this run saves
+    c, made = plan['choice'], saves['every']
+    saves = {**saves, 'every': cfg.checkpoint_every}
+    plan = {**plan, 'saves': saves, 'choice': {
+        **c, 'saves': rank.saves_before(c['K'][0], saves),
+        'T': rank.time_to_target(c['K'], c['t_step'], saves)}}
+    logging.info('Plan: made for a checkpoint every %d steps, run with one every %d: its '
+                 'time to the target counts %d saves of %.2f s.', made,
+                 cfg.checkpoint_every, plan['choice']['saves'], saves['seconds'])
   c = plan['choice']
   logging.info('Plan: training with %s; predicted %.0f steps, %.2f s to %s (range %.2f–%.2f s).',
                c['label'], c['K'][0], c['T'][0], probe.Target(**plan['target']).describe(),
@@ -527,7 +541,8 @@ def _check_processes(cfg, plan: dict) -> None:
 class TargetClock:
   """A planned run's measured time to its target: training time from the end of its first
   step (whose call compiles) to the first evaluation at or past the target, evaluations
-  excluded — what the plan's T = K·t_step predicts."""
+  excluded and checkpoint saves included — what the plan's T = K·t_step + saves·t_save
+  predicts."""
 
   def __init__(self, plan: dict, every: int):
     self.target = probe.Target(**plan['target'])

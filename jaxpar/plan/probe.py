@@ -6,6 +6,7 @@
                  `steps_model.reached`), the time of each step (t_step at N = 1), and
                  along it the gradient noise scale B_noise (`noise_probe`,
                  `noise_scale.device_norms` of several gradients at the same weights).
+  save_seconds   t_save: one checkpoint save of a train state, written and waited for.
   gradient_call  t_grad: one device, one batch's gradients ([T]'s definition).
   step_call      a candidate's train step on its N devices: the collectives of its
                  lowered program (`hlo.collectives`) to cost, and a call to time it.
@@ -85,7 +86,8 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   until the target, `max_steps` or `deadline` (time.perf_counter()): {'curve': [(step,
   metric)], 'K': steps to the target or None, 'step_seconds': the mean step time of each
   window between evaluations (steps dispatched as training does, evaluations excluded, the
-  first step's compilation too), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why}."""
+  first step's compilation too), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why,
+  'save_seconds': a checkpoint save of its last state (`save_seconds`)}."""
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.evaluation import evaluate
@@ -133,7 +135,28 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
       mark, since = time.perf_counter(), 0
   loop.close()
   return {'curve': curve, 'K': steps_model.reached(curve, target.threshold),
-          'step_seconds': seconds, 'noise': track, 'stopped': stopped}
+          'step_seconds': seconds, 'noise': track, 'stopped': stopped,
+          'save_seconds': save_seconds(state)}
+
+
+def save_seconds(state, repeats: int = 3) -> float:
+  """What a checkpoint save of `state` costs a run: saved as training saves it
+  (`checkpoint.Checkpoints`, into a temporary folder) and waited for — orbax writes in the
+  background, and where every core trains, that writing takes its time from the steps
+  after the save. The median of `repeats` saves after a first one (which sets orbax up)."""
+  import tempfile
+
+  from jaxpar.checkpoint import Checkpoints
+  seconds = []
+  with tempfile.TemporaryDirectory(prefix='jaxpar-plan-save-') as folder:
+    checkpoints = Checkpoints(folder, every=1, keep=1)
+    for step in range(repeats + 1):
+      start = time.perf_counter()
+      checkpoints.save(step, state, force=True)
+      checkpoints.manager.wait_until_finished()
+      seconds.append(time.perf_counter() - start)
+    checkpoints.close()
+  return float(np.median(seconds[1:]))
 
 
 def noise_probe(cfg, model, source, count: int):

@@ -1,4 +1,5 @@
-"""Time to the target of every candidate, T = K(B) × t_step, and the ranking.
+"""Time to the target of every candidate, T = K(B) × t_step + ⌊K/every⌋ × t_save, and the
+ranking.
 
 Steps K (`steps_model.BATCH`, McCandlish et al. 2018 §2.3): one serial run at batch b
 reaches the target in K_b steps; with the gradient noise scale B_noise measured along it
@@ -18,6 +19,12 @@ the candidate's lowered program at its calibrated per-call cost (`calibrate.Call
 then the candidates whose predicted T is close to the best are timed, and a measured step
 time replaces the prediction in T. The measured ones judge the prediction:
 |log(predicted/measured)|, reported next to the repetitions' own spread.
+
+Checkpoint saves: a run that saves every `checkpoint_every` steps pays ⌊K/every⌋ saves
+before its K-th step, each t_save (one save of the one-device state, written and waited
+for: `probe.save_seconds`; on cores that all train, orbax's background writing takes its
+time from the steps after the save). The same for every candidate of a config; it weighs
+more on those that need more steps.
 """
 import math
 
@@ -64,11 +71,23 @@ def predict(candidates, steps, step_bound, cost, close: float) -> list:
   return rows
 
 
-def rank(rows: list, k_b: float, b: int, noise: tuple) -> list:
+def saves_before(k: float, saves: dict | None) -> int:
+  """Checkpoints saved before step `k` by a run that saves every `saves['every']` steps."""
+  return int(k // saves['every']) if saves and saves.get('every') else 0
+
+
+def time_to_target(k: list, t_step: list, saves: dict | None) -> list:
+  """T [mid, low, high] = K × t_step + ⌊K/every⌋ × t_save, for K and t_step [mid, low,
+  high]; `saves` {'every': steps, 'seconds': t_save} or None (no saves)."""
+  t_save = saves['seconds'] if saves else 0.0
+  return [ki * ti + saves_before(ki, saves) * t_save for ki, ti in zip(k, t_step)]
+
+
+def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None) -> list:
   """Adds to each row ({'candidate': Candidate, 't_predicted', 't_measured'?: [seconds]})
   its 'label', steps 'K' [mid, low, high], step time 't_step' [mid, low, high] (measured if
-  it was, else predicted), 'T' [mid, low, high] and 'notes'; returns the rows by T, fastest
-  first."""
+  it was, else predicted), 'saves' (checkpoints before the K-th step, `saves`: {'every',
+  'seconds'}), 'T' [mid, low, high] and 'notes'; returns the rows by T, fastest first."""
   b_noise, low, high = noise
   for row in rows:
     c = row['candidate']
@@ -81,7 +100,8 @@ def rank(rows: list, k_b: float, b: int, noise: tuple) -> list:
     else:
       t = [row['t_predicted']] * 3
     row['t_step'] = t
-    row['T'] = [row['K'][0] * t[0], row['K'][1] * t[1], row['K'][2] * t[2]]
+    row['saves'] = saves_before(row['K'][0], saves)
+    row['T'] = time_to_target(row['K'], t, saves)
     notes = []
     if not c.exact:
       notes.append('BN per device changes the maths: K taken as with BN over all devices; '
