@@ -200,6 +200,15 @@ def test_a_save_is_timed_as_training_saves_and_leaves_nothing_behind(tmp_path, m
   state = {'w': jnp.arange(4096.0), 'step': jnp.array(3)}
   assert 0 < probe.save_seconds(state, repeats=2) < 60
   assert os.listdir(tmp_path) == []  # its temporary folder removed
+  # With the run's steps: its steps after a save, less the same steps without one.
+  steps = []
+
+  def step(s):
+    steps.append(1)
+    return {'w': s['w'] * 0.5 + 1, 'step': s['step'] + 1}, {'loss': s['w'].sum()}
+  assert 0 <= probe.save_seconds(state, step, repeats=2) < 60
+  assert len(steps) >= 5 + 2 * 2 and (len(steps) - 5) % 4 == 0  # 5 to time one; m per window
+  assert os.listdir(tmp_path) == []
 
 
 def test_predicting_costs_only_the_candidates_a_bound_cannot_rule_out():

@@ -72,8 +72,11 @@ def main(argv):
     print(f"not ranked: {e['method']}: {e['reason']}")
   c = plan['choice']
   error = plan['step_prediction_error']
-  print(f"\nchoice: {c['label']} — {c['K'][0]:.0f} steps × {c['t_step'][0] * 1e3:.2f} ms = "
-        f"{c['T'][0]:.2f} s to the target ({c['T'][1]:.2f}–{c['T'][2]:.2f} s); planned in "
+  saves = plan.get('saves')
+  saved = (f" + {c['saves']} saves × {saves['seconds']:.2f} s (one every {saves['every']} "
+           f"steps)" if saves and c.get('saves') else '')
+  print(f"\nchoice: {c['label']} — {c['K'][0]:.0f} steps × {c['t_step'][0] * 1e3:.2f} ms{saved} "
+        f"= {c['T'][0]:.2f} s to the target ({c['T'][1]:.2f}–{c['T'][2]:.2f} s); planned in "
         f"{plan['planning_s']:.0f} s"
         + (f"; step-time predictions off by {error['median_abs_log']:.0%} (median, "
            f"{error['measured']} measured)" if error['median_abs_log'] is not None else ''))

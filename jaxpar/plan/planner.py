@@ -587,6 +587,10 @@ class TargetClock:
                   indent=1)
     return out
 
+  def _saves(self) -> str:
+    n = self.choice.get('saves')
+    return f", {n} checkpoint save{'s' if n > 1 else ''}" if n else ''
+
   def outcome(self, step: int) -> dict:
     """{'summary': one line, 'step', 'seconds' (None: not reached), 'predicted_steps',
     'predicted_seconds'}."""
@@ -596,8 +600,8 @@ class TargetClock:
     if self.reached:
       out.update(step=self.reached[0], seconds=self.reached[1], summary=(
           f"time to the target {self.reached[1]:.2f} s at step {self.reached[0]:.0f} "
-          f"(planned {c['T'][0]:.2f} s, {c['K'][0]:.0f} steps)"))
+          f"(planned {c['T'][0]:.2f} s, {c['K'][0]:.0f} steps{self._saves()})"))
     else:
       out['summary'] = (f"target not reached in {step} steps (planned {c['K'][0]:.0f} steps, "
-                        f"{c['T'][0]:.2f} s)")
+                        f"{c['T'][0]:.2f} s{self._saves()})")
     return out

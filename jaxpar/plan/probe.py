@@ -6,7 +6,8 @@
                  `steps_model.reached`), the time of each step (t_step at N = 1), and
                  along it the gradient noise scale B_noise (`noise_probe`,
                  `noise_scale.device_norms` of several gradients at the same weights).
-  save_seconds   t_save: one checkpoint save of a train state, written and waited for.
+  save_seconds   t_save: what one checkpoint save costs a run (its steps after the save
+                 while orbax writes, less the same steps without).
   gradient_call  t_grad: one device, one batch's gradients ([T]'s definition).
   step_call      a candidate's train step on its N devices: the collectives of its
                  lowered program (`hlo.collectives`) to cost, and a call to time it.
@@ -87,7 +88,7 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   metric)], 'K': steps to the target or None, 'step_seconds': the mean step time of each
   window between evaluations (steps dispatched as training does, evaluations excluded, the
   first step's compilation too), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why,
-  'save_seconds': a checkpoint save of its last state (`save_seconds`)}."""
+  'save_seconds': what a checkpoint save costs it (`save_seconds`, after the run)}."""
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.evaluation import evaluate
@@ -133,30 +134,58 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
         stopped = 'time'
         break
       mark, since = time.perf_counter(), 0
+  saves = save_seconds(state, loop)  # after the run: its steps go on, not on its curve
   loop.close()
   return {'curve': curve, 'K': steps_model.reached(curve, target.threshold),
-          'step_seconds': seconds, 'noise': track, 'stopped': stopped,
-          'save_seconds': save_seconds(state)}
+          'step_seconds': seconds, 'noise': track, 'stopped': stopped, 'save_seconds': saves}
 
 
-def save_seconds(state, repeats: int = 3) -> float:
-  """What a checkpoint save of `state` costs a run: saved as training saves it
-  (`checkpoint.Checkpoints`, into a temporary folder) and waited for — orbax writes in the
-  background, and where every core trains, that writing takes its time from the steps
-  after the save. The median of `repeats` saves after a first one (which sets orbax up)."""
+def save_seconds(state, step=None, repeats: int = 3) -> float:
+  """What a checkpoint save of `state` costs a run, in seconds: the median of `repeats`
+  saves made as training makes them (`checkpoint.Checkpoints`, into a temporary folder),
+  after a first one that sets orbax up.
+
+  orbax writes in the background while training goes on, so with `step` (the run's loop:
+  state -> (state, metrics)) the cost is the one a run pays: m steps after a save, its
+  writing waited for, less m steps without one, m the steps the writing lasts (where every
+  core trains, the writing takes its time from those steps; where one is free, little).
+  Without `step`, a save written and waited for alone."""
   import tempfile
 
   from jaxpar.checkpoint import Checkpoints
-  seconds = []
+
+  def run(state, n):  # n steps dispatched as training dispatches them, then waited for
+    for _ in range(n):
+      state, metrics = step(state)
+    jax.block_until_ready((state, metrics))
+    return state
+
   with tempfile.TemporaryDirectory(prefix='jaxpar-plan-save-') as folder:
     checkpoints = Checkpoints(folder, every=1, keep=1)
-    for step in range(repeats + 1):
+    written = []
+    for i in range(repeats + 1):
       start = time.perf_counter()
-      checkpoints.save(step, state, force=True)
+      checkpoints.save(i, state, force=True)
       checkpoints.manager.wait_until_finished()
-      seconds.append(time.perf_counter() - start)
+      written.append(time.perf_counter() - start)
+    cost = float(np.median(written[1:]))
+    if step is not None:
+      start = time.perf_counter()
+      state = run(state, 5)
+      steps = max(1, math.ceil(cost / ((time.perf_counter() - start) / 5)))
+      costs = []
+      for i in range(repeats + 1, 2 * repeats + 1):
+        start = time.perf_counter()
+        state = run(state, steps)
+        plain = time.perf_counter() - start
+        start = time.perf_counter()
+        checkpoints.save(i, state, force=True)
+        state = run(state, steps)
+        checkpoints.manager.wait_until_finished()
+        costs.append(time.perf_counter() - start - plain)
+      cost = max(0.0, float(np.median(costs)))
     checkpoints.close()
-  return float(np.median(seconds[1:]))
+  return cost
 
 
 def noise_probe(cfg, model, source, count: int):
