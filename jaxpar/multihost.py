@@ -147,10 +147,10 @@ class IdleGlooLoops(threading.Thread):
     """Sets every gloo loop thread not seen before to SCHED_IDLE; returns those it set."""
     found = []
     for tid in gloo_loop_threads():
-      if tid in self.loops:
+      sample = _sample(tid)
+      if tid in self.loops or sample is None:  # known, or ended since it was seen
         continue
-      loop = self.loops[tid] = _Loop(base=(time.monotonic(), _sample(tid)),
-                                     backoff=self.retry_s)
+      loop = self.loops[tid] = _Loop(base=(time.monotonic(), sample), backoff=self.retry_s)
       if self._set(tid, idle=True, why='found'):
         logging.info('gloo\'s TCP loop thread %d runs at idle priority (SCHED_IDLE): a '
                      'small collective across processes no longer waits for a timer tick '
@@ -219,7 +219,7 @@ class _Loop:
   def __init__(self, base, backoff: float):
     self.idle = True
     self.base = base         # (time, its `_sample`) at the last judgement
-    self.since = 0.0         # when idle priority was last set (a found loop: from the start)
+    self.since = base[0]     # when idle priority was last set
     self.backoff = backoff   # seconds at normal priority before idle is tried again
     self.retry_at = 0.0
     self.starved = 0         # times it starved at idle priority
