@@ -147,10 +147,11 @@ class IdleGlooLoops(threading.Thread):
     """Sets every gloo loop thread not seen before to SCHED_IDLE; returns those it set."""
     found = []
     for tid in gloo_loop_threads():
-      sample = _sample(tid)
-      if tid in self.loops or sample is None:  # known, or ended since it was seen
+      if tid in self.loops:
         continue
-      loop = self.loops[tid] = _Loop(base=(time.monotonic(), sample), backoff=self.retry_s)
+      loop = self.track(tid)
+      if loop is None:  # ended since it was seen
+        continue
       if self._set(tid, idle=True, why='found'):
         logging.info('gloo\'s TCP loop thread %d runs at idle priority (SCHED_IDLE): a '
                      'small collective across processes no longer waits for a timer tick '
@@ -159,6 +160,15 @@ class IdleGlooLoops(threading.Thread):
       else:  # not allowed here: left as it is, never tried again
         loop.idle, loop.retry_at = False, float('inf')
     return found
+
+  def track(self, tid: int):
+    """Starts watching loop thread `tid`, taken to be at idle priority now: its `_Loop`, or
+    None if the thread has ended."""
+    sample = _sample(tid)
+    if sample is None:
+      return None
+    loop = self.loops[tid] = _Loop(base=(time.monotonic(), sample), backoff=self.retry_s)
+    return loop
 
   def watch(self, now: float, stats: dict):
     """One judgement of every known loop, from `stats`: tid -> `_sample(tid)` (seconds run,

@@ -80,7 +80,7 @@ def child(process_id: int, port: str, rounds: int, calls: int, out: str):
       if policy == 'watched':  # jaxpar's watch of the loops set idle, as join starts it
         watch = multihost.IdleGlooLoops(retry_s=3600)
         for tid in loops:
-          watch.loops[tid] = multihost._Loop((time.monotonic(), multihost._sample(tid)), 3600)
+          watch.track(tid)
         watch.start()
       for n, x in arrays.items():
         contended[policy][n].append(time_calls(x))

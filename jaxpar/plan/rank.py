@@ -21,10 +21,9 @@ time replaces the prediction in T. The measured ones judge the prediction:
 |log(predicted/measured)|, reported next to the repetitions' own spread.
 
 Checkpoint saves: a run that saves every `checkpoint_every` steps pays ⌊K/every⌋ saves
-before its K-th step, each t_save (one save of the one-device state, written and waited
-for: `probe.save_seconds`; on cores that all train, orbax's background writing takes its
-time from the steps after the save). The same for every candidate of a config; it weighs
-more on those that need more steps.
+before its K-th step, each t_save (`probe.save_seconds` after the serial run: its steps
+after a save while orbax writes in the background, less the same steps without one). The
+same for every candidate of a config; it weighs more on those that need more steps.
 """
 import math
 
