@@ -1,4 +1,5 @@
-"""oneDNN's convolutions (`conv_impl='onednn'`, and `auto`'s on CPU for float32): they run
+"""oneDNN's convolutions (`conv_impl='onednn'`, and `auto`'s on CPU; bfloat16 in float32 on a
+CPU without oneDNN's bfloat16 kernels, as oneDNN itself answers which dtypes it has): they run
 as the compiled program's FFI calls (the equality tests in test_conv.py are not XLA's
 fallback), on a mesh of devices at once, equal to XLA's convolution there; the library
 builds once per source and jaxlib; where oneDNN cannot run, `auto` says why and takes the
@@ -43,7 +44,8 @@ def test_the_program_calls_onednn_for_each_pass():
 
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_auto_picks_onednn_above_its_dtypes_threshold_on_cpu_only(dtype):
-  above = conv_lib.ONEDNN_AUTO_ABOVE[jnp.dtype(dtype).name]
+  # The threshold of the dtype oneDNN computes in (bfloat16 in float32 on an AVX2-only CPU).
+  above = conv_lib.ONEDNN_AUTO_ABOVE[onednn.computes_in(dtype).name]
   args = ((2, 32, 32, 3), (3, 3, 3, 8), (1, 1), 'SAME')
   assert conv_lib.choose('auto', *args, 'cpu', dtype) == 'onednn'
   assert conv_lib.choose('auto', *args, 'gpu', dtype) == 'xla'
@@ -55,6 +57,60 @@ def test_auto_picks_onednn_above_its_dtypes_threshold_on_cpu_only(dtype):
     small = ((2, 4, 4, 8), (3, 3, 8, 8), (1, 1), 'SAME')
     assert conv_lib.output_positions(*small) <= above
     assert conv_lib.choose('auto', *small, 'cpu', dtype) == 'taps'
+
+
+@pytest.mark.parametrize('name', onednn.DTYPES)
+def test_the_dtypes_onednn_reports_are_those_its_calls_run_in(name):
+  """`onednn.dtypes()` asks oneDNN for a small convolution's primitives; a call of the FFI
+  handlers themselves in each dtype runs where it says so and fails where it does not (an
+  AVX2-only CPU has no bfloat16 kernels: every such call failed at run time before)."""
+  x, w = _inputs(dtype=jnp.dtype(name))
+  call = jax.jit(lambda x, w: onednn._conv(x, w, (1, 1), ((1, 1), (1, 1))))
+  if name in onednn.dtypes():
+    assert onednn.native_reason(name) == '' and onednn.computes_in(name) == jnp.dtype(name)
+    assert call(x, w).dtype == jnp.dtype(name)
+  else:
+    assert name == 'bfloat16' and onednn.isa() in onednn.native_reason(name)
+    with pytest.raises(jax.errors.JaxRuntimeError, match='primitive descriptor'):
+      call(x, w).block_until_ready()
+
+
+def test_without_bfloat16_kernels_bfloat16_is_computed_in_float32_and_rounded_once(monkeypatch):
+  """Where oneDNN has no bfloat16 kernels (here pretended: the CPU's answer replaced), a
+  bfloat16 convolution runs oneDNN's float32 passes on the bfloat16 values — exact products,
+  float32 sums — and rounds each pass's result to bfloat16 once; `auto` takes float32's
+  threshold for it and says why."""
+  monkeypatch.setattr(onednn, '_dtype_support', lambda: {'float32': '', 'bfloat16': 'none (a test)'})
+  said = []
+  monkeypatch.setattr(conv_lib, '_say_once', said.append)
+  assert onednn.dtypes() == ('float32',) and onednn.computes_in(jnp.bfloat16) == jnp.float32
+  big, small = ((2, 32, 32, 3), (3, 3, 3, 8)), ((2, 4, 4, 8), (3, 3, 8, 8))
+  assert conv_lib.choose('auto', *big, (1, 1), 'SAME', 'cpu', jnp.bfloat16) == 'onednn'
+  assert conv_lib.choose('auto', *small, (1, 1), 'SAME', 'cpu', jnp.bfloat16) == 'taps'
+  assert any('none (a test)' in line and 'in float32' in line for line in said)
+
+  x, w = _inputs(dtype=jnp.bfloat16)
+  value_and_grads = lambda conv: jax.value_and_grad(
+      lambda x, w: _loss(conv, x, w).astype(jnp.float32), argnums=(0, 1))
+  text = jax.jit(value_and_grads(conv_lib.conv_onednn)).lower(x, w).compile().as_text()
+  calls = [line for line in text.splitlines() if 'custom_call_target="jaxpar_onednn' in line]
+  assert len(calls) == 3 and all(' f32[' in line and 'bf16[' not in line.split('custom-call')[0]
+                                 for line in calls)
+  (got, got_grads) = jax.jit(value_and_grads(conv_lib.conv_onednn))(x, w)
+  y = conv_lib.conv_onednn(x, w, (2, 2), ((1, 1), (1, 1)), dimension_numbers=DN)
+  assert y.dtype == jnp.bfloat16
+  # XLA's convolution of the same bfloat16 values in float32, rounded once: equal but where
+  # the two float32 sums, in other orders, round to neighbouring bfloat16 numbers.
+  want_y = lax.conv_general_dilated(x.astype(jnp.float32), w.astype(jnp.float32), (2, 2),
+                                    ((1, 1), (1, 1)), dimension_numbers=DN).astype(jnp.bfloat16)
+  ulp = 2.0 ** -7 * np.abs(np.asarray(want_y, np.float32)).max()
+  assert np.abs(np.asarray(y, np.float32) - np.asarray(want_y, np.float32)).max() <= ulp
+  want, want_grads = jax.jit(value_and_grads(lax.conv_general_dilated))(x, w)
+  np.testing.assert_allclose(float(got), float(want), rtol=2e-2)
+  for g, h in zip(got_grads, want_grads):
+    assert g.dtype == jnp.bfloat16
+    g, h = np.asarray(g, np.float32), np.asarray(h, np.float32)
+    assert np.abs(g - h).max() <= 2e-2 * np.abs(h).max()
 
 
 def test_auto_without_a_dtype_is_a_float32_steps_choice():
@@ -71,7 +127,8 @@ def test_a_kernel_gradient_ignores_what_an_earlier_call_left_in_the_scratchpad(d
   """ResNet34's stage 4 at 16²: a 3×3 stride-2 convolution of a 1×1 map. oneDNN 3.2's
   backward-weights kernel reads scratchpad it did not write there, so after another call
   had left large values in the thread's scratchpad the kernel's gradient was 2000 times
-  its own size off (bfloat16); each call now gets its scratchpad zeroed."""
+  its own size off (bfloat16); each call now gets its scratchpad zeroed. (On a CPU without
+  oneDNN's bfloat16 kernels the bfloat16 case runs float32's.)"""
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(8, 1, 1, 256)), dtype)
   w = jnp.asarray(rng.normal(size=(3, 3, 256, 512)), dtype)

@@ -62,6 +62,12 @@ def test_a_session_writes_what_it_ran_and_the_ci_tables_read_it(tmp_path):
   assert leg['outcomes'].get('passed') == 1 and ci.tests(leg) == 1, leg['outcomes']
   assert leg['versions']['jax'] == jax.__version__
   assert leg['machine']['cores'] == os.cpu_count() and leg['seconds'] >= 0
+  # The CPU's vector instructions beside its name (two hosts both "AMD EPYC" differ).
+  with open('/proc/cpuinfo') as f:
+    flags = next(line for line in f if line.startswith('flags')).split()
+  isa = leg['machine']['cpu_isa']
+  assert isa == ('AVX2' if 'avx512f' not in flags else 'AVX-512' + (
+      ' with bfloat16' if 'avx512_bf16' in flags else '')) and f'({isa}), ' in ci.machine(leg)
   newest = leg | {'leg': 'newest', 'markexpr': 'not slow',
                   'outcomes': {'passed': 5, 'skipped': 2, 'deselected': 9},
                   'versions': leg['versions'] | {'jax': '0.12.0.1', 'jaxlib': '0.12.0.1'}}

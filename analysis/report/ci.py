@@ -62,7 +62,9 @@ def result(leg) -> str:
 
 def machine(leg) -> str:
   m = leg['machine']
-  return f"{m['cores']} cores of an {m['cpu'] or m['system']}, {m['memory_bytes'] / 2**30:.0f} GiB"
+  isa = f" ({m['cpu_isa']})" if m.get('cpu_isa') else ''  # recorded since 2026-11-28
+  return (f"{m['cores']} cores of an {m['cpu'] or m['system']}{isa}, "
+          f"{m['memory_bytes'] / 2**30:.0f} GiB")
 
 
 def versions_table(legs: list) -> str:

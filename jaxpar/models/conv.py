@@ -21,7 +21,8 @@ its speed on larger maps (measured here, forward + backward of a 3×3 256→256
 convolution on a 32×2×2 input: 68 ms as `lax.conv_general_dilated`, 7.5 ms as taps;
 the same FLOPs on 32×8×8×64: 3.8 ms). On the CPU backend `conv_impl='auto'` takes oneDNN's
 convolution where it can run, for float32 above 16 output positions and for every bfloat16
-one (`ONEDNN_AUTO_ABOVE`); else, for a geometry in `conv_auto.json`, the lowering whole
+one (`ONEDNN_AUTO_ABOVE`; on a CPU without oneDNN's bfloat16 kernels it computes bfloat16 in
+float32, above 16 positions as float32); else, for a geometry in `conv_auto.json`, the lowering whole
 train steps confirmed (below), and elsewhere the rule of `use_taps`: taps on small output
 maps, XLA's convolution above; GPU and TPU keep XLA's convolutions (docs/performance.md
 has the measurements behind each).
@@ -61,6 +62,9 @@ TAPS_MAX_OUTPUT_POSITIONS = 16
 # too 1.07–1.39× slower at 32²; bfloat16 steps with oneDNN on every map 0.50–0.77× the time
 # before (analysis/report/conv/step_onednn_bf16/), and 0.66–0.88× the time of oneDNN above
 # 16 positions only at 32² (step_bf16_above16/: XLA's and the per-tap bfloat16 code is slow).
+# Where oneDNN has no bfloat16 kernels (an AVX2-only CPU) it computes them in float32
+# (`onednn.computes_in`), with float32's threshold: ResNet34's bfloat16 step at 32² (batch 32,
+# 1 device) 0.92× the time without oneDNN, and 1.25× with it on every map (docs/performance.md).
 ONEDNN_AUTO_ABOVE = {'float32': TAPS_MAX_OUTPUT_POSITIONS, 'bfloat16': 0}
 # `measured` on CPU, for a geometry the committed measurement has: the lowering it found
 # fastest (forward and both gradients summed, each convolution alone; `conv_choices.json`,
@@ -125,7 +129,8 @@ def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
            backend: str | None = None, dtype=None) -> str:
   """The lowering that computes this convolution under `impl`: `impl` itself, or for 'auto'
   and 'measured' XLA's on GPU and TPU; on the CPU for 'auto' oneDNN's on output maps of
-  more than `ONEDNN_AUTO_ABOVE[dtype]` positions where `onednn_in_auto` (oneDNN available);
+  more than `ONEDNN_AUTO_ABOVE[d]` positions (d: the dtype it computes `dtype` in) where
+  `onednn_in_auto` (oneDNN available);
   otherwise the lowering its table has for this geometry
   (`auto_choices`: confirmed in whole steps of the compute dtypes `auto_dtypes`, and for
   those only where `dtype` is given; `measured_choices`: fastest alone), and otherwise taps
@@ -137,7 +142,7 @@ def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
     return 'xla'
   positions = output_positions(lhs_shape, rhs_shape, window_strides, padding)
   if impl == 'auto' and onednn_in_auto(dtype) and positions > ONEDNN_AUTO_ABOVE[
-      jnp.dtype(dtype or jnp.float32).name]:
+      onednn.computes_in(dtype or jnp.float32).name]:  # the threshold of the dtype it computes in
     return 'onednn'
   if impl == 'measured':
     table = measured_choices()
@@ -153,7 +158,8 @@ def choose(impl: str, lhs_shape, rhs_shape, window_strides, padding,
 def onednn_in_auto(dtype=None) -> bool:
   """Whether `auto` computes this dtype's CPU convolutions by oneDNN: where it can run here
   (`onednn.available()`; JAXPAR_ONEDNN=0 turns it off) and for the compute dtypes whole
-  steps measured it faster in (`ONEDNN_AUTO_ABOVE`; None: a float32 step's)."""
+  steps measured it faster in (`ONEDNN_AUTO_ABOVE`; None: a float32 step's); bfloat16 on a
+  CPU without oneDNN's bfloat16 kernels in float32 (`onednn.computes_in`, logged)."""
   judged = dtype is None or jnp.dtype(dtype).name in ONEDNN_AUTO_ABOVE
   if not judged:
     return False
@@ -163,6 +169,14 @@ def onednn_in_auto(dtype=None) -> bool:
     return False
   _say_once(f"conv_impl='auto': oneDNN's convolutions compute the {', '.join(ONEDNN_AUTO_ABOVE)} "
             f'convolutions on CPU ({onednn.library()})')
+  name = jnp.dtype(dtype or jnp.float32).name
+  if onednn.computes_in(name) is None:  # no kernels here of it, nor of float32
+    _say_once(f"conv_impl='auto': {onednn.native_reason(name)}; XLA's and the per-tap "
+              f'lowerings compute the {name} convolutions')
+    return False
+  if onednn.computes_in(name) != name:
+    _say_once(f"conv_impl='auto': {onednn.native_reason(name)}: it computes the {name} "
+              f'convolutions in {onednn.computes_in(name)}, each result rounded to {name} once')
   return True
 
 
@@ -373,12 +387,11 @@ def output_positions(lhs_shape, rhs_shape, window_strides, padding) -> int:
 
 
 # oneDNN's on the CPU backend where it can run (config validation fails `conv_impl='onednn'`
-# where it cannot); XLA's elsewhere, and for dtypes other than float32 and bfloat16.
+# where it cannot); XLA's elsewhere, and (`onednn.conv_onednn`) for dtypes other than
+# float32 and bfloat16.
 conv_onednn = _lowering(
     onednn.conv_onednn,
-    lambda lhs, rhs, window_strides: (onednn.applies(jnp.result_type(lhs, rhs))
-                                      and jax.default_backend() == 'cpu'
-                                      and onednn.available()))
+    lambda lhs, rhs, window_strides: jax.default_backend() == 'cpu' and onednn.available())
 
 LOWERINGS = {'xla': lax.conv_general_dilated, 'taps': conv_taps, 'im2col': conv_im2col,
              'winograd': conv_winograd, 'onednn': conv_onednn}

@@ -40,7 +40,8 @@ split and an FFI call's cannot) each pass is a `shard_map` over the batch's axes
 jaxpar's step, and each gradient is given its input's type (`models/explicit.py`).
 
 float32 and bfloat16 (oneDNN's bf16 kernels accumulate in float32 and round once, as XLA's
-convolution does); other dtypes, dilations, groups and negative padding go to XLA's
+convolution does; on a CPU without oneDNN's bfloat16 kernels, an AVX2-only one, in float32
+rounded once: `computes_in`); other dtypes, dilations, groups and negative padding go to XLA's
 convolution, as for every lowering (`conv._lowering`).
 """
 import contextlib
@@ -196,6 +197,7 @@ def _library_functions():
     return None
   lib = ctypes.cdll.LoadLibrary(path)  # the handle `_load` opened, not a second copy
   lib.JaxparOnednnCalls.restype = ctypes.c_longlong
+  lib.JaxparOnednnSupports.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
   return lib
 
 
@@ -237,9 +239,73 @@ def unavailable_reason() -> str:
   return '' if ok else why
 
 
+# oneDNN's ISAs by their dnnl_cpu_isa_t value (oneDNN 3.2's dnnl_types.h).
+_ISAS = {0x0: 'default', 0x1: 'sse41', 0x3: 'avx', 0x7: 'avx2', 0xf: 'avx2_vnni',
+         0x1f: 'avx2_vnni_2', 0x27: 'avx512_core', 0x67: 'avx512_core_vnni',
+         0xe7: 'avx512_core_bf16', 0x1ef: 'avx512_core_fp16', 0xfef: 'avx512_core_amx',
+         0x1fef: 'avx512_core_amx_fp16'}
+
+
+def isa() -> str:
+  """The instruction set oneDNN's kernels use on this CPU ('' where `available()` is False)."""
+  lib = _library_functions()
+  if not lib:
+    return ''
+  value = lib.JaxparOnednnIsa()
+  return _ISAS.get(value, hex(value))
+
+
+@functools.cache
+def _dtype_support() -> dict:
+  """{dtype name: '' where oneDNN makes all three passes of its convolutions on this CPU,
+  else why not}, asked of oneDNN itself (`JaxparOnednnSupports`: a small convolution's
+  primitive descriptors). oneDNN 3.2's bfloat16 convolutions need bfloat16 instructions or
+  AVX-512 to emulate them: on an AVX2-only CPU (an AMD EPYC of the Zen 3 generation) it
+  makes none, and every bfloat16 call failed at run time before this was asked."""
+  lib = _library_functions()
+  if not lib:
+    return {name: unavailable_reason() for name in DTYPES}
+  support = {}
+  for code, name in enumerate(DTYPES):  # the C function's codes: 0 float32, 1 bfloat16
+    why = ctypes.create_string_buffer(512)
+    ok = lib.JaxparOnednnSupports(code, why, len(why))
+    support[name] = '' if ok else (
+        f'oneDNN has no {name} convolution for this CPU (its ISA here: {isa()}; '
+        f'oneDNN: {why.value.decode(errors="replace")})')
+  return support
+
+
+def dtypes() -> tuple:
+  """The dtypes oneDNN has convolution kernels of on this CPU: of `DTYPES`, those it makes
+  every pass for (float32 always; bfloat16 where the CPU has it); () where not available."""
+  return tuple(name for name, why in _dtype_support().items() if not why)
+
+
+def native_reason(dtype) -> str:
+  """Why oneDNN has no kernels of `dtype` here ('' where it has)."""
+  name = np.dtype(dtype).name
+  if name not in DTYPES:
+    return f'oneDNN convolutions compute {" and ".join(DTYPES)} only, not {name}'
+  return _dtype_support()[name]
+
+
+def computes_in(dtype) -> np.dtype | None:
+  """The dtype `conv_onednn` computes a convolution of `dtype` in: `dtype` itself where oneDNN
+  has kernels of it on this CPU; for bfloat16 where it has none, float32, each pass's result
+  rounded to bfloat16 once — the sums oneDNN's bfloat16 kernels make (they multiply and
+  accumulate in float32, and a product of two bfloat16 numbers is exact in float32), in
+  twice the bytes; None for any other dtype (XLA's convolution computes it)."""
+  name = np.dtype(dtype).name
+  if name not in DTYPES or not available():
+    return None
+  if name in dtypes():
+    return np.dtype(name)
+  return np.dtype('float32') if name == 'bfloat16' and 'float32' in dtypes() else None
+
+
 def applies(dtype) -> bool:
-  """Whether `conv_onednn` computes a convolution of this dtype itself."""
-  return np.dtype(dtype).name in DTYPES
+  """Whether `conv_onednn` computes a convolution of this dtype itself (`computes_in`)."""
+  return computes_in(dtype) is not None
 
 
 def _varying(x):
@@ -401,17 +467,21 @@ _conv.defvjp(_conv_fwd, _conv_bwd)
 
 def conv_onednn(lhs, rhs, window_strides, pads, precision, preferred_element_type):
   """`lax.conv_general_dilated`, NHWC × HWIO, by oneDNN (module doc); `conv._lowering`
-  sends it plain convolutions of float32 or bfloat16 only. It computes in the inputs' dtype,
-  or in `preferred_element_type` where one is asked for (bfloat16 inputs, float32 result:
-  in float32, whose products of bfloat16 numbers are exact, as XLA's); a result type oneDNN
-  does not compute goes to XLA's convolution."""
+  sends it plain convolutions. It computes in the inputs' dtype, or in
+  `preferred_element_type` where one is asked for (bfloat16 inputs, float32 result: in
+  float32, whose products of bfloat16 numbers are exact, as XLA's) — bfloat16 in float32
+  where this CPU has no bfloat16 kernels (`computes_in`); a result type oneDNN does not
+  compute goes to XLA's convolution."""
   dtype = np.dtype(preferred_element_type or jax.numpy.result_type(lhs, rhs))
-  if not applies(dtype):
+  compute = computes_in(dtype)
+  if compute is None:
     return jax.lax.conv_general_dilated(lhs, rhs, window_strides, pads, precision=precision,
                                         preferred_element_type=preferred_element_type,
                                         dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-  lhs, rhs = _same_varying(lhs.astype(dtype), rhs.astype(dtype))
-  return _conv(lhs, rhs, tuple(window_strides), tuple(tuple(p) for p in pads))
+  lhs, rhs = _same_varying(lhs.astype(compute), rhs.astype(compute))
+  # Computed in another dtype (bfloat16 in float32: `computes_in`), each pass's result is
+  # rounded once: the forward pass's here, the gradients' by the casts' transposes.
+  return _conv(lhs, rhs, tuple(window_strides), tuple(tuple(p) for p in pads)).astype(dtype)
 
 
 # A oneDNN convolution in compiled HLO: its result's dims, its pass, its operands' dims.

@@ -268,6 +268,31 @@ ffi::Error KernelGrad(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyB
 
 }  // namespace
 
+// Whether oneDNN has all three passes of a convolution of `type` (0: float32, 1: bfloat16)
+// on this CPU: their primitive descriptors made for one small geometry (3×3, stride 1,
+// padded). oneDNN's bfloat16 convolutions need an ISA with bfloat16 support (oneDNN 3.2:
+// AVX-512 or AVX2-VNNI-2); on an AVX2-only CPU every bfloat16 descriptor fails, whatever
+// the geometry. Where it fails, oneDNN's message is copied into `why` (`why_size` bytes).
+extern "C" int JaxparOnednnSupports(int type, char* why, int why_size) {
+  Geometry g;
+  g.type = type == 1 ? memory::data_type::bf16 : memory::data_type::f32;
+  g.x = {2, 8, 8, 4}, g.w = {3, 3, 4, 4}, g.y = {2, 8, 8, 4};
+  g.strides = {1, 1}, g.pad_l = {1, 1}, g.pad_r = {1, 1};
+  try {
+    for (Pass pass : {kForward, kInputGrad, kKernelGrad}) MakePlan(pass, g);
+  } catch (const dnnl::error& e) {
+    if (why && why_size > 0) {
+      std::strncpy(why, e.what(), why_size - 1);
+      why[why_size - 1] = '\0';
+    }
+    return 0;
+  }
+  return 1;
+}
+
+// The ISA oneDNN's kernels use here (dnnl_cpu_isa_t, a bit mask: dnnl_types.h).
+extern "C" int JaxparOnednnIsa() { return static_cast<int>(dnnl::get_effective_cpu_isa()); }
+
 extern "C" void JaxparOnednnShareThreads(int on) { sharing = on != 0; }
 extern "C" int JaxparOnednnThreads() { return AllThreads(); }
 extern "C" long long JaxparOnednnCalls(int threads) {

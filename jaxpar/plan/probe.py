@@ -25,18 +25,30 @@ from jaxpar.plan import noise_scale, steps_model
 
 
 # =============================================================================== the machine
+def _vector_isa(flags: set) -> str:
+  """The widest x86 vector instructions among /proc/cpuinfo's flags, with bfloat16's: two
+  hosts both named "AMD EPYC" (Zen 3: AVX2; Zen 4: AVX-512 with bfloat16) differ in what
+  oneDNN computes (bfloat16 convolutions: jaxpar/models/onednn.py) and in speed."""
+  if 'avx512f' in flags:
+    return 'AVX-512' + (' with bfloat16' if 'avx512_bf16' in flags else '')
+  return 'AVX2' if 'avx2' in flags else ''
+
+
 def machine() -> dict:
-  model = ''
+  model, flags = '', set()
   if os.path.exists('/proc/cpuinfo'):
     with open('/proc/cpuinfo') as f:
-      model = next((line.split(':', 1)[1].strip() for line in f
-                    if line.startswith('model name')), '')
+      lines = f.read().splitlines()
+    model = next((line.split(':', 1)[1].strip() for line in lines
+                  if line.startswith('model name')), '')
+    flags = set(next((line.split(':', 1)[1].split() for line in lines
+                      if line.startswith('flags')), []))
   memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') if hasattr(os, 'sysconf') \
       else None
   accelerators = sorted({d.device_kind for d in jax.devices()}) if jax.default_backend() != 'cpu' \
       else []
   return {'host': platform.node(), 'system': platform.platform(), 'cpu': model,
-          'cores': os.cpu_count(), 'memory_bytes': memory, 'python': platform.python_version(),
+          'cpu_isa': _vector_isa(flags), 'cores': os.cpu_count(), 'memory_bytes': memory, 'python': platform.python_version(),
           **({'accelerators': accelerators} if accelerators else {})}
 
 
