@@ -170,13 +170,14 @@ def onednn_in_auto(dtype=None) -> bool:
   _say_once(f"conv_impl='auto': oneDNN's convolutions compute the {', '.join(ONEDNN_AUTO_ABOVE)} "
             f'convolutions on CPU ({onednn.library()})')
   name = jnp.dtype(dtype or jnp.float32).name
-  if onednn.computes_in(name) is None:  # no kernels here of it, nor of float32
+  compute = onednn.computes_in(name)
+  if compute is None:  # no kernels here of it, nor of float32
     _say_once(f"conv_impl='auto': {onednn.native_reason(name)}; XLA's and the per-tap "
               f'lowerings compute the {name} convolutions')
     return False
-  if onednn.computes_in(name) != name:
+  if compute != name:
     _say_once(f"conv_impl='auto': {onednn.native_reason(name)}: it computes the {name} "
-              f'convolutions in {onednn.computes_in(name)}, each result rounded to {name} once')
+              f'convolutions in {compute}, each result rounded to {name} once')
   return True
 
 

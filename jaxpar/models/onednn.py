@@ -303,11 +303,6 @@ def computes_in(dtype) -> np.dtype | None:
   return np.dtype('float32') if name == 'bfloat16' and 'float32' in dtypes() else None
 
 
-def applies(dtype) -> bool:
-  """Whether `conv_onednn` computes a convolution of this dtype itself (`computes_in`)."""
-  return computes_in(dtype) is not None
-
-
 def _varying(x):
   return jax.typeof(x).manual_axis_type.varying
 

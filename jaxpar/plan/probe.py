@@ -48,7 +48,8 @@ def machine() -> dict:
   accelerators = sorted({d.device_kind for d in jax.devices()}) if jax.default_backend() != 'cpu' \
       else []
   return {'host': platform.node(), 'system': platform.platform(), 'cpu': model,
-          'cpu_isa': _vector_isa(flags), 'cores': os.cpu_count(), 'memory_bytes': memory, 'python': platform.python_version(),
+          'cpu_isa': _vector_isa(flags), 'cores': os.cpu_count(), 'memory_bytes': memory,
+          'python': platform.python_version(),
           **({'accelerators': accelerators} if accelerators else {})}
 
 
