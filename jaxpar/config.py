@@ -51,8 +51,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.conv_impl = 'auto'
   # Host memory (jaxpar/host_memory.py): keep = glibc keeps freed memory for reuse, so
   # XLA's CPU temporaries above 32 MiB are not mapped and faulted in again every step
-  # (ResNet34 at 32², batch 16, one device: 92 → 68 ms a step); system = malloc as is.
-  c.host_memory = 'keep'
+  # (ResNet34 at 32², batch 16, one device: 92 → 68 ms a step); system = malloc as is;
+  # auto = keep on the CPU backend, system where an accelerator's plugin is installed.
+  c.host_memory = 'auto'
 
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = 'sklearn_digits'  # a TFDS name, 'image_folder' or 'synthetic'

@@ -17,24 +17,70 @@ all-reduce's (32.03 MB) did not — the "sync-join residual" of #19.
 (M_MMAP_THRESHOLD) and to keep what is freed (M_TRIM_THRESHOLD): the second step reuses
 the first one's pages. The cost: a process keeps its peak heap, and threads share one
 arena's lock. Off glibc (macOS, musl) it does nothing and says so.
+
+That lock is why `auto` (the default) keeps freed memory only where the backend is the
+CPU: `JAX_PLATFORMS` names only the CPU, or no accelerator's PJRT plugin (CUDA, ROCm, TPU)
+is installed. An accelerator's temporaries are its own memory, so there is nothing to keep,
+and XLA's GPU compiler runs LLVM and ptxas on a thread per core: with one arena for all of
+them, one H200 machine (16 cores) compiled SqueezeNet's bfloat16 step at 224² in 139 s on
+2026-11-28; on 2026-11-26 the same step took 28 s there, when the benchmark started JAX's
+backend before asking for one arena, which glibc then ignores (docs/benchmark.md).
 """
 import ctypes
 import ctypes.util
+import importlib.metadata
+import importlib.util
+import os
+import pkgutil
 
 from absl import logging
 
-HOST_MEMORY = ('keep', 'system')
+HOST_MEMORY = ('auto', 'keep', 'system')
+# jax_plugins' modules (and their entry points) that make an accelerator backend.
+_ACCELERATOR_PLUGINS = ('cuda', 'rocm', 'tpu')
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 _LARGEST = 2**31 - 1  # mallopt takes an int
 _applied = None
 
 
-def keep_freed_memory(choice: str = 'keep') -> bool:
-  """Applies `choice` ('keep' | 'system') to this process's malloc; True if glibc took
-  it. Call before JAX starts its backend (threads created earlier keep their arenas);
-  once per process is enough, later calls return the first answer."""
+def accelerator_plugins() -> list[str]:
+  """The installed JAX plugins that make an accelerator backend (e.g. 'xla_cuda13'), and
+  'libtpu' where that is installed; [] when `JAX_PLATFORMS` names only the CPU. Asks the
+  installed packages, not JAX, whose backend must not start before `keep_freed_memory`."""
+  platforms = os.environ.get('JAX_PLATFORMS', '').lower().replace(' ', '')
+  if platforms and set(platforms.split(',')) <= {'cpu'}:
+    return []
+  found = {e.name for e in importlib.metadata.entry_points(group='jax_plugins')}
+  spec = importlib.util.find_spec('jax_plugins')
+  if spec is not None and spec.submodule_search_locations:
+    found |= {m.name for m in pkgutil.iter_modules(spec.submodule_search_locations)}
+  if importlib.util.find_spec('libtpu') is not None:
+    found.add('libtpu')
+  return sorted(name for name in found
+                if any(kind in name.lower() for kind in _ACCELERATOR_PLUGINS))
+
+
+def resolve(choice: str) -> str:
+  """`choice` itself, or for 'auto' 'keep' where JAX's backend will be the CPU and
+  'system' where an accelerator's plugin is installed (logged)."""
+  if choice != 'auto':
+    return choice
+  plugins = accelerator_plugins()
+  if plugins:
+    logging.info("host_memory=auto: system (%s installed: an accelerator's temporaries are "
+                 "its own memory, and its compiler's threads would share one malloc arena; "
+                 "JAX_PLATFORMS=cpu or host_memory='keep' to keep).", ', '.join(plugins))
+    return 'system'
+  return 'keep'
+
+
+def keep_freed_memory(choice: str = 'auto') -> bool:
+  """Applies `choice` ('auto' | 'keep' | 'system', see `resolve`) to this process's malloc;
+  True if glibc took it. Call before JAX starts its backend: glibc fixes its number of
+  arenas when a second thread first allocates, and threads created earlier keep theirs.
+  Once per process is enough, later calls return the first answer."""
   global _applied
-  if choice != 'keep':
+  if resolve(choice) != 'keep':
     return False
   if _applied is not None:
     return _applied

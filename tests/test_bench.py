@@ -241,6 +241,9 @@ def test_the_gpu_table_adds_torch_compile_and_the_fraction_of_peak():
   assert [_cells(both, i)['device'] for i in range(2)] == ['H100 80GB HBM3', 'H200']
   assert _cells(both, 0)["jaxpar / GPU's peak"] == '13 %' and _cells(both, 1)[
       'torch.compile step (s)'] == '–'
+  # Measured on two days: a column says which day each row ran; one day, no column.
+  assert [_cells(both, i)['measured'] for i in range(2)] == ['2026-11-27', '2026-11-26']
+  assert 'measured' not in bench_table.table([result, dict(h100, created=result['created'])])
 
 
 def test_torch_peer_is_refused_for_a_variant_it_does_not_have(data_dir):

@@ -8,12 +8,14 @@ previous call's temporaries are freed on another thread after its result is read
 next call's allocation finds them still in use: the kept heap grows by one buffer, a few
 times in the first calls and rarely after (measured over 40 calls). With 'system' every
 call faults them in."""
+import importlib
 import json
 import subprocess
 import sys
 
 import pytest
 
+from jaxpar import host_memory
 from jaxpar.host_memory import HOST_MEMORY, keep_freed_memory
 from tests.runs import process_env
 
@@ -34,8 +36,9 @@ for _ in range(15):
   f(a, b).block_until_ready()
   calls.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 temp = f.lower(a, b).compile().memory_analysis().temp_size_in_bytes
+from analysis.benchmarks.compile_bench import arenas
 print(json.dumps({'kept': kept, 'faults': sorted(calls)[len(calls) // 2], 'calls': calls,
-                  'temp': temp}))
+                  'temp': temp, 'arenas': arenas()}))
 """
 
 
@@ -51,10 +54,40 @@ def test_kept_memory_is_not_faulted_in_again():
   if system['faults'] < system['temp'] / 4096 / 2:
     pytest.skip(f"this libc does not unmap large blocks ({system['faults']:.0f} faults a call)")
   assert keep['kept'] and not system['kept']
+  # One malloc arena for every thread (what slows compilers, docs/performance.md).
+  assert keep['arenas'] == 1 and system['arenas'] > 1, (keep['arenas'], system['arenas'])
   # Every 4 KiB page of the temporaries faulted in each call, then none of them (median call).
   assert keep['faults'] < 0.05 * system['faults'], (keep, system)
 
 
 def test_choices():
-  assert HOST_MEMORY == ('keep', 'system')
+  assert HOST_MEMORY == ('auto', 'keep', 'system')
   assert keep_freed_memory('system') is False  # nothing asked, nothing changed
+
+
+def test_auto_keeps_freed_memory_only_where_the_backend_is_the_cpu(monkeypatch):
+  monkeypatch.setattr(host_memory, 'accelerator_plugins', lambda: [])
+  assert host_memory.resolve('auto') == 'keep'
+  monkeypatch.setattr(host_memory, 'accelerator_plugins', lambda: ['xla_cuda13'])
+  assert host_memory.resolve('auto') == 'system'
+  assert keep_freed_memory('auto') is False  # nothing asked of glibc
+  assert [host_memory.resolve(c) for c in ('keep', 'system')] == ['keep', 'system']
+
+
+def test_an_installed_accelerator_plugin_is_found_unless_jax_platforms_says_cpu(
+    monkeypatch, tmp_path):
+  # A CUDA plugin as jax[cuda13] installs it: a module of the jax_plugins namespace package.
+  (tmp_path / 'jax_plugins' / 'xla_cuda13').mkdir(parents=True)
+  (tmp_path / 'jax_plugins' / 'xla_cuda13' / '__init__.py').write_text('')
+  (tmp_path / 'jax_plugins' / 'not_a_device').mkdir()
+  (tmp_path / 'jax_plugins' / 'not_a_device' / '__init__.py').write_text('')
+  monkeypatch.delitem(sys.modules, 'jax_plugins', raising=False)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  importlib.invalidate_caches()
+  monkeypatch.setenv('JAX_PLATFORMS', 'cuda,cpu')
+  assert 'xla_cuda13' in host_memory.accelerator_plugins()
+  assert 'not_a_device' not in host_memory.accelerator_plugins()
+  monkeypatch.delenv('JAX_PLATFORMS')
+  assert 'xla_cuda13' in host_memory.accelerator_plugins()
+  monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
+  assert host_memory.accelerator_plugins() == []

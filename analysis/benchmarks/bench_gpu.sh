@@ -6,7 +6,9 @@
 # torch.compile'd steps on CUDA (torchvision's networks; SqueezeNet without BatchNorm, as
 # published and as its peer).
 #   bash analysis/benchmarks/bench_gpu.sh runs/gpu     # ~25 min on one H100 (2026-11-27: ~3 min
-#                                                      # a cell, mostly jaxpar's and torch.compile's compilation)
+#                                                      # a cell, mostly jaxpar's and torch.compile's compilation;
+#                                                      # jaxpar's under host_memory='keep', one malloc arena for
+#                                                      # the compiler's threads: 'auto' now leaves malloc alone here)
 # NETS and DTYPES choose the cells (default: all eight), e.g. the ones still to measure:
 #   NETS="squeezenet googlenet vgg16e" DTYPES=bfloat16 bash analysis/benchmarks/bench_gpu.sh runs/gpu
 # A cell that fails is named and the others still run. JAX takes 45 % of the GPU's memory

@@ -121,11 +121,17 @@ def _device(r) -> str:
   return kind.removeprefix('NVIDIA ') if r.get('backend', 'cpu') != 'cpu' else 'cpu'
 
 
+def _date(r) -> str:
+  return r.get('created', '')[:10] or '?'
+
+
 def table(results) -> str:
-  """The rows of `results`; a first column names the device when they ran on several kinds."""
+  """The rows of `results`; a first column names the device when they ran on several kinds,
+  and one the day each ran when they ran on several days."""
   compiled = any(_peers({s['step']: s for s in r['steps']})[1] for r in results)
   peak = any(peak_flops(r) for r in results)
   kinds = len({_device(r) for r in results}) > 1
+  days = len({_date(r) for r in results}) > 1
   head = ['network', 'input', 'compute', 'devices', 'batch', 'jaxpar BN over', 'jaxpar step (s)',
           'jit step (s)', 'jaxpar / jit throughput', 'PyTorch step (s)', 'jaxpar / PyTorch']
   align = ['---'] * 4 + ['---:', '---'] + ['---:'] * 5
@@ -137,13 +143,17 @@ def table(results) -> str:
   if peak:
     head.append("jaxpar / GPU's peak")
     align.append('---:')
+  if days:
+    head, align = ['measured'] + head, ['---'] + align
   if kinds:
     head, align = ['device'] + head, ['---'] + align
   ordered = sorted(results, key=lambda r: (
       r['network'], r['image_size'], math.prod(r['mesh']),
       r['config']['distributed']['num_processes'], r['config']['bn_group_size'],
-      r['dtype'] != 'float32', _device(r)))
+      r['dtype'] != 'float32', _device(r), _date(r)))
   rows = [row(r, compiled, peak) for r in ordered]
+  if days:
+    rows = [f'| {_date(r)} {line}' for r, line in zip(ordered, rows)]
   if kinds:
     rows = [f'| {_device(r)} {line}' for r, line in zip(ordered, rows)]
   return '\n'.join(

@@ -50,6 +50,11 @@ def _host_memory():
   return bench_table.host_memory_table(_load('host_memory/bench/*.json'))
 
 
+def _compile_host_memory():
+  from analysis.benchmarks import compile_bench
+  return compile_bench.table(_load('compile/*.json'))
+
+
 def _methods():
   from analysis.benchmarks import bench_table
   return bench_table.methods_table(_load('bench/methods/*.json'))
@@ -271,9 +276,11 @@ TABLES = {
     'bench-cpu': lambda: _bench('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*.json'),
     'bench-gpu-h100': lambda: _bench('bench/gpu_h100/*.json'),
+    'bench-gpu-2026-11-28': lambda: _bench('bench/gpu/*_2026-11-28.json'),
     'bench-gpus': lambda: _bench('bench/gpu/*.json', 'bench/gpu_h100/*.json'),
     'bench-methods': _methods,
     'host-memory-faults': _host_memory,
+    'host-memory-compile': _compile_host_memory,
     'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),
     'join-penalty-host-memory': lambda: _join_penalty(
         {'system': 'host_memory/system.json', 'keep': 'host_memory/keep.json'}, 'host_memory'),
