@@ -24,7 +24,8 @@ is installed. An accelerator's temporaries are its own memory, so there is nothi
 and XLA's GPU compiler runs LLVM and ptxas on a thread per core: with one arena for all of
 them, one H200 machine (16 cores) compiled SqueezeNet's bfloat16 step at 224² in 139 s on
 2026-11-28; on 2026-11-26 the same step took 28 s there, when the benchmark started JAX's
-backend before asking for one arena, which glibc then ignores (docs/benchmark.md).
+backend before asking for one arena: the arenas its threads had made by then stayed in use
+(docs/benchmark.md).
 """
 import ctypes
 import ctypes.util
@@ -76,8 +77,8 @@ def resolve(choice: str) -> str:
 
 def keep_freed_memory(choice: str = 'auto') -> bool:
   """Applies `choice` ('auto' | 'keep' | 'system', see `resolve`) to this process's malloc;
-  True if glibc took it. Call before JAX starts its backend: glibc fixes its number of
-  arenas when a second thread first allocates, and threads created earlier keep theirs.
+  True if glibc took it. Call before JAX starts its backend: glibc caps only the arenas
+  made after the call, and threads keep the arena they have.
   Once per process is enough, later calls return the first answer."""
   global _applied
   if resolve(choice) != 'keep':
