@@ -87,7 +87,7 @@ def keep_freed_memory(choice: str = 'auto') -> bool:
     return _applied
   libc = ctypes.CDLL(ctypes.util.find_library('c') or None)
   if not hasattr(libc, 'mallopt') or not hasattr(libc, 'gnu_get_libc_version'):
-    logging.info('host_memory=keep: not glibc, malloc left as it is.')
+    logging.info('host_memory=%s: not glibc, malloc left as it is.', choice)
     _applied = False
     return False
   libc.gnu_get_libc_version.restype = ctypes.c_char_p
@@ -95,8 +95,9 @@ def keep_freed_memory(choice: str = 'auto') -> bool:
   _applied = all([libc.mallopt(param, value) == 1 for param, value in
                   ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, _LARGEST),
                    (_M_TRIM_THRESHOLD, _LARGEST))])
-  logging.info('host_memory=keep: glibc %s keeps freed memory for reuse (one arena, mmap '
+  logging.info('host_memory=%s: glibc %s keeps freed memory for reuse (one arena, mmap '
                'above 2 GiB only, no trimming)%s.',
-               libc.gnu_get_libc_version().decode(),
+               'auto, keep on the CPU backend (no accelerator plugin, or JAX_PLATFORMS=cpu)'
+               if choice == 'auto' else choice, libc.gnu_get_libc_version().decode(),
                '' if _applied else ': glibc refused a setting')
   return _applied
