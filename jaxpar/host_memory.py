@@ -33,6 +33,8 @@ import importlib.metadata
 import importlib.util
 import os
 import pkgutil
+import re
+import tempfile
 
 from absl import logging
 
@@ -101,3 +103,18 @@ def keep_freed_memory(choice: str = 'auto') -> bool:
                if choice == 'auto' else choice, libc.gnu_get_libc_version().decode(),
                '' if _applied else ': glibc refused a setting')
   return _applied
+
+
+def arenas() -> int | None:
+  """This process's malloc arenas (glibc's `malloc_info`: one <heap> each; `keep` leaves one);
+  None off glibc."""
+  libc = ctypes.CDLL(ctypes.util.find_library('c') or None)
+  if not hasattr(libc, 'malloc_info'):
+    return None
+  libc.fopen.restype = ctypes.c_void_p
+  with tempfile.NamedTemporaryFile(suffix='.xml') as out:
+    stream = ctypes.c_void_p(libc.fopen(out.name.encode(), b'w'))
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    with open(out.name) as written:
+      return len(re.findall(r'<heap nr=', written.read()))

@@ -36,7 +36,7 @@ for _ in range(15):
   f(a, b).block_until_ready()
   calls.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 temp = f.lower(a, b).compile().memory_analysis().temp_size_in_bytes
-from analysis.benchmarks.compile_bench import arenas
+from jaxpar.host_memory import arenas
 print(json.dumps({'kept': kept, 'faults': sorted(calls)[len(calls) // 2], 'calls': calls,
                   'temp': temp, 'arenas': arenas()}))
 """

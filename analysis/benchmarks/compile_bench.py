@@ -7,7 +7,7 @@ Each compilation here runs in a process of its own, since the setting must come 
 JAX's backend starts; the settings take turns round by round (each round starts with the
 next one), so both see the same machine. Per setting: the compile time of each round
 (`lowered.compile()`, no compilation cache), their median, min and max, and the malloc arenas
-the process had afterwards (glibc's `malloc_info`); the ratio keep / system is taken
+the process had afterwards (`jaxpar.host_memory.arenas`); the ratio keep / system is taken
 round by round (median and quartiles of the rounds' ratios).
 
   python -m analysis.benchmarks.compile_bench \\
@@ -16,14 +16,11 @@ round by round (median and quartiles of the rounds' ratios).
 
 Nothing here is asserted in tests; docs/performance.md shows the committed results.
 """
-import ctypes
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -36,26 +33,12 @@ FLAGS = flags.FLAGS
 SETTINGS = ('system', 'keep')
 
 
-def arenas() -> int | None:
-  """This process's malloc arenas (glibc's `malloc_info`: one <heap> each); None off glibc."""
-  try:
-    libc = ctypes.CDLL('libc.so.6')
-  except OSError:
-    return None
-  libc.fopen.restype = ctypes.c_void_p
-  with tempfile.NamedTemporaryFile(suffix='.xml') as out:
-    stream = ctypes.c_void_p(libc.fopen(out.name.encode(), b'w'))
-    libc.malloc_info(0, stream)
-    libc.fclose(stream)
-    return len(re.findall(r'<heap nr=', open(out.name).read()))
-
-
 def compile_once(cfg) -> dict:
   """In this process, under `cfg.host_memory` (applied by `build.mesh`, before the backend):
   the seconds to lower and to compile the configured train step."""
   import jax
 
-  from jaxpar import build
+  from jaxpar import build, host_memory
   from jaxpar import config as config_lib
   from jaxpar.data import sources
   from jaxpar.step import make_train_step, to_global
@@ -72,7 +55,8 @@ def compile_once(cfg) -> dict:
   lowered_at = time.perf_counter()
   lowered.compile()
   done = time.perf_counter()
-  return {'lower_s': lowered_at - start, 'compile_s': done - lowered_at, 'arenas': arenas()}
+  return {'lower_s': lowered_at - start, 'compile_s': done - lowered_at,
+          'arenas': host_memory.arenas()}
 
 
 def _summary(rounds: list[dict]) -> dict:
