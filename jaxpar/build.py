@@ -145,7 +145,8 @@ def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):
                        workers=config_lib.num_devices(cfg), micro_batches=cfg.grad_accum_steps,
                        max_staleness=a.max_staleness, lr_staleness=a.lr_staleness,
                        restart_workers=a.restart_workers, gpus_per_worker=a.gpus_per_worker,
-                       address=a.ray_address, host_memory=cfg.host_memory)
+                       cpus_per_worker=a.cpus_per_worker, address=a.ray_address,
+                       host_memory=cfg.host_memory)
   start = int(state.examples_seen)
   # A step's examples: the global batch, or (async) one worker's push.
   batches = train_batches(cfg, source, config_lib.global_batch(cfg), start)

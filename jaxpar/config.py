@@ -203,6 +203,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.async_sgd.lr_staleness = 'none'  # none | inverse: the update's rate divided by its staleness
   c.async_sgd.restart_workers = 0   # ray: how often Ray restarts each lost worker (0 = never)
   c.async_sgd.gpus_per_worker = 0.0  # ray: GPUs each worker actor reserves (1 on a GPU cluster)
+  # ray: CPUs each worker actor reserves, and so its OpenMP threads (oneDNN's convolutions:
+  # Ray sets OMP_NUM_THREADS to them). 0 = the cluster's CPUs / workers, at least 1 (logged).
+  c.async_sgd.cpus_per_worker = 0
   c.per_device_batch = 16
   c.eval_batch = 256            # global; the last batch is padded and masked
   # Gradient accumulation: every device takes its share of an update's batch in this

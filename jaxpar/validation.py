@@ -307,13 +307,14 @@ def _validate_async(c) -> None:
           f'{workers} workers that pulled the same weights are applied one after another, '
           f'the last with staleness {workers - 1}: use at least {workers - 1}, or None (no bound)')
   if a.backend == 'threads':
-    for field, value in (('restart_workers', 0), ('ray_address', ''), ('gpus_per_worker', 0.0)):
+    for field, value in (('restart_workers', 0), ('ray_address', ''), ('gpus_per_worker', 0.0),
+                         ('cpus_per_worker', 0)):
       if a[field] != value:
         _fail(f'async_sgd.{field}', a[field], "applies to Ray's worker processes: set "
               f"async_sgd.backend='ray', or leave it {value!r}")
-  if a.restart_workers < 0 or a.gpus_per_worker < 0:
-    field = 'restart_workers' if a.restart_workers < 0 else 'gpus_per_worker'
-    _fail(f'async_sgd.{field}', a[field], 'must be 0 or more')
+  for field in ('restart_workers', 'gpus_per_worker', 'cpus_per_worker'):
+    if a[field] < 0:
+      _fail(f'async_sgd.{field}', a[field], 'must be 0 or more')
   if a.backend == 'ray' and importlib.util.find_spec('ray') is None:
     _fail('async_sgd.backend', a.backend, "Ray is not installed: pip install 'jaxpar[ray]', "
           "or use 'threads'")

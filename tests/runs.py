@@ -134,6 +134,21 @@ def shard_batches(worker, position, batch=8):
     position += 1
 
 
+# How close asynchronous training comes to `downpour_replay`. The replay's eager sums are not
+# the workers' jitted ones: 2e-7 apart alone. A log depends on the workers' timing, and on
+# some the difference grows: once 4.5e-6 (threads, 4 workers, under a full suite's load) and
+# once 7.8e-6 in one momentum entry (Ray, 3 workers and 3 servers; the same on a second run
+# of that suite), where 99 random logs of that test's kind (staleness at most 2, lr /
+# staleness; the workers' gradient_fn and apply_update against the replay, in one process)
+# came to at most 2e-7 beyond rtol. A wrong ledger is far away. On a log of
+# test_async_sgd's four free-running workers: two batches swapped 6.5e-3 to 8.5e-3, one update
+# a version off 1.2e-3 to 3.6e-3, the last update dropped 1.0e-2. On a log of
+# test_async_ray's distributed-2-inverse: a version off 8.2e-4 to 6.4e-3 (momentum 4.3e-3 to
+# 3.5e-2), two neighbouring updates swapped 2.1e-3 to 8.8e-3, one lr scale wrong 5.8e-3 to
+# 9.2e-3, the last update dropped 9.2e-3. So at least 16 times this tolerance.
+REPLAY_TOLERANCE = dict(rtol=1e-5, atol=5e-5)
+
+
 def downpour_replay(model, tx, batch_of, log, image_shape):
   """Sequential single-device reference of asynchronous training: version k+1 = version k
   updated (its step times log[k].lr_scale) with the gradient of `batch_of(log[k])` at the

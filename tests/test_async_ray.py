@@ -16,8 +16,8 @@ import pytest
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.async_sgd import AsyncServer
 from jaxpar.step import init_state
-from runs import (TinyResNet, assert_trees_close, downpour_replay, reference_run, shard_batch,
-                  shard_batches)
+from runs import (REPLAY_TOLERANCE, TinyResNet, assert_trees_close, downpour_replay,
+                  reference_run, shard_batch, shard_batches)
 
 ray = pytest.importorskip('ray')
 from jaxpar.parallel.async_ray import RayDownpour  # noqa: E402
@@ -107,11 +107,31 @@ def test_workers_apply_every_batch_once_as_the_replay(server_kind, bound, lr_sta
     assert [u.lr_scale for u in log] == [1 / max(1, u.staleness) for u in log]
   assert len(loop.server.parts) == (3 if server_kind == 'distributed' else 1)
   replay = _replay(tx, log)
-  assert_trees_close(state.params, replay.params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(state.params, replay.params, **REPLAY_TOLERANCE)
   by_leaf = {i: m for (_, part), s in zip(loop.server.parts, state.opt_state)
              for i, m in zip(part, jax.tree.leaves(s))}
   assert_trees_close([by_leaf[i] for i in range(len(by_leaf))],
-                     jax.tree.leaves(replay.opt_state), rtol=1e-5, atol=1e-6)
+                     jax.tree.leaves(replay.opt_state), **REPLAY_TOLERANCE)
+
+
+@pytest.mark.parametrize('cpus, expected', [(0, 2), (1, 1)])
+def test_each_worker_reserves_its_cpus_and_runs_onednn_on_as_many_threads(cpus, expected,
+                                                                          caplog):
+  """A worker reserves `cpus_per_worker` CPUs (0: the cluster's 8 / 3 workers = 2), and Ray's
+  OMP_NUM_THREADS makes them its oneDNN convolutions' OpenMP team: before the setting, every
+  worker reserved one CPU and so ran its convolutions on one thread, however many cores its
+  node had."""
+  loop, state = _loop('central', 3, optax.sgd(0.05), 1, cpus_per_worker=cpus)
+  with caplog.at_level(logging.INFO):
+    loop(state)
+  try:
+    threads = ray.get([a.threads.remote() for a in loop.actors.values()])
+  finally:
+    loop.close()
+  assert threads == [expected] * 3
+  said = [r.getMessage() for r in caplog.records if 'Downpour on Ray' in r.getMessage()]
+  assert len(said) == 1 and f'{expected} CPU' in said[0]
+  assert ("the cluster's 8 CPUs / 3 workers" in said[0]) == (cpus == 0)
 
 
 def _kill_worker(worker, after):
@@ -156,7 +176,7 @@ def test_a_killed_worker_is_counted_and_training_goes_on(restart, caplog):
   else:  # and the updates applied around the loss are exactly the replay's
     assert not after_kill
     replay = _replay(tx, log)
-    assert_trees_close(state.params, replay.params, rtol=1e-5, atol=1e-6)
+    assert_trees_close(state.params, replay.params, **REPLAY_TOLERANCE)
 
 
 def test_a_lost_server_ends_the_run_with_one_line_naming_it():

@@ -14,8 +14,8 @@ from jaxpar import optim
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.async_sgd import AsyncServer, Downpour, Ledger
 from jaxpar.step import init_state
-from runs import (TinyResNet, assert_trees_close, downpour_replay, learnable_batches,
-                  random_batches, reference_run)
+from runs import (REPLAY_TOLERANCE, TinyResNet, assert_trees_close, downpour_replay,
+                  learnable_batches, random_batches, reference_run)
 
 IMAGE = (1, 16, 16, 3)
 
@@ -98,17 +98,12 @@ def test_four_workers_apply_every_batch_once(server_kind):
   assert early and late and np.mean(late) < 0.85 * np.mean(early)
   assert [m['staleness'] for m in metrics] == [u.staleness for u in log]
   replay = downpour_replay(TinyResNet(), tx, lambda u: batches[u.batch], log, IMAGE)
-  # The eager replay's sums are not the workers' jitted ones: 2e-7 apart alone, once 4.5e-6
-  # under a full suite's load. A wrong ledger is 25x this tolerance away at least (measured
-  # on this log: two batches swapped 6.5e-3 to 8.5e-3, one update a version off 1.2e-3 to
-  # 3.6e-3, the last update dropped 1.0e-2).
-  tol = dict(rtol=1e-5, atol=5e-5)
-  assert_trees_close(state.params, replay.params, **tol)
+  assert_trees_close(state.params, replay.params, **REPLAY_TOLERANCE)
   # Momentum, gathered from the owners' parts into the order of the parameters.
   by_leaf = {i: m for (_, part), s in zip(server.parts, state.opt_state)
              for i, m in zip(part, jax.tree.leaves(s))}
   assert_trees_close([by_leaf[i] for i in range(len(by_leaf))],
-                     jax.tree.leaves(replay.opt_state), **tol)
+                     jax.tree.leaves(replay.opt_state), **REPLAY_TOLERANCE)
   if server_kind == 'distributed':  # every tensor lives with its Algorithm 3.7 owner
     counts = collections.Counter(server.owners)
     assert len(counts) == workers
@@ -244,4 +239,4 @@ def test_threads_with_a_bound_and_inverse_rate_replay_exactly(lr_staleness):
     assert [u.lr_scale for u in loop.log] == [1 / max(1, u.staleness) for u in loop.log]
     assert any(u.lr_scale < 1 for u in loop.log)
   replay = downpour_replay(TinyResNet(), tx, lambda u: batches[u.batch], loop.log, IMAGE)
-  assert_trees_close(jax.device_get(state.params), replay.params, rtol=1e-5, atol=1e-6)
+  assert_trees_close(jax.device_get(state.params), replay.params, **REPLAY_TOLERANCE)

@@ -55,6 +55,11 @@ def _compile_host_memory():
   return compile_bench.table(_load('compile/*.json'))
 
 
+def _ray_worker_cpus():
+  from analysis.benchmarks import ray_worker_bench
+  return ray_worker_bench.table(_load('ray/*.json'))
+
+
 def _methods():
   from analysis.benchmarks import bench_table
   return bench_table.methods_table(_load('bench/methods/*.json'))
@@ -281,6 +286,7 @@ TABLES = {
     'bench-methods': _methods,
     'host-memory-faults': _host_memory,
     'host-memory-compile': _compile_host_memory,
+    'ray-worker-cpus': _ray_worker_cpus,
     'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),
     'join-penalty-host-memory': lambda: _join_penalty(
         {'system': 'host_memory/system.json', 'keep': 'host_memory/keep.json'}, 'host_memory'),

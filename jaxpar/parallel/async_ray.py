@@ -89,7 +89,7 @@ class _Worker:
   """One Downpour worker: its shard of the data, the gradient function, a pull's weights in."""
 
   def __init__(self, index, model, batches, micro_batches, rng_data, treedef, parts,
-               host_memory='keep'):
+               host_memory='auto'):
     keep_freed_memory(host_memory)  # before this actor's JAX starts its backend
     self.index, self.batches, self.treedef, self.parts = index, batches, treedef, parts
     self.grad_fn = gradient_fn(model, micro_batches)
@@ -98,6 +98,11 @@ class _Worker:
 
   def where(self):
     return socket.gethostname(), os.getpid()
+
+  def threads(self) -> int:
+    """The OpenMP threads a oneDNN convolution of this worker takes (0: none run here)."""
+    from jaxpar.models import onednn
+    return onednn.threads() if jax.default_backend() == 'cpu' and onednn.available() else 0
 
   def compute(self, position, stats, *parts):
     """Gradient of the batch at `position` of this worker's shard on the pulled weights:
@@ -123,7 +128,7 @@ class _Worker:
 class _Server:
   """One part of the weights, its optimizer state (and, server 0, the BN statistics)."""
 
-  def __init__(self, tx, leaves, opt_state, stats, host_memory='keep'):
+  def __init__(self, tx, leaves, opt_state, stats, host_memory='auto'):
     keep_freed_memory(host_memory)
     self.step = jax.jit(lambda *a: apply_update(tx, *a))
     self.leaves, self.opt_state, self.stats = leaves, opt_state, stats
@@ -163,17 +168,14 @@ class RayDownpour:
 
   def __init__(self, model, tx, server, batches, count: int, rng, *, workers: int,
                micro_batches: int = 1, max_staleness=None, lr_staleness: str = 'none',
-               restart_workers: int = 0, gpus_per_worker: float = 0.0, address: str = '',
-               host_memory: str = 'keep'):
+               restart_workers: int = 0, gpus_per_worker: float = 0.0, cpus_per_worker: int = 0,
+               address: str = '', host_memory: str = 'auto'):
     self.model, self.tx, self.server, self.batches = model, tx, server, batches
     self.count, self.rng, self.workers = count, rng, workers
     self.micro_batches, self.restart_workers = micro_batches, restart_workers
     self.max_staleness, self.lr_staleness = max_staleness, lr_staleness
-    self.gpus_per_worker, self.address = gpus_per_worker, address
-    # jaxpar.train passes config.host_memory ('auto'); called directly, the actors keep freed
-    # memory as before. With 'auto' here, test_async_ray's distributed replay test failed in
-    # the whole suite on jax 0.12 (one momentum entry 7.8e-6 off, twice alike) and passed
-    # alone: a timing the replay does not capture, not yet found.
+    self.gpus_per_worker, self.cpus_per_worker, self.address = (gpus_per_worker,
+                                                                 cpus_per_worker, address)
     self.host_memory = host_memory
     self.ledger = None
     self.actors, self.servers = {}, []
@@ -276,12 +278,13 @@ class RayDownpour:
   def _start(self, state):
     ray = ray_module()
     start(self.address, self.workers)
-    have = ray.cluster_resources().get('GPU' if self.gpus_per_worker else 'CPU', 0)
-    need = self.workers * (self.gpus_per_worker or 1)
-    if have < need:
-      logging.warning('%d asynchronous workers reserve %g %ss but the Ray cluster has %g: '
-                      'the others wait until one is free.', self.workers, need,
-                      'GPU' if self.gpus_per_worker else 'CPU', have)
+    resources = ray.cluster_resources()
+    cpus = self.cpus_per_worker or max(1, int(resources.get('CPU', 0)) // self.workers)
+    for kind, each in (('GPU', self.gpus_per_worker), ('CPU', cpus)):
+      if each and resources.get(kind, 0) < self.workers * each:
+        logging.warning('%d asynchronous workers reserve %g %ss each but the Ray cluster has '
+                        '%g: the others wait until one is free.', self.workers, each, kind,
+                        resources.get(kind, 0))
     first = int(state.step)
     self.ledger = Ledger(self.count, first, self.max_staleness, self.lr_staleness)
     leaves, treedef = jax.tree.flatten(jax.device_get(state.params))
@@ -299,8 +302,9 @@ class RayDownpour:
       env['JAX_PLATFORMS'] = 'cpu'
     else:  # a GPU's memory as needed: the driver may evaluate on the same GPU
       env['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
+    # Ray sets a worker's OMP_NUM_THREADS to its CPUs: the team of oneDNN's convolutions.
     worker_actor = ray.remote(_Worker).options(
-        num_cpus=1, num_gpus=self.gpus_per_worker, max_restarts=self.restart_workers,
+        num_cpus=cpus, num_gpus=self.gpus_per_worker, max_restarts=self.restart_workers,
         max_task_retries=0, scheduling_strategy='SPREAD', runtime_env={'env_vars': env})
     rng_data = np.asarray(jax.random.key_data(self.rng))
     self.actors = {w: worker_actor.remote(w, self.model, self.batches, self.micro_batches,
@@ -312,8 +316,13 @@ class RayDownpour:
       logging.info('Resumed at step %d: each worker starts at batch %d of its shard (the '
                    'checkpoint holds the applied count, not each worker\'s position).', first,
                    first // self.workers)
-    logging.info('Downpour on Ray: %d workers (%s), %d server actor%s (%s).', self.workers,
-                 ', '.join(f'{w}: {self._where(w)}' for w in self.actors),
+    plural = lambda n, what: f"{n} {what}{'' if n == 1 else 's'}"
+    logging.info('Downpour on Ray: %s (%s), %s each%s, %d server actor%s (%s).',
+                 plural(self.workers, 'worker'),
+                 ', '.join(f'{w}: {self._where(w)}' for w in self.actors), plural(cpus, 'CPU'),
+                 '' if self.cpus_per_worker else
+                 f" (async_sgd.cpus_per_worker=0: the cluster's {int(resources.get('CPU', 0))} "
+                 f"CPUs / {plural(self.workers, 'worker')})",
                  len(self.servers), '' if len(self.servers) == 1 else 's',
                  self.server.server)
     for w in self.actors:
