@@ -364,6 +364,8 @@ def test_end_to_end_cases_take_ttas_best_rate_and_its_k():
   # Rate ×2 left a seed short of the target: ×1 it is, Ray's workers.
   assert (cases['async']['lr_factor'], cases['async']['K_emulated']) == (1, 530)
   assert cases['async']['overrides']['async_sgd.backend'] == 'ray'
+  # One CPU a worker, as each synchronous process and measure's Ray workers have.
+  assert cases['async']['overrides']['async_sgd.cpus_per_worker'] == 1
   # Every server of sync-join computes the same maths: one K, the batch family's at N·b.
   assert end_to_end.plan(['distributed'], 2, result, seed=0)[0]['K_emulated'] == 160
   for bad, n, message in ((['ring'], 2, "'ring' unknown"),

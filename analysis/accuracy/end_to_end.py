@@ -86,8 +86,9 @@ def plan(cases: list, processes: int, result: dict, seed: int) -> list[dict]:
                             'per_device_batch': b, 'sync_every': int(arg)}}
     elif kind == 'async' and not arg:
       case = {'family': 'async', 'x': processes, 'devices': processes,
+              # one CPU a worker, as measure's Ray workers and each synchronous process have
               'overrides': {'scheme': 'async', 'server': 'central', 'per_device_batch': b,
-                            'async_sgd.backend': 'ray'}}
+                            'async_sgd.backend': 'ray', 'async_sgd.cpus_per_worker': 1}}
     else:
       raise app.UsageError(f'--cases: {name!r} unknown; choose from {list(SYNC_SERVERS)}, '
                            f'local-sgd:τ, async.')

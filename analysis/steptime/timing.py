@@ -167,8 +167,10 @@ def time_async(cfg, meta, batches: int, repeats: int) -> list:
     rows = config_lib.device_batch(cfg)
     stream = functools.partial(synthetic_stream, rows, cfg.image_size, meta['channels'],
                                meta['num_classes'])
+    # One CPU a worker (Ray's OMP_NUM_THREADS, oneDNN's team), as each process of the
+    # processes setting has one core; not the run's default, the cluster's CPUs / workers.
     loop = RayDownpour(model, tx, strategy, stream, count, jax.random.key(1), workers=n,
-                       micro_batches=cfg.grad_accum_steps)
+                       micro_batches=cfg.grad_accum_steps, cpus_per_worker=1)
     # Ray's processes inherit this one's core: they get every core, as on a cluster node.
     pinned = os.sched_getaffinity(0)
     os.sched_setaffinity(0, range(os.cpu_count() or 1))
