@@ -281,7 +281,8 @@ class RayDownpour:
     ray = ray_module()
     start(self.address, self.workers)
     resources = ray.cluster_resources()
-    cpus = self.cpus_per_worker or max(1, int(resources.get('CPU', 0)) // self.workers)
+    cluster_cpus = int(resources.get('CPU', 0))
+    cpus = self.cpus_per_worker or max(1, cluster_cpus // self.workers)
     for kind, each in (('GPU', self.gpus_per_worker), ('CPU', cpus)):
       if each and resources.get(kind, 0) < self.workers * each:
         logging.warning('%d asynchronous workers reserve %g %ss each but the Ray cluster has '
@@ -319,14 +320,13 @@ class RayDownpour:
                    'checkpoint holds the applied count, not each worker\'s position).', first,
                    first // self.workers)
     plural = lambda n, what: f"{n} {what}{'' if n == 1 else 's'}"
-    logging.info('Downpour on Ray: %s (%s), %s each%s, %d server actor%s (%s).',
+    logging.info('Downpour on Ray: %s (%s), %s each%s, %s (%s).',
                  plural(self.workers, 'worker'),
                  ', '.join(f'{w}: {self._where(w)}' for w in self.actors), plural(cpus, 'CPU'),
                  '' if self.cpus_per_worker else
-                 f" (async_sgd.cpus_per_worker=0: the cluster's {int(resources.get('CPU', 0))} "
-                 f"CPUs / {plural(self.workers, 'worker')})",
-                 len(self.servers), '' if len(self.servers) == 1 else 's',
-                 self.server.server)
+                 f" (async_sgd.cpus_per_worker=0: the cluster's {cluster_cpus} CPUs / "
+                 f"{plural(self.workers, 'worker')})",
+                 plural(len(self.servers), 'server actor'), self.server.server)
     for w in self.actors:
       self._draw(w)
 
