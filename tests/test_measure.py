@@ -3,6 +3,7 @@ the costliest-branch count, bad arguments, and both CLIs end to end on an emulat
 real processes: test_measure_processes.py)."""
 import csv
 import json
+import math
 import os
 import re
 import subprocess
@@ -431,6 +432,32 @@ def test_compare_overview_has_a_row_per_network_and_setting_by_hand():
       f"| {compare._percent(parts['median_log_error'])} ({compare._percent(parts['noise_floor'])}) "
       '| sync-join central N=2: 1.04 | —, — '
       f"| {compare._percent(thesis['median_log_error'])}, 1.04 |")
+
+
+def test_compare_overview_summary_counts_the_settings_that_meet_the_goal(monkeypatch):
+  """The overview in one sentence (README): a setting meets the goal when the parts model's
+  held-out error is at most 10 % and its pick's regret at most 1.05; each miss is named with
+  the loopback-plus-rate model's error there; [T]'s errors as a range and its worst regret."""
+  def row(setting, model, error, regret):
+    return {'network': 'net', 'image_size': 32, 'setting': setting, 'model': model,
+            'median_log_error': math.log1p(error), 'regret': regret}
+  rows = [row('processes', 'parts', 0.10, 1.05),  # on both bounds: met
+          row('processes', 'thesis', 0.16, 1.25),
+          row('link-1gbit', 'parts', 0.14, 1.00),  # error over: a miss
+          row('link-1gbit', 'rate', 0.03, 1.00),
+          row('link-1gbit', 'thesis', 1.43, 1.00),
+          row('link-100mbit', 'parts', 0.02, 1.06),  # regret over: a miss, no rate model
+          row('link-100mbit', 'thesis', 0.30, 1.10)]
+  monkeypatch.setattr(compare, 'held_out_summary', lambda points: rows)
+  assert compare.overview_summary([]) == (
+      'The parts model meets the goal (≤ 10% held out, regret ≤ 1.05) on 1 of 3 settings; the '
+      'misses: net at link-1gbit, 14%, regret 1.00 (the loopback-plus-rate model: 3%); net at '
+      "link-100mbit, 2%, regret 1.06; its picks' regret is 1.00–1.06. [T]'s equations are off "
+      'by 16%–143% with regret up to 1.25.')
+  monkeypatch.setattr(compare, 'held_out_summary', lambda points: rows[:2])
+  assert compare.overview_summary([]).startswith(
+      "The parts model meets the goal (≤ 10% held out, regret ≤ 1.05) on 1 of 1 setting; its "
+      "picks' regret is 1.05.")
 
 
 def test_compare_predicts_a_link_from_loopback_and_the_rate():

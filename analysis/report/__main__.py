@@ -72,6 +72,12 @@ def _measured(table, *patterns):
   return getattr(compare, table)(results, [p for r in results for p in compare.rows(r)])
 
 
+def _measured_summary(*patterns):
+  """`compare.overview_summary` of the points of measure's files."""
+  from analysis.steptime import compare
+  return compare.overview_summary([p for r in _load(*patterns) for p in compare.rows(r)])
+
+
 def _held_out(pattern):
   from analysis.steptime import compare
   return compare.summary_table(compare.held_out_summary(compare.rows(_load(pattern)[0])))
@@ -273,6 +279,7 @@ TABLES = {
     'end-to-end-squeezenet16-seed1': lambda: _end_to_end_table(
         'accuracy/squeezenet16_end_to_end_seed1.json'),
     'four-networks': lambda: _measured('overview_table', *FOUR_NETWORKS),
+    'four-networks-summary': lambda: _measured_summary(*FOUR_NETWORKS),
     'held-out-squeezenet': lambda: _held_out('measured/squeezenet.json'),
     'settings-squeezenet': lambda: _settings('measured/squeezenet.json'),
     'collapse-similarity': lambda: _collapse('similarity_table'),

@@ -393,6 +393,50 @@ def overview_table(results, points) -> str:
   return '\n'.join(lines)
 
 
+# What a step-time model is for, judged on held-out points: a median error of at most 10 %,
+# and a pick at most 5 % slower than the measured best.
+GOAL_ERROR, GOAL_REGRET = 0.10, 1.05
+
+
+def overview_summary(points) -> str:
+  """`overview_table` in one sentence: on how many settings the parts model meets the goal
+  (each miss named, with the loopback-plus-rate model's error there), the range of its picks'
+  regret, and how far [T]'s equations are off and their worst regret."""
+  summary = held_out_summary(points)
+  by = {(r['network'], r['image_size'], r['setting'], r['model']): r for r in summary}
+  parts = [r for r in summary if r['model'] == 'parts']
+  thesis = [r for r in summary if r['model'] == 'thesis']
+  if not parts:
+    return 'No setting has held-out points for the parts model.'
+
+  def met(r):  # as the table prints them: a whole percent, a regret to two places
+    return (round((math.exp(r['median_log_error']) - 1) * 100) <= round(GOAL_ERROR * 100)
+            and r['regret'] is not None and round(r['regret'], 2) <= GOAL_REGRET)
+
+  def span(values, fmt):
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f'{lo}–{hi}'
+  misses = []
+  for r in (r for r in parts if not met(r)):
+    rate = by.get((r['network'], r['image_size'], r['setting'], 'rate'))
+    misses.append(f"{r['network']} at {r['setting']}, {_percent(r['median_log_error'])}, regret "
+                  f"{_fmt(r['regret'], '.2f')}" + (
+                      f" (the loopback-plus-rate model: {_percent(rate['median_log_error'])})"
+                      if rate else ''))
+  regrets = [r['regret'] for r in parts if r['regret'] is not None]
+  text = (f'The parts model meets the goal (≤ {GOAL_ERROR:.0%} held out, regret ≤ '
+          f"{GOAL_REGRET:.2f}) on {len(parts) - len(misses)} of {len(parts)} "
+          f"setting{'' if len(parts) == 1 else 's'}"
+          + (f"; {'the miss' if len(misses) == 1 else 'the misses'}: {'; '.join(misses)}"
+             if misses else '')
+          + f"; its picks' regret is {span(regrets, lambda x: f'{x:.2f}')}")
+  if thesis:
+    text += (f". [T]'s equations are off by "
+             f"{span([r['median_log_error'] for r in thesis], _percent)} with regret up to "
+             f"{max(r['regret'] for r in thesis if r['regret'] is not None):.2f}")
+  return text + '.'
+
+
 def settings_table(result, points) -> str:
   """One network's settings side by side (docs/step-times.md): t_grad of the sync-split
   batch alone and under the N = 2 run's contention, [T]'s t_comm, the calibrated one-way
@@ -487,7 +531,8 @@ def parts_table(points) -> str:
 def markdown(results, points) -> str:
   lines = ['# Predicted against measured', '',
            'Every network and setting at a glance (held out as in the sections below; the '
-           'noise floor in brackets):', '', overview_table(results, points), '']
+           'noise floor in brackets):', '', overview_table(results, points), '',
+           overview_summary(points), '']
   for result in results:
     m, v = result['machine'], result['versions']
     net = result['network']
