@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from analysis.benchmarks import bench, bench_table, torch_peer
+from analysis.benchmarks import alternate, bench, bench_table, torch_peer
 from jaxpar import config as config_lib
 from jaxpar import models
 from jaxpar.step import init_variables
@@ -105,10 +105,12 @@ def test_the_ratio_is_taken_round_by_round():
   # A host that runs the third round at half speed slows both of its steps: the rounds'
   # ratios stay 2.0, where the ratio of the medians would read 1.0.
   jaxpar, peer = [0.1, 0.1, 0.2, 0.2, 0.2], [0.2, 0.2, 0.4, 0.4, 0.4]
-  assert bench.paired_ratio(peer, [0.1, 0.2, 0.2, 0.1, 0.1]) != bench.paired_ratio(peer, jaxpar)
-  assert bench.paired_ratio(peer, jaxpar) == {'median': 2.0, 'q25': 2.0, 'q75': 2.0}
-  spread = bench.paired_ratio([1.0, 1.1, 1.2, 1.3, 1.4], [1.0] * 5)
+  assert alternate.paired_ratio(peer, [0.1, 0.2, 0.2, 0.1, 0.1]) != alternate.paired_ratio(peer, jaxpar)
+  assert alternate.paired_ratio(peer, jaxpar) == {'median': 2.0, 'q25': 2.0, 'q75': 2.0}
+  spread = alternate.paired_ratio([1.0, 1.1, 1.2, 1.3, 1.4], [1.0] * 5)
   assert spread == pytest.approx({'median': 1.2, 'q25': 1.1, 'q75': 1.3})
+  assert [alternate.in_turn(['a', 'b', 'c'], i) for i in range(4)] == [
+      ['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['a', 'b', 'c']]  # each leads in turn
   old = {'shard_map_over_torch_throughput': 1.234}  # a file from before the quartiles
   assert bench_table.ratio(old, 'shard_map_over_torch') == '1.23×'
   assert bench_table.ratio(dict(old, shard_map_over_torch_quartiles=[1.1, 1.3]),

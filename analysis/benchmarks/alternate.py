@@ -1,7 +1,9 @@
-"""Timing calls side by side, shared by the benchmarks of single operations
-(`conv_bench`, `pool_bench`): a call as a timer (a compiled JAX function's, waiting for its
-result; or any other), and rounds in which every timer runs in turn; and the host's speed
-every benchmark records when it starts (`host_speed`)."""
+"""Timing things side by side, shared by the benchmarks: a call as a timer (a compiled JAX
+function's, waiting for its result; or any other), and rounds in which every timer runs in
+turn (`conv_bench`, `pool_bench`); the order of a round's settings (`in_turn`) and two
+settings' ratio taken round by round (`paired_ratio`: `bench`, `compile_bench`,
+`ray_worker_bench`); and the host's speed every benchmark records when it starts
+(`host_speed`)."""
 import time
 
 import jax
@@ -41,6 +43,23 @@ def medians(timers: dict, rounds: int, repeat: int) -> dict:
         samples[name][p].append([run() for _ in range(repeat)][-1])
   return {name: {p: float(np.median(t)) for p, t in by_pass.items()}
           for name, by_pass in samples.items()}
+
+
+def in_turn(settings: list, round_index: int) -> list:
+  """`settings` in round `round_index`'s order: each round starts with the next one, so that
+  no setting always runs first (after the process started, or after another's work)."""
+  k = round_index % len(settings)
+  return settings[k:] + settings[:k]
+
+
+def paired_ratio(times_a, times_b) -> dict:
+  """a's time over b's, round by round: each ratio of two times measured in the same round (a
+  few hundred ms apart), so that a host whose speed drifts during the run (20-90 % between
+  rounds on a shared VM; docs/benchmark.md) moves both sides of each ratio alike. The median
+  of the rounds' ratios and their quartiles (the noise a table shows)."""
+  ratios = np.asarray(times_a, float) / np.asarray(times_b, float)
+  q25, median, q75 = np.percentile(ratios, [25, 50, 75])
+  return {'median': float(median), 'q25': float(q25), 'q75': float(q75)}
 
 
 def host_speed(calls: int = 5) -> dict:

@@ -170,16 +170,6 @@ PAUSE_S = 0.05
 REPEAT = 2
 
 
-def paired_ratio(peer_times, jaxpar_times) -> dict:
-  """jaxpar's throughput over a peer's, round by round: the peer's step over jaxpar's timed in
-  the same round (a few hundred ms apart), so that a host whose speed drifts during the run
-  (20-90 % between rounds on a shared VM; docs/benchmark.md) moves both sides of each ratio
-  alike. The median of the rounds' ratios and their quartiles (the noise the table shows)."""
-  ratios = np.asarray(peer_times, float) / np.asarray(jaxpar_times, float)
-  q25, median, q75 = np.percentile(ratios, [25, 50, 75])
-  return {'median': float(median), 'q25': float(q25), 'q75': float(q75)}
-
-
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False,
           with_torch_compile: bool = False, repeat: int = REPEAT) -> dict:
   peers = [compiled for compiled, wanted in ((False, with_torch), (True, with_torch_compile))
@@ -243,7 +233,8 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   for key, result in [('shard_map_over_jit', results[1])] + [
       (f"shard_map_over_torch{'_compile' if compiled else ''}", result)
       for compiled, result in zip(peers, results[2:])]:
-    paired = paired_ratio(result['samples'], results[0]['samples'])
+    # jaxpar's throughput over the other's: the other's step over jaxpar's, round by round
+    paired = alternate.paired_ratio(result['samples'], results[0]['samples'])
     ratios[f'{key}_throughput'] = paired['median']
     ratios[f'{key}_quartiles'] = [paired['q25'], paired['q75']]
   found = versions()

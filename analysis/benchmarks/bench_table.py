@@ -51,7 +51,7 @@ def _peers(steps):
 
 def ratio(r, key: str, digits: int = 2) -> str:
   """A throughput ratio of the run (`key` + '_throughput'), with the quartiles of its rounds'
-  ratios where the run recorded them (bench's `paired_ratio`; older files have none)."""
+  ratios where the run recorded them (`alternate.paired_ratio`; older files have none)."""
   cell = f"{r[key + '_throughput']:.{digits}f}×"
   if key + '_quartiles' in r:
     low, high = r[key + '_quartiles']

@@ -8,7 +8,8 @@ JAX's backend starts; the settings take turns round by round (each round starts 
 next one), so both see the same machine. Per setting: the compile time of each round
 (`lowered.compile()`, no compilation cache), their median, min and max, and the malloc arenas
 the process had afterwards (`jaxpar.host_memory.arenas`); the ratio keep / system is taken
-round by round (median and quartiles of the rounds' ratios).
+round by round (median and quartiles of the rounds' ratios); the host's speed before the
+first round (`alternate.host_speed`).
 
   python -m analysis.benchmarks.compile_bench \\
       --config configs/thesis.py:net=resnet34,scheme=sync-split,server=allreduce,workers=1,batch=32 \\
@@ -69,10 +70,12 @@ def _summary(rounds: list[dict]) -> dict:
 def run(argv: list[str], rounds: int) -> dict:
   """`rounds` compilations under each setting, each in a fresh process given `argv` (this
   tool's flags) and the setting."""
+  from analysis.benchmarks import alternate
   from analysis.steptime.measure import machine, versions
+  speed = alternate.host_speed()  # before the first child: nothing else runs
   found = {s: [] for s in SETTINGS}
   for i in range(rounds):
-    for setting in SETTINGS[i % 2:] + SETTINGS[:i % 2]:
+    for setting in alternate.in_turn(list(SETTINGS), i):
       done = subprocess.run(
           [sys.executable, '-m', 'analysis.benchmarks.compile_bench', *argv,
            f'--config.host_memory={setting}', '--child'],
@@ -82,17 +85,18 @@ def run(argv: list[str], rounds: int) -> dict:
       found[setting].append(json.loads(done.stdout.strip().splitlines()[-1]))
       print(f'round {i + 1}/{rounds} {setting}: {found[setting][-1]["compile_s"]:.1f} s',
             file=sys.stderr, flush=True)
-  ratios = [k['compile_s'] / s['compile_s'] for k, s in zip(found['keep'], found['system'])]
+  ratio = alternate.paired_ratio([r['compile_s'] for r in found['keep']],
+                                 [r['compile_s'] for r in found['system']])
   cfg = FLAGS.config
   return {'tool': 'analysis.benchmarks.compile_bench',
           'created': datetime.datetime.now().isoformat(timespec='seconds'),
-          'machine': machine(), 'versions': versions(),
+          'machine': machine(), 'versions': versions(), 'host_speed': speed,
           'command': ' '.join(['python -m analysis.benchmarks.compile_bench', *argv]),
           'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
           'global_batch': cfg.global_batch, 'mesh': list(cfg.mesh.shape),
           'settings': {s: _summary(r) for s, r in found.items()},
-          'keep_over_system': float(np.median(ratios)),
-          'keep_over_system_quartiles': [float(q) for q in np.percentile(ratios, [25, 75])]}
+          'keep_over_system': ratio['median'],
+          'keep_over_system_quartiles': [ratio['q25'], ratio['q75']]}
 
 
 def table(results: list[dict]) -> str:

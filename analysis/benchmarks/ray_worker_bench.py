@@ -9,7 +9,8 @@ network's gradient (`async_sgd.gradient_fn`, the function a worker runs) on a ba
 starts with the next one), so both see the same machine, and only one computes at a time.
 Per setting: each round's median of `--reps` gradients, their median, min and max, and
 the oneDNN team the actor reported; the ratio of the first setting's time to each other
-one's is taken round by round (median and quartiles).
+one's is taken round by round (median and quartiles); the host's speed before anything
+compiles (`alternate.host_speed`).
 
   python -m analysis.benchmarks.ray_worker_bench \\
       --config configs/thesis.py:net=resnet34,scheme=async,server=central,workers=1,batch=16 \\
@@ -67,9 +68,11 @@ class _Timer:
 def run(cfg, cpus: list[int], rounds: int, reps: int) -> dict:
   import ray
 
+  from analysis.benchmarks import alternate
   from jaxpar import build
   from jaxpar.data import sources
   from jaxpar.plan.probe import machine, versions
+  speed = alternate.host_speed()  # before anything compiles or runs
   source = sources.open_source(cfg.dataset)
   model = build.model(cfg, source.num_classes, source.channels, build.mesh(cfg))
   shape = (cfg.image_size, cfg.image_size, source.channels)
@@ -80,23 +83,22 @@ def run(cfg, cpus: list[int], rounds: int, reps: int) -> dict:
             for c in cpus}
   found = {c: [] for c in cpus}
   for i in range(rounds):
-    for c in cpus[i % len(cpus):] + cpus[:i % len(cpus)]:
+    for c in alternate.in_turn(cpus, i):
       found[c].append(ray.get(actors[c].time.remote(reps)))
       print(f'round {i + 1}/{rounds}, {c} CPU(s): {found[c][-1]:.3f} s', flush=True)
   threads = {c: ray.get(actors[c].threads.remote()) for c in cpus}
   ray.shutdown()
   first = cpus[0]
-  ratios = {c: [a / b for a, b in zip(found[first], found[c])] for c in cpus[1:]}
+  ratios = {c: alternate.paired_ratio(found[first], found[c]) for c in cpus[1:]}
   return {'tool': 'analysis.benchmarks.ray_worker_bench',
           'created': datetime.datetime.now().isoformat(timespec='seconds'),
-          'machine': machine(), 'versions': versions(),
+          'machine': machine(), 'versions': versions(), 'host_speed': speed,
           'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
           'conv_impl': cfg.conv_impl, 'batch': cfg.per_device_batch, 'reps': reps,
           'settings': {str(c): {'samples': found[c], 'median_s': float(np.median(found[c])),
                                 'min_s': min(found[c]), 'max_s': max(found[c]), **threads[c]}
                        for c in cpus},
-          'ratios': {f'{first}/{c}': {'median': float(np.median(r)),
-                                      'quartiles': [float(q) for q in np.percentile(r, [25, 75])]}
+          'ratios': {f'{first}/{c}': {'median': r['median'], 'quartiles': [r['q25'], r['q75']]}
                      for c, r in ratios.items()}}
 
 
