@@ -429,11 +429,12 @@ def overview_summary(points) -> str:
           f"setting{'' if len(parts) == 1 else 's'}"
           + (f"; {'the miss' if len(misses) == 1 else 'the misses'}: {'; '.join(misses)}"
              if misses else '')
-          + f"; its picks' regret is {span(regrets, lambda x: f'{x:.2f}')}")
+          + (f"; its picks' regret is {span(regrets, lambda x: f'{x:.2f}')}" if regrets else ''))
   if thesis:
+    worst = max((r['regret'] for r in thesis if r['regret'] is not None), default=None)
     text += (f". [T]'s equations are off by "
-             f"{span([r['median_log_error'] for r in thesis], _percent)} with regret up to "
-             f"{max(r['regret'] for r in thesis if r['regret'] is not None):.2f}")
+             f"{span([r['median_log_error'] for r in thesis], _percent)}"
+             + (f' with regret up to {worst:.2f}' if worst is not None else ''))
   return text + '.'
 
 
