@@ -4,7 +4,9 @@ from `analysis.steptime.measure`'s JSON files.
   python -m analysis.steptime.compare resnet34.json [squeezenet.json ...] --out report/
 
 Writes into --out:
-  report.md     per network: the measured inputs (t_grad alone and under contention, t_comm,
+  report.md     every network and setting at a glance, and in one sentence on how many the
+                parts model meets the goal (held-out error ≤ 10 %, regret ≤ 1.05); then per
+                network: the measured inputs (t_grad alone and under contention, t_comm,
                 each collective kind's calibrated per-call costs and α-β fit), speedup
                 against N measured (with the repetitions' spread) next to predicted, the
                 error of each prediction, the held-out summary per model and setting
