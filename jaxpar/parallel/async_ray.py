@@ -104,7 +104,7 @@ class _Worker:
   def threads(self) -> int:
     """The OpenMP threads a oneDNN convolution of this worker takes (0: none run here)."""
     from jaxpar.models import onednn
-    return onednn.threads() if jax.default_backend() == 'cpu' and onednn.available() else 0
+    return onednn.threads() if jax.default_backend() == 'cpu' else 0
 
   def compute(self, position, stats, *parts):
     """Gradient of the batch at `position` of this worker's shard on the pulled weights:
