@@ -121,6 +121,13 @@ def _device(r) -> str:
   return kind.removeprefix('NVIDIA ') if r.get('backend', 'cpu') != 'cpu' else 'cpu'
 
 
+def host(machine: dict) -> str:
+  """A measurement's CPU host in a table cell (compile_bench's and ray_worker_bench's tables):
+  'AMD EPYC, 2 cores, AVX2'."""
+  return (f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
+          f"{machine.get('cpu_isa', '?')}")
+
+
 def _date(r) -> str:
   return r.get('created', '')[:10] or '?'
 

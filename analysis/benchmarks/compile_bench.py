@@ -101,13 +101,14 @@ def run(argv: list[str], rounds: int) -> dict:
 
 def table(results: list[dict]) -> str:
   """Markdown: one row per run, the compile time under each setting and their ratio."""
+  from analysis.benchmarks import bench_table
   lines = ['| network | input | compute | batch | measured | machine | jax | compile, system (s) '
            '| compile, keep (s) | keep / system (quartiles) | arenas: system, keep |',
            '|---|---|---|---:|---|---|---|---:|---:|---:|---|']
   for r in results:
     s, k, m = r['settings']['system'], r['settings']['keep'], r['machine']
     q = r['keep_over_system_quartiles']
-    host = f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('cpu_isa', '?')}"
+    host = bench_table.host(m)
     lines.append(
         f"| {r['network']} | {r['image_size']}² | {r['dtype']} | {r['global_batch']} "
         f"| {r['created'][:10]} | {host} | {r['versions'].get('jax', '?')} "

@@ -104,12 +104,13 @@ def run(cfg, cpus: list[int], rounds: int, reps: int) -> dict:
 
 def table(results: list[dict]) -> str:
   """Markdown: one row per run and setting beyond the first, its time against the first's."""
+  from analysis.benchmarks import bench_table
   lines = ['| network | input | compute | batch | measured | machine | jax | CPUs reserved '
            '| oneDNN threads | gradient (s) | one CPU / this (quartiles) |',
            '|---|---|---|---:|---|---|---|---:|---:|---:|---:|']
   for r in results:
     m = r['machine']
-    host = f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('cpu_isa', '?')}"
+    host = bench_table.host(m)
     first = next(iter(r['settings']))
     for cpus, s in r['settings'].items():
       ratio = r['ratios'].get(f'{first}/{cpus}')
