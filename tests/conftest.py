@@ -12,8 +12,16 @@ while its peer waits in the first collective can exceed gloo's 30 s rendezvous.
 Everything the tests compile, in this process and in those it launches, is compiled without
 LLVM's optimisation passes (`--xla_backend_optimization_level=0`): the same arithmetic, and
 compiling is most of the suite's time (43 tests of test_servers, test_gossip and
-test_one_device: 176 s optimised, 110 s without). Runs and measurements outside the tests
-keep XLA's defaults.
+test_one_device: 176 s optimised, 110 s without). Where the jaxlib still has them (jax
+0.10; jax 0.12's has not, and an unknown flag in XLA_FLAGS aborts the process, so the
+session's first process asks a child first), with XLA's older CPU fusion emitters
+(`--xla_cpu_use_fusion_emitters=false`, LLVM IR instead of MLIR): a SqueezeNet step compiles
+in 2.7-3.5 s instead of 4.5-5.1 s, GoogLeNet's in 8.8 s instead of 16.7 s, and the whole
+suite took 22.5 minutes instead of 33.0 (2 cores of an AVX2-only AMD EPYC, 2026-11-29).
+They fuse differently, and so round differently: two programs of the same maths that round
+alike with the default emitters can differ in the last bits (tests/test_servers.py's AdamW,
+tests/test_accuracy.py's staleness simulator). Runs and measurements outside the tests keep
+XLA's defaults.
 
 With `JAXPAR_TEST_REPORT=PATH` the session writes what it ran to PATH as JSON (counts by
 outcome, seconds, the marker expression, date, machine, versions, commit; `JAXPAR_TEST_LEG`
@@ -26,14 +34,29 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 _FAST_COMPILE = '--xla_backend_optimization_level=0'
-if _FAST_COMPILE not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
+OLDER_EMITTERS = '--xla_cpu_use_fusion_emitters=false'
+
+
+def _xla_accepts(flag: str) -> bool:
+  """Whether this jaxlib starts with `flag` in XLA_FLAGS (an unknown one aborts it)."""
+  done = subprocess.run([sys.executable, '-c', 'import jax; jax.devices()'],
+                        env={**os.environ, 'XLA_FLAGS': flag, 'JAX_PLATFORMS': 'cpu'},
+                        capture_output=True, timeout=300)
+  return done.returncode == 0
+
+
 if 'JAXPAR_TEST_XLA_CACHE' not in os.environ:  # the session's first process
+  # Its workers and the processes the tests launch inherit XLA_FLAGS.
+  _flags = [_FAST_COMPILE] + ([OLDER_EMITTERS] if _xla_accepts(OLDER_EMITTERS) else [])
+  os.environ['XLA_FLAGS'] = ' '.join(
+      [os.environ.get('XLA_FLAGS', '')] + [f for f in _flags
+                                           if f not in os.environ.get('XLA_FLAGS', '')]).strip()
   os.environ['JAXPAR_TEST_XLA_CACHE'] = tempfile.mkdtemp(prefix='jaxpar-tests-xla-cache-')
   atexit.register(shutil.rmtree, os.environ['JAXPAR_TEST_XLA_CACHE'], ignore_errors=True)
 
@@ -71,7 +94,8 @@ def pytest_report_header(config):
   """The versions this run tests (CI runs the suite on the oldest and the newest supported)."""
   import platform
   found = ', '.join(f"{name} {version or 'absent'}" for name, version in _versions().items())
-  return f'jaxpar on Python {platform.python_version()}: {found}'
+  return (f'jaxpar on Python {platform.python_version()}: {found}; '
+          f"compiled with XLA_FLAGS={os.environ['XLA_FLAGS']}")
 
 
 def pytest_sessionfinish(session, exitstatus):

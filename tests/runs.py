@@ -17,13 +17,20 @@ from jaxpar.step import TrainState, init_state, loss_and_logits, make_train_step
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def process_env(share_compiled: bool = False) -> dict:
+def process_env(share_compiled: bool = False, default_emitters: bool = False) -> dict:
   """The environment of a process a test launches: the repository importable, conftest's
-  XLA_FLAGS (compiled without LLVM's optimisations). `share_compiled`: the session's
-  persistent compilation cache too, for a run of one process (a measurement's second
-  repetition compiles its first one's programs); never for a multi-process run, where
-  only some processes would find their programs there (conftest)."""
+  XLA_FLAGS (compiled without LLVM's optimisations, with XLA's older CPU emitters where the
+  jaxlib has them). `share_compiled`: the session's persistent compilation cache too, for a
+  run of one process (a measurement's second repetition compiles its first one's programs);
+  never for a multi-process run, where only some processes would find their programs there
+  (conftest). `default_emitters`: XLA's own CPU emitters, for a run whose two programs of
+  the same maths are compared through a diverging trajectory, which magnifies any
+  difference in their rounding."""
   env = {**os.environ, 'PYTHONPATH': ROOT}
+  if default_emitters:
+    from conftest import OLDER_EMITTERS
+    env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
+                                if f != OLDER_EMITTERS)
   if share_compiled:
     env['JAX_COMPILATION_CACHE_DIR'] = os.environ['JAXPAR_TEST_XLA_CACHE']
     env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'  # 55 → 45 s a repetition

@@ -318,8 +318,11 @@ def test_tta_end_to_end_on_a_small_network(tmp_path, data_dir):
        '--devices=2', '--families=batch,staleness,async', '--batch_sizes=4,8', '--fit_batch=4,8',
        '--staleness=0,1', '--fit_staleness=0,1', '--async_workers=2', '--noise_batches=2',
        f'--out={out}', f'--report={report}'],
-      env=process_env(share_compiled=True), capture_output=True, text=True, timeout=900,
-      cwd=ROOT)
+      # The simulator's program and the serial run's round alike with XLA's own CPU emitters
+      # (the curves agree to 1e-4 up to loss 139 at step 16); with its older ones (conftest)
+      # they differ in the last bits, magnified to 0.5 % by step 8 at this rate.
+      env=process_env(share_compiled=True, default_emitters=True), capture_output=True,
+      text=True, timeout=900, cwd=ROOT)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
   result = json.loads(out.read_text())
   runs = {(r['family'], r['x']): r for r in result['runs']}

@@ -43,7 +43,11 @@ def _assert_trains_like_all_reduce(name, server):
   ref, ref_losses = _all_reduce_run(name)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   assert losses[2] != losses[0]
-  assert_trees_close(state.params, ref.params, rtol=1e-4, atol=1e-6)
+  # Adam's step is m/(√v + ε), whatever the gradient's size: for a weight whose gradients
+  # are small, the programs' different summation orders (the greedy placement's packed
+  # vectors) move it by a few 1e-6 (one element in 576 at 1.5e-4 of its value, compiled with
+  # XLA's older CPU emitters, tests/conftest.py): atol 1e-5 is 1e-3 of one step (rate 0.01).
+  assert_trees_close(state.params, ref.params, rtol=1e-4, atol=1e-5 if name == 'adamw' else 1e-6)
   assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-4, atol=1e-6)
   return state
 
