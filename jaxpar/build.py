@@ -107,11 +107,13 @@ def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_step
 
 
 def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng,
-                  abstract: bool = False) -> TrainState:
+                  abstract: bool = False, variables=None) -> TrainState:
   """Freshly initialised parameters, BN statistics and optimizer state, in the
-  strategy's layout on the mesh (`abstract`: their shapes and shardings only)."""
+  strategy's layout on the mesh (`abstract`: their shapes and shardings only; `variables`:
+  the model's initial ones, made already: `step.init_state`)."""
   return init_state(model, tx, strategy, mesh, _input_shape(cfg, channels), rng,
-                    loss_scaling=cfg.loss_scaling == 'dynamic', abstract=abstract)
+                    loss_scaling=cfg.loss_scaling == 'dynamic', abstract=abstract,
+                    variables=variables)
 
 
 def timing_steps(cfg) -> int:
@@ -131,14 +133,19 @@ def for_timing(cfg, num_classes: int, channels: int, mesh, abstract: bool = Fals
   return network, method, tx, timing_state(cfg, network, tx, method, channels, mesh, abstract)
 
 
-def timing_state(cfg, model, tx, strategy, channels: int, mesh, abstract: bool = False):
-  """`for_timing`'s state: the same seed whether made with it or afterwards."""
-  return initial_state(cfg, model, tx, strategy, channels, mesh, jax.random.key(0), abstract)
+def timing_state(cfg, model, tx, strategy, channels: int, mesh, abstract: bool = False,
+                 variables=None):
+  """`for_timing`'s state: the same seed whether made with it or afterwards (or from the
+  model's `variables`, made already)."""
+  return initial_state(cfg, model, tx, strategy, channels, mesh, jax.random.key(0), abstract,
+                       variables)
 
 
-def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):
+def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng, train_step=None):
   """`loop(state) -> (state, metrics)`, called `steps` times from `state`: one synchronous
-  step on the next global batch, or (async) one applied push of a worker's batch."""
+  step on the next global batch, or (async) one applied push of a worker's batch.
+  `train_step`: a synchronous scheme's `make_train_step`, made already (`jaxpar.plan`
+  lowers it first to read its collectives; calling that one reuses its trace)."""
   a = cfg.async_sgd
   if config_lib.on_ray(cfg):  # each worker reads its own shard, where it runs
     return RayDownpour(model, tx, strategy, functools.partial(worker_batches, cfg), steps, rng,
@@ -153,7 +160,8 @@ def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng):
   if config_lib.method(cfg) == 'async':
     return Downpour(model, tx, strategy, batches, steps, rng, cfg.grad_accum_steps,
                     a.max_staleness, a.lr_staleness)
-  return Synchronous(make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps),
+  return Synchronous(train_step or make_train_step(model, tx, mesh, strategy,
+                                                  cfg.grad_accum_steps),
                      pipeline.prefetch_to_device(batches, mesh), rng)
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from jaxpar import config as config_lib
@@ -150,6 +151,65 @@ def test_a_candidate_is_lowered_from_its_state_s_shapes_as_from_the_state(server
   batch = to_global(mesh, probe.synthetic_batch(64, c, meta))
   key = jax.random.key(1)
   assert step.lower(shapes, batch, key).as_text() == step.lower(state, batch, key).as_text()
+  if server != 'distributed':
+    return
+  # The plan's states start from the network's initial weights made once on the host
+  # (`probe.initial_variables`): training's state at the config's seed, in the same layout
+  # (the distributed server's sharded optimizer state too).
+  rng_init, _ = jax.random.split(jax.random.key(c.seed))
+  fresh = build.initial_state(c, model, tx, strategy, 1, mesh, rng_init)
+  made = build.initial_state(c, model, tx, strategy, 1, mesh, rng_init,
+                             variables=probe.initial_variables(c, meta))
+  assert jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), made) == jax.tree.map(
+      lambda x: (x.shape, x.dtype, x.sharding), fresh)
+  jax.tree.map(np.testing.assert_array_equal, made, fresh)
+
+
+def test_t_grad_on_n_devices_is_each_device_s_own_gradients_in_one_program():
+  """`probe.gradient_call` on 2 devices: one program in which each device computes the
+  gradients of its own batch, nothing exchanged: each device's equals the one-device call's
+  (a sum over the devices would be twice it)."""
+  import jax
+  from jaxpar.plan import probe
+  meta = {'num_classes': 10, 'channels': 1}
+  c = planner.with_overrides(_config(), probe.one_device_overrides(_config(), 16))
+  variables = probe.initial_variables(c, meta)
+  one = jax.device_get(probe.gradient_call(c, meta, 16, 1, variables)())
+  two = probe.gradient_call(c, meta, 16, 2, variables)()
+  assert {d for x in jax.tree.leaves(two) for d in x.devices()} == set(jax.devices()[:2])
+  two = jax.device_get(two)
+  for i in range(2):  # two programs of the same maths: rounding apart (2e-6 on weights ~1)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-5),
+                 two, one)
+
+
+def test_a_timed_candidate_traces_and_lowers_its_step_once(data_dir):
+  """`probe.step_call` lowers a candidate's step to read its collectives; its windows call
+  that step (one trace, one lowering, at most one compile — none where the tests' compile
+  cache has it), and a window after `close()` starts a new loop with the compiled program."""
+  import jax
+  from jaxpar.data import sources
+  from jaxpar.plan import probe
+  c = _config(**{'dataset.data_dir': data_dir, 'mesh.shape': (2,), 'mesh.axes': ('data',)})
+  validation.validate(c)
+  source = sources.open_source(c.dataset)
+  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  events = []
+
+  def listener(event, seconds, **kwargs):
+    events.append((event.rsplit('/', 1)[-1], kwargs.get('fun_name')))
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    collectives, window = probe.step_call(c, meta, source, probe.initial_variables(c, meta))
+    assert collectives and window(2) > 0
+    window.close()
+    assert window(2) > 0
+    window.close()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert events.count(('jaxpr_trace_duration', 'step')) == 1
+  assert events.count(('jaxpr_to_mlir_module_duration', 'jit(step)')) == 1
+  assert events.count(('backend_compile_duration', 'jit(step)')) <= 1
 
 
 def test_ranking_picks_the_hand_worked_fastest():

@@ -120,12 +120,14 @@ def make(cfg, log=logging.info) -> dict:
       f'gradients every {p.eval_every} steps).')
   singles = sorted({c.device_batch for c in found if c.devices == 1} | {b})
   timed_alone = [c for c in found if c.devices == 1] if processes > 1 else []
+  # The network's initial weights, made once: every state and gradient below starts there.
+  variables = probe.initial_variables(one, meta)
   if processes > 1:
     alone = multihost.from_process_0('plan/one-device', lambda: one_device_in_child(
         one, target, singles, timed_alone, started + p.budget_s / 2, log))
   else:
     alone = measure_one_device(one, source, meta, target, singles, [],
-                               started + p.budget_s / 2, log)
+                               started + p.budget_s / 2, log, variables)
   serial = alone['serial']
   k_b, how = serial['K'], 'reached'
   if k_b is None:
@@ -147,11 +149,9 @@ def make(cfg, log=logging.info) -> dict:
   # On N devices at once where a candidate computes on N (emulated CPU devices share cores;
   # across processes each process computes on its own devices at once).
   t_grad = {(int(batch), 1): seconds for batch, seconds in alone['t_grad'].items()}
-  variables = None  # the network's initial weights: initialised once (a compile of their own)
   for key in sorted({(c.device_batch, c.devices) for c in found if c.devices > 1}):
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': key[0]}), meta,
                                key[0], key[1] // processes, variables)
-    variables = call.variables
     multihost.barrier(f'plan/t_grad/{key}')
     t_grad[key] = agree(float(np.median(calibrate.timed(call, p.measure_steps, 2))))
   overhead = (t_one - t_grad[b, 1]) if t_one else 0.0
@@ -188,7 +188,7 @@ def make(cfg, log=logging.info) -> dict:
     else:
       cfg_c = with_overrides(one, c.overrides())
       validation.validate(cfg_c)
-      collectives, calls_of[c] = probe.step_call(cfg_c, meta, source)
+      collectives, calls_of[c] = probe.step_call(cfg_c, meta, source, variables)
     row['collectives'] = len(collectives)
     comm = costs.step(collectives) if costs and collectives else 0.0
     row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, comm)
@@ -277,29 +277,32 @@ class _Agree:
 
 
 # =============================================================================== one device
-def measure_one_device(one, source, meta, target, batches, timed, deadline, log) -> dict:
+def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
+                       variables=None) -> dict:
   """Phase 1 and the one-device part of phase 2: the serial run of `one` (the one-device
   config, until the target, `plan.max_steps` or `deadline`), t_grad at each of `batches`
   on one device, and — for a plan across processes, whose one-device candidates run as
   a process of their own — the steps of `timed` ([(label, overrides)]) timed as phase 5
   does (windows in turn). JSON-ready: {'serial', 't_grad': {batch: s}, 'windows': {label:
-  [s, ...]}}."""
+  [s, ...]}}. `variables`: the network's initial weights (`probe.initial_variables`), made
+  here without them."""
   from jaxpar import validation
   p = one.plan
+  if variables is None:
+    variables = probe.initial_variables(one, meta)
   serial = probe.serial_run(one, source, target, eval_every=p.eval_every,
                             max_steps=p.max_steps, deadline=deadline,
-                            noise_batches=p.noise_batches, log=log)
-  t_grad, variables = {}, None
+                            noise_batches=p.noise_batches, log=log, variables=variables)
+  t_grad = {}
   for batch in batches:
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': batch}), meta, batch, 1,
                                variables)
-    variables = call.variables
     t_grad[str(batch)] = float(np.median(calibrate.timed(call, p.measure_steps, 2)))
   calls, windows = {}, {}
   for label, overrides in timed:
     cfg_c = with_overrides(one, overrides)
     validation.validate(cfg_c)
-    calls[label] = probe.step_call(cfg_c, meta, source)[1]
+    calls[label] = probe.step_call(cfg_c, meta, source, variables)[1]
     calls[label](2)  # compiles, starts the input pipeline
     windows[label] = []
   labels = list(calls)

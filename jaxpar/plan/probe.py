@@ -11,6 +11,7 @@
   gradient_call  t_grad: one device, one batch's gradients ([T]'s definition).
   step_call      a candidate's train step on its N devices: the collectives of its
                  lowered program (`hlo.collectives`) to cost, and a call to time it.
+  initial_variables  the network's initial weights, made once for all of the above.
   machine, versions  what a measurement ran on, recorded beside it.
 """
 import math
@@ -94,10 +95,32 @@ def one_device_overrides(cfg, batch: int) -> dict:
           'distributed.process_id': 0}
 
 
+def initial_variables(cfg, meta) -> dict:
+  """The network's initial {'params', 'batch_stats'?} at `cfg.seed`, as training starts
+  from them (`jaxpar.train`), on the host: the serial run, t_grad and every timed step
+  start from these, initialised once (a compiled program of its own: SqueezeNet at 16²,
+  2 s; in a state with the optimizer's on 2 emulated devices, 3-4 s a candidate)."""
+  from jaxpar import build
+  from jaxpar.mesh import make_mesh
+  from jaxpar.step import init_compiler_options, init_variables
+
+  device = jax.local_devices()[0]  # this process's: across processes, each makes its own
+  model = build.model(cfg, meta['num_classes'], meta['channels'],
+                      make_mesh((1,), ('data',), [device]))
+  rng_init, _ = jax.random.split(jax.random.key(cfg.seed))  # jaxpar.train's
+  # One program, not an op at a time (ResNet34: 180 small compiles, 6 s).
+  return jax.device_get(jax.jit(
+      lambda: init_variables(model, (1, cfg.image_size, cfg.image_size, meta['channels']),
+                             rng_init),
+      out_shardings=jax.sharding.SingleDeviceSharding(device),
+      compiler_options=init_compiler_options())())
+
+
 def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
-               deadline: float, noise_batches: int, log=print) -> dict:
+               deadline: float, noise_batches: int, log=print, variables=None) -> dict:
   """Trains `cfg` (a one-device config, `one_device_overrides`) from its initial weights
-  until the target, `max_steps` or `deadline` (time.perf_counter()): {'curve': [(step,
+  (`variables`, made already, or made here: `initial_variables`) until the target,
+  `max_steps` or `deadline` (time.perf_counter()): {'curve': [(step,
   metric)], 'K': steps to the target or None, 'step_seconds': the mean step time of each
   window between evaluations (steps dispatched as training does, evaluations excluded, the
   first step's compilation too), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why,
@@ -114,7 +137,8 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   tx, _ = build.optimizer(cfg, model, source.channels, method, config_lib.global_batch(cfg),
                           max_steps)
   rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
-  state = build.initial_state(cfg, model, tx, method, source.channels, mesh, rng_init)
+  state = build.initial_state(cfg, model, tx, method, source.channels, mesh, rng_init,
+                              variables=variables)
   eval_step = make_eval_step(model, mesh)
   noise = noise_probe(cfg, model, source, noise_batches) if noise_batches >= 2 else None
 
@@ -234,39 +258,51 @@ def synthetic_batch(rows: int, cfg, meta, seed=0):
 def gradient_call(cfg, meta, batch: int, devices: int = 1, variables=None):
   """t_grad's call: a function computing the gradients of one batch on this process's first
   device, blocking until they are ready. With `devices` > 1, each of the first `devices`
-  computes its own batch at once (dispatched together, waited for together): t_grad under
-  the contention of an N-device step (emulated CPU devices share the cores). The weights:
-  `variables`, or the model's initial ones (a compiled program of their own); either way
-  the call's `variables`, for the next call of the same network."""
+  computes its own batch at once, as one program on all of them (its own gradients on each,
+  nothing exchanged; one compile, not one a device): t_grad under the contention of an
+  N-device step (emulated CPU devices share the cores). The weights: `variables` (the
+  network's initial ones, `initial_variables`; made here without them)."""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
   from jaxpar import build
   from jaxpar.mesh import make_mesh
-  from jaxpar.parallel.async_sgd import gradient_fn
-  from jaxpar.step import init_compiler_options, init_variables
+  from jaxpar.step import gradients
 
   targets = jax.local_devices()[:devices]
   model = build.model(cfg, meta['num_classes'], meta['channels'],
                       make_mesh(cfg.mesh.shape, cfg.mesh.axes, targets[:1], cfg.bn_group_size))
-  if variables is None:  # one program, not an op at a time (ResNet34: 180 small compiles, 6 s)
-    variables = jax.jit(lambda: init_variables(
-        model.clone(bn_axis_name=None), (1, cfg.image_size, cfg.image_size, meta['channels']),
-        jax.random.key(0)), out_shardings=jax.sharding.SingleDeviceSharding(targets[0]),
-        compiler_options=init_compiler_options())()
-  grads = gradient_fn(model)
+  model = model.clone(bn_axis_name=None)  # BatchNorm over the device's own batch
+  if variables is None:
+    variables = initial_variables(cfg, meta)
+  variables = {'params': variables['params'], 'batch_stats': variables.get('batch_stats', {})}
   data = synthetic_batch(batch, cfg, meta)
-  placed = [(jax.device_put(variables, d), jax.device_put(data, d)) for d in targets]
   rng = jax.random.key(1)
+  if devices == 1:
+    grads = jax.jit(lambda v, x: gradients(model, v['params'], v['batch_stats'], x, rng))
+    placed = jax.device_put((variables, data), targets[0])
+  else:  # each device its own copy of the weights and its own batch: stacked on a device axis
+    mesh = jax.sharding.Mesh(np.array(targets), ('device',))
+    stack = lambda tree: jax.tree.map(lambda x: np.stack([np.asarray(x)] * devices), tree)
+    each = lambda tree: jax.tree.map(lambda x: x[0], tree)
+    grads = jax.jit(jax.shard_map(
+        lambda v, x: jax.tree.map(lambda y: y[None], gradients(model, *each(
+            (v['params'], v['batch_stats'], x)), rng)),
+        mesh=mesh, in_specs=P('device'), out_specs=P('device')))
+    placed = jax.device_put(stack((variables, data)), NamedSharding(mesh, P('device')))
 
   def call():
-    return jax.block_until_ready(
-        [grads(v['params'], v.get('batch_stats', {}), x, rng) for v, x in placed])
-  call.variables = variables
+    return jax.block_until_ready(grads(*placed))
   return call
 
 
-def step_call(cfg, meta, source):
+def step_call(cfg, meta, source, variables=None):
   """A candidate's synchronous step on the first N devices: (the collectives of its lowered
   program, `window(k)`: the mean time of k steps of the training loop on `source`'s
-  batches — dispatched ahead as training does, blocked at the end; its first call compiles)."""
+  batches — dispatched ahead as training does, blocked at the end; its first call compiles
+  the program lowered here and starts from `variables`, the network's initial weights,
+  made once for every candidate: `initial_variables`). `window.close()` ends its loop;
+  a later window starts another from the initial weights, with the program compiled."""
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
@@ -283,14 +319,18 @@ def step_call(cfg, meta, source):
   step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps)
   batch = to_global(mesh, synthetic_batch(config_lib.global_batch(cfg) // jax.process_count(),
                                            cfg, meta))
+  # The loop calls this `step`: jit keeps its trace (1.3-2.4 s for that SqueezeNet) and,
+  # once called, its compiled program for the next loop.
   collectives = hlo.collectives(step.lower(shapes, batch, jax.random.key(1)).as_text())
   box = {}
 
   def window(k: int) -> float:
     if 'loop' not in box:  # from the latest state (the step donates the one it is given)
-      state = build.timing_state(cfg, model, tx, strategy, meta['channels'], mesh)
+      state = build.timing_state(cfg, model, tx, strategy, meta['channels'], mesh,
+                                 variables=initial_variables(cfg, meta) if variables is None
+                                 else variables)
       box['loop'] = build.loop(cfg, model, tx, mesh, strategy, source, state, 10**6,
-                               jax.random.key(1))
+                               jax.random.key(1), train_step=step)
       box['state'], metrics = box['loop'](state)
       jax.block_until_ready(metrics)
     start = time.perf_counter()
@@ -302,6 +342,7 @@ def step_call(cfg, meta, source):
   def close():
     if 'loop' in box:
       box.pop('loop').close()
+      box.pop('state')
 
   window.close = close
   return collectives, window
