@@ -237,7 +237,8 @@ def test_time_to_target_multiplies_k_by_the_measured_step_and_predicts_unmeasure
 def test_the_measured_noise_scale_predicts_every_batch_from_the_serial_run():
   serial = {**_run('batch', 16, 800.0), 'noise': [
       {'step': 20, 'loss': 1.0, 'b_noise': 100.0, 'g2': 1.0, 's': 100.0},
-      {'step': 40, 'loss': 0.8, 'b_noise': math.nan, 'g2': 0.0, 's': 1.0},
+      {'step': 40, 'loss': 0.8, 'b_noise': None, 'g2': 0.0, 's': 1.0},  # |G|² not estimable
+      {'step': 50, 'loss': 0.7, 'b_noise': math.nan, 'g2': 0.0, 's': 1.0},  # as written before
       {'step': 60, 'loss': 0.6, 'b_noise': 124.0, 'g2': 1.0, 's': 124.0}]}
   result = _result([serial, _run('batch', 32, 460.0), _run('batch', 64, 240.0)])
   fit = {f['model']: f for f in tta.fits(result)}['batch_measured_noise']

@@ -28,9 +28,11 @@ def test_steps_follow_the_batch_model_from_one_serial_run():
 
 
 def test_noise_near_target_reads_the_last_third():
-  track = [{'b_noise': v} for v in (1000, 5, math.nan, 7, 9, 1, 40, 60, 50)]
+  track = [{'b_noise': v} for v in (1000, 5, None, 7, 9, 1, 40, 60, 50)]
   assert rank.noise_near_target(track) == (50, 40, 60)
-  assert rank.noise_near_target([{'b_noise': math.nan}, {'b_noise': -3}]) == (math.inf,) * 3
+  # No reading (None; NaN in plans written before) or a negative one: none near the target.
+  for none in (None, math.nan):
+    assert rank.noise_near_target([{'b_noise': none}, {'b_noise': -3}]) == (math.inf,) * 3
 
 
 def test_extrapolation_follows_a_power_law_and_refuses_a_flat_curve():
@@ -429,7 +431,7 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
       assert 'collectives not costed' in ' '.join(r['notes'])
     else:
       assert (r['collectives'] > 0) == (r['devices'] > 1)
-  json.dumps(plan)  # JSON as written
+  json.dumps(plan, allow_nan=False)  # standard JSON as written: no NaN, no Infinity
   assert any(line.startswith('Plan [') and 'candidates predicted' in line for line in lines)
   # T counts the saves the run makes before step K (a save every 100 steps, timed).
   saves = plan['saves']
@@ -446,6 +448,10 @@ def test_training_and_the_plan_import_nothing_of_analysis():
       capture_output=True, text=True, env=process_env(), timeout=120, cwd=ROOT)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip() == '[]'
+
+
+def _not_json(constant):
+  raise ValueError(f'{constant} is not JSON')
 
 
 @pytest.mark.slow
@@ -466,7 +472,7 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
       capture_output=True, text=True, env={**process_env(), 'PYTHON': sys.executable},
       cwd=ROOT, timeout=900)
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-  plan = json.loads(out.read_text())
+  plan = json.loads(out.read_text(), parse_constant=_not_json)  # standard JSON: no NaN
   assert plan['processes'] == 2 and plan['devices'] == 2
   assert plan['setting'] == '2 processes × 1 cpu device, 1 core each'
   assert len(plan['candidates']) == 14 and plan['choice']['exact']

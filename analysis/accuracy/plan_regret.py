@@ -291,6 +291,13 @@ def summary_table(pairs: list) -> str:
   return '\n'.join(lines)
 
 
+def _b_noise(reading: list) -> str:
+  """The plan's B_noise [median, low, high]; None (∞ in plans written before): no reading."""
+  if reading[0] is None or not math.isfinite(reading[0]):
+    return 'B_noise not estimable (perfect scaling assumed)'
+  return f'B_noise {reading[0]:.0f} ({reading[1]:.0f}–{reading[2]:.0f})'
+
+
 def report(plan: dict, result: dict) -> str:
   """The plan's ranked table and its end-to-end check, as one Markdown page."""
   from jaxpar.plan import planner
@@ -302,8 +309,7 @@ def report(plan: dict, result: dict) -> str:
            f"flax {v['flax']}, in {plan['planning_s']:.0f} s (budget {plan['budget_s']:g} s): "
            f"`{plan.get('command', 'python -m jaxpar.plan')}`.", '',
            f"Serial run at b = {plan['serial']['batch']}: K_b = {plan['serial']['K']:.0f} steps "
-           f"({plan['serial']['K_how']}), B_noise {plan['serial']['B_noise'][0]:.0f} "
-           f"({plan['serial']['B_noise'][1]:.0f}–{plan['serial']['B_noise'][2]:.0f}) near the "
+           f"({plan['serial']['K_how']}), {_b_noise(plan['serial']['B_noise'])} near the "
            'target.', '', '## Ranked by predicted time to the target', '',
            planner.table(plan), '']
   lines += [f"- not ranked: {e['method']}: {e['reason']}" for e in plan['excluded']]

@@ -385,12 +385,17 @@ def fits(result) -> list[dict]:
     out.append(steps_model.held_out(model, points, fit_on))
   # The batch model again with B_noise as measured along the serial run, K_min fitted on
   # that run's batch alone: every other batch size held out.
-  measured = [p['b_noise'] for p in noise_track(result) if math.isfinite(p['b_noise'])]
+  measured = [p['b_noise'] for p in noise_track(result) if _estimated(p['b_noise'])]
   points = [(x, k) for (f, x), e in sorted(table.items()) if f == 'batch' for k in e['Ks']]
   if measured and result['batch'] in {x for x, _ in points}:
     model = steps_model.batch_with_noise_scale(float(np.median(measured)))
     out.append(steps_model.held_out(model, points, [result['batch']]))
   return out
+
+
+def _estimated(b_noise) -> bool:
+  """A reading of B_noise: None (NaN in results written before) where |G|² was not."""
+  return b_noise is not None and math.isfinite(b_noise)
 
 
 def noise_track(result) -> list[dict]:
@@ -517,7 +522,9 @@ def report(result, measured: dict | None = None) -> str:
   if track:
     lines += ['', '## Gradient noise scale along the serial run', '',
               '| step | training loss | B_noise |', '|---:|---:|---:|']
-    lines += [f"| {p['step']} | {p['loss']:.3f} | {p['b_noise']:.1f} |" for p in track]
+    lines += [f"| {p['step']} | {p['loss']:.3f} | "
+              + (f"{p['b_noise']:.1f} |" if _estimated(p['b_noise']) else '– (\\|G\\|² ≤ 0) |')
+              for p in track]
   lines += ['', '## Models of K, judged on settings no fit saw', '',
             f"Noise floor (median spread of K over seeds): {_pct(seed_spread(result))}.", '',
             '| model | fitted on | parameters | held out: predicted / measured | median error |',

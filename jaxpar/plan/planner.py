@@ -229,7 +229,8 @@ def make(cfg, log=logging.info) -> dict:
       'setting': _setting(available),
       'target': target.to_dict(), 'budget_s': p.budget_s, 'planning_s': elapsed,
       'serial': {'batch': b, 'K': k_b, 'K_how': how, 'curve': serial['curve'],
-                 'noise': serial['noise'], 'B_noise': list(noise), 't_step': t_one,
+                 'noise': serial['noise'], 't_step': t_one,
+                 'B_noise': [x if math.isfinite(x) else None for x in noise],  # ∞: none
                  'stopped': serial['stopped']},
       't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()],
       'overhead_s': overhead, 'calls': calls, 'saves': saves,

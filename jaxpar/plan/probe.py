@@ -163,7 +163,7 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
       if noise:
         track.append({'step': step, **noise(method.variables(state))})
       log(f'  serial step {step}: {target.kind} metric {curve[-1][1]:.4f}'
-          + (f", B_noise {track[-1]['b_noise']:.1f}" if track else ''))
+          + (f", B_noise {_reading(track[-1]['b_noise'])}" if track else ''))
       if curve[-1][1] <= target.threshold:
         stopped = 'reached'
         break
@@ -175,6 +175,10 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   loop.close()
   return {'curve': curve, 'K': steps_model.reached(curve, target.threshold),
           'step_seconds': seconds, 'noise': track, 'stopped': stopped, 'save_seconds': saves}
+
+
+def _reading(b_noise) -> str:
+  return f'{b_noise:.1f}' if b_noise is not None else 'not estimable (|G|² estimate ≤ 0)'
 
 
 def save_seconds(state, step=None, repeats: int = 3) -> float:
@@ -227,7 +231,9 @@ def save_seconds(state, step=None, repeats: int = 3) -> float:
 
 def noise_probe(cfg, model, source, count: int):
   """variables → {'b_noise', 'g2', 's'}: `count` gradients of batch b at those weights,
-  from a stream apart from training's (`noise_scale.device_norms` of them)."""
+  from a stream apart from training's (`noise_scale.device_norms` of them). 'b_noise' is
+  None where the estimate of |G|² is not positive (the gradients' noise swamps their mean:
+  no reading at those weights; JSON has no NaN)."""
   from jaxpar import build
   from jaxpar.step import gradients
   one = model.clone(bn_axis_name=None)
@@ -243,7 +249,7 @@ def noise_probe(cfg, model, source, count: int):
     stacked = jax.tree.map(lambda *g: np.stack(g), *grads)
     small, big = noise_scale.device_norms(stacked)
     g2, trace = noise_scale.two_batch_estimates(small, big, b, count * b)
-    return {'g2': g2, 's': trace, 'b_noise': trace / g2 if g2 > 0 else math.nan}
+    return {'g2': g2, 's': trace, 'b_noise': trace / g2 if g2 > 0 else None}
   return probe
 
 

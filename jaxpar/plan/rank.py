@@ -39,10 +39,11 @@ def steps_at(k_b: float, b: float, b_noise: float, batch: float) -> float:
 
 def noise_near_target(track: list, share: float = 1 / 3) -> tuple:
   """(B_noise, low, high) from the readings in the last `share` of the run (at least two,
-  or all): the median and the range; (∞, ∞, ∞) where none is finite and positive."""
+  or all): the median and the range; (∞, ∞, ∞) where none is finite and positive (a
+  reading is None, or NaN in plans written before, where |G|² was not estimable)."""
   values = [r['b_noise'] for r in track]
   tail = values[-max(2, math.ceil(len(values) * share)):]
-  finite = [v for v in tail if math.isfinite(v) and v > 0]
+  finite = [v for v in tail if v is not None and math.isfinite(v) and v > 0]
   if not finite:
     return math.inf, math.inf, math.inf
   return float(np.median(finite)), float(min(finite)), float(max(finite))
