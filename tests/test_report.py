@@ -14,6 +14,28 @@ def test_every_committed_table_is_what_the_json_gives():
   assert not stale, f'run python -m analysis.report: {stale} differ from the committed JSON'
 
 
+def test_every_committed_result_is_standard_json():
+  """No NaN or Infinity (Python writes them by default; JSON has neither, and other
+  readers refuse them): a value that is not a number is null."""
+  import glob
+  import json
+
+  def refused(constant):
+    raise ValueError(f'{constant} is not JSON')
+  files = [path for folder in ('analysis', 'jaxpar')
+           for path in glob.glob(os.path.join(report.ROOT, folder, '**', '*.json'),
+                                 recursive=True)]
+  assert len(files) > 100
+  bad = []
+  for name in files:
+    with open(name) as f:
+      try:
+        json.load(f, parse_constant=refused)
+      except ValueError as e:
+        bad.append(f'{name}: {e}')
+  assert not bad, bad
+
+
 def test_the_readme_holds_the_headline_tables():
   with open(os.path.join(report.ROOT, 'README.md')) as f:
     text = f.read()
