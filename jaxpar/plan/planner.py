@@ -157,7 +157,8 @@ def make(cfg, log=logging.info) -> dict:
   overhead = (t_one - t_grad[b, 1]) if t_one else 0.0
   log(f'Plan [{time.perf_counter() - started:.0f} s]: t_grad ' + ', '.join(
       f'b={k[0]} on {k[1]}: {v * 1e3:.2f} ms' for k, v in t_grad.items())
-      + f'; non-gradient work of the one-device step {overhead * 1e3:.2f} ms.')
+      + f'; non-gradient work of the one-device step {overhead * 1e3:.2f} ms'
+      + (' (negative: within the timing noise, taken as 0).' if overhead < 0 else '.'))
 
   # --------------------------------------------------------------- 3. the collectives' costs
   costs, calls = None, None

@@ -1,0 +1,105 @@
+"""Which of `host_memory='keep'`'s three malloc settings costs a step, and which saves one.
+
+`keep` (jaxpar/host_memory.py) asks glibc for one arena for every thread (M_ARENA_MAX = 1),
+direct mmap only above 2 GiB and no trimming. The last two keep a step's temporaries mapped
+from one step to the next; the first lets the main heap hold blocks above 64 MiB (a thread's
+own arena cannot) at the price of one lock for every thread's malloc. This times the
+one-device training loop `jaxpar.plan` times (`probe.step_call`: real input, dispatched as
+training dispatches, 5 windows of 10 steps after a warm-up window) in a fresh process per
+setting, the settings in turn per round:
+
+  system   malloc as glibc sets it
+  keep     jaxpar's `keep` (all three settings)
+  mapped   mmap threshold and no trimming only: each thread keeps its own arena
+
+  python -m analysis.benchmarks.malloc_bench --out analysis/report/host_memory/arenas.json \
+      --cells squeezenet:auto:64 squeezenet:xla:64 resnet34_2d:auto:32 --rounds 2
+
+JSON: the date, machine and versions, and per cell and setting each window's ms a step and
+the minor page faults a step (`getrusage`).
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+SETTINGS = ('system', 'keep', 'mapped')
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
+  import ctypes
+  libc = ctypes.CDLL(None)
+  if setting == 'keep':
+    from jaxpar import host_memory
+    host_memory.keep_freed_memory('keep')
+  elif setting == 'mapped':
+    libc.mallopt(_M_MMAP_THRESHOLD, 2**31 - 1)
+    libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+  import resource
+
+  import numpy as np
+
+  from jaxpar import validation
+  from jaxpar.data import sources
+  from jaxpar.plan import planner, probe
+  import importlib.util
+  path = os.path.join(os.path.dirname(__file__), '..', '..', 'configs', f'{net}.py')
+  spec = importlib.util.spec_from_file_location(net, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = module.get_config()
+  cfg.image_size = 16
+  cfg.update_from_flattened_dict({'conv_impl': conv, 'plan.target_loss': 0.5,
+                                  **({'dataset.data_dir': data_dir} if data_dir else {})})
+  one = planner.with_overrides(cfg, probe.one_device_overrides(cfg, batch))
+  validation.validate(one)
+  source = sources.open_source(one.dataset)
+  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  _, window = probe.step_call(one, meta, source, probe.initial_variables(one, meta))
+  window(5)
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  ms = [window(10) * 1e3 for _ in range(5)]
+  faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 50
+  window.close()
+  return {'ms': ms, 'median_ms': float(np.median(ms)), 'faults_a_step': faults}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--out', required=True)
+  parser.add_argument('--cells', nargs='+', default=['squeezenet:auto:64'],
+                      help='NETWORK:CONV_IMPL:BATCH (a configs/ name, 16² images)')
+  parser.add_argument('--rounds', type=int, default=2)
+  parser.add_argument('--data_dir', default='')
+  parser.add_argument('--child', nargs=4, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.child:
+    setting, net, conv, batch = args.child
+    print(json.dumps(child(setting, net, conv, int(batch), args.data_dir)))
+    return
+  from jaxpar.plan import probe
+  result = {'tool': 'analysis.benchmarks.malloc_bench',
+            'created': datetime.datetime.now().isoformat(timespec='seconds'),
+            'machine': probe.machine(), 'versions': probe.versions(), 'cells': []}
+  for cell in args.cells:
+    net, conv, batch = cell.split(':')
+    row = {'network': net, 'conv_impl': conv, 'batch': int(batch),
+           'settings': {s: [] for s in SETTINGS}}
+    for _ in range(args.rounds):
+      for setting in SETTINGS:
+        done = subprocess.run(
+            [sys.executable, '-m', 'analysis.benchmarks.malloc_bench', '--out', args.out,
+             '--data_dir', args.data_dir, '--child', setting, net, conv, batch],
+            capture_output=True, text=True, check=True)
+        row['settings'][setting].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(cell, setting, row['settings'][setting][-1]['median_ms'], flush=True)
+    result['cells'].append(row)
+  with open(args.out, 'w') as f:
+    json.dump(result, f, indent=1, allow_nan=False)
+
+
+if __name__ == '__main__':
+  main()
