@@ -263,11 +263,12 @@ def synthetic_batch(rows: int, cfg, meta, seed=0):
 
 def gradient_call(cfg, meta, batch: int, devices: int = 1, variables=None):
   """t_grad's call: a function computing the gradients of one batch on this process's first
-  device, blocking until they are ready. With `devices` > 1, each of the first `devices`
-  computes its own batch at once, as one program on all of them (its own gradients on each,
-  nothing exchanged; one compile, not one a device): t_grad under the contention of an
-  N-device step (emulated CPU devices share the cores). The weights: `variables` (the
-  network's initial ones, `initial_variables`; made here without them)."""
+  device, blocking until they are ready (stacked on a leading device axis). With `devices`
+  > 1, each of the first `devices` computes its own batch at once, as one program on all
+  of them (its own gradients on each, nothing exchanged; one compile, not one a device):
+  t_grad under the contention of an N-device step (emulated CPU devices share the cores).
+  The weights: `variables` (the network's initial ones, `initial_variables`; made here
+  without them)."""
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
@@ -284,25 +285,22 @@ def gradient_call(cfg, meta, batch: int, devices: int = 1, variables=None):
   variables = {'params': variables['params'], 'batch_stats': variables.get('batch_stats', {})}
   data = synthetic_batch(batch, cfg, meta)
   rng = jax.random.key(1)
-  if devices == 1:
-    grads = jax.jit(lambda v, x: gradients(model, v['params'], v['batch_stats'], x, rng))
-    placed = jax.device_put((variables, data), targets[0])
-  else:  # each device its own copy of the weights and its own batch: stacked on a device axis
-    mesh = jax.sharding.Mesh(np.array(targets), ('device',))
-    stack = lambda tree: jax.tree.map(lambda x: np.stack([np.asarray(x)] * devices), tree)
-    each = lambda tree: jax.tree.map(lambda x: x[0], tree)
-    grads = jax.jit(jax.shard_map(
-        lambda v, x: jax.tree.map(lambda y: y[None], gradients(model, *each(
-            (v['params'], v['batch_stats'], x)), rng)),
-        mesh=mesh, in_specs=P('device'), out_specs=P('device')))
-    placed = jax.device_put(stack((variables, data)), NamedSharding(mesh, P('device')))
+  # Each device its own copy of the weights and its own batch, stacked on a device axis.
+  mesh = jax.sharding.Mesh(np.array(targets), ('device',))
+  stack = lambda tree: jax.tree.map(lambda x: np.stack([np.asarray(x)] * devices), tree)
+  each = lambda tree: jax.tree.map(lambda x: x[0], tree)
+  grads = jax.jit(jax.shard_map(
+      lambda v, x: jax.tree.map(lambda y: y[None], gradients(model, *each(
+          (v['params'], v['batch_stats'], x)), rng)),
+      mesh=mesh, in_specs=P('device'), out_specs=P('device')))
+  placed = jax.device_put(stack((variables, data)), NamedSharding(mesh, P('device')))
 
   def call():
     return jax.block_until_ready(grads(*placed))
   return call
 
 
-def step_call(cfg, meta, source, variables=None):
+def step_call(cfg, meta, source, variables):
   """A candidate's synchronous step on the first N devices: (the collectives of its lowered
   program, `window(k)`: the mean time of k steps of the training loop on `source`'s
   batches — dispatched ahead as training does, blocked at the end; its first call compiles
@@ -333,8 +331,7 @@ def step_call(cfg, meta, source, variables=None):
   def window(k: int) -> float:
     if 'loop' not in box:  # from the latest state (the step donates the one it is given)
       state = build.timing_state(cfg, model, tx, strategy, meta['channels'], mesh,
-                                 variables=initial_variables(cfg, meta) if variables is None
-                                 else variables)
+                                 variables=variables)
       box['loop'] = build.loop(cfg, model, tx, mesh, strategy, source, state, 10**6,
                                jax.random.key(1), train_step=step)
       box['state'], metrics = box['loop'](state)
