@@ -106,6 +106,14 @@ def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_step
           schedule)
 
 
+def seed_keys(seed: int):
+  """(the network's initialisation key, the dropout stream's key) of a run with
+  `config.seed=seed`. Whatever must start where `jaxpar.train` starts (the plan's serial run
+  and timed steps, time-to-accuracy, the collapse study) takes its keys from here."""
+  rng_init, rng_dropout = jax.random.split(jax.random.key(seed))
+  return rng_init, rng_dropout
+
+
 def initial_state(cfg, model, tx, strategy, channels: int, mesh, rng,
                   abstract: bool = False, variables=None) -> TrainState:
   """Freshly initialised parameters, BN statistics and optimizer state, in the

@@ -17,7 +17,6 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TensorFlow loads: no C++ INFO lines
 
-import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -92,7 +91,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   tx, schedule = build.optimizer(cfg, model, source.channels, strategy, global_batch, total_steps)
 
   # ------------------------------------------------------------------ state
-  rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
+  rng_init, rng_dropout = build.seed_keys(cfg.seed)
   state = build.initial_state(cfg, model, tx, strategy, source.channels, mesh, rng_init)
 
   # ------------------------------------------------------------------ checkpoint restore

@@ -24,9 +24,11 @@ tests/test_accuracy.py's staleness simulator). Runs and measurements outside the
 XLA's defaults.
 
 With `JAXPAR_TEST_REPORT=PATH` the session writes what it ran to PATH as JSON (counts by
-outcome, seconds, the marker expression, date, machine, versions, commit; `JAXPAR_TEST_LEG`
-names the run): `.ci/run` sets both for each leg, and docs/install.md's CI tables and the
-README's suite line are generated from the files it wrote (analysis/report/ci/).
+outcome, seconds, the marker expression, date, machine, versions, commit, and where the
+time went: each test file's seconds and the slowest tests; `JAXPAR_TEST_LEG` names the run):
+`.ci/run` sets both for each leg, and docs/install.md's CI tables, docs/testing.md's time
+table and the README's suite line are generated from the files it wrote
+(analysis/report/ci/).
 """
 import atexit
 import json
@@ -98,6 +100,31 @@ def pytest_report_header(config):
           f"compiled with XLA_FLAGS={os.environ['XLA_FLAGS']}")
 
 
+SLOWEST = 15  # tests listed by name in the report (as `--durations=15` prints them)
+
+
+def time_spent(stats: dict) -> dict:
+  """Where a session's time went, from the terminal reporter's reports (every worker's, on
+  xdist's controller): {'files': [{'file', 'tests', 'seconds'}], slowest first; 'slowest':
+  [{'test', 'seconds'}], the `SLOWEST` slowest tests}. A test's seconds are its setup, call
+  and teardown together (a fixture's setup counts where it ran); summed over the workers,
+  so with two workers a file's seconds are worker time, not the session's."""
+  tests = {}
+  for reports in stats.values():
+    for r in reports:
+      if getattr(r, 'when', None) in ('setup', 'call', 'teardown'):
+        tests[r.nodeid] = tests.get(r.nodeid, 0.0) + float(r.duration)
+  files = {}
+  for nodeid, seconds in tests.items():
+    entry = files.setdefault(nodeid.split('::')[0], {'tests': 0, 'seconds': 0.0})
+    entry['tests'] += 1
+    entry['seconds'] += seconds
+  return {'files': [{'file': f, 'tests': e['tests'], 'seconds': round(e['seconds'], 2)}
+                    for f, e in sorted(files.items(), key=lambda fe: -fe[1]['seconds'])],
+          'slowest': [{'test': t, 'seconds': round(s, 2)} for t, s in
+                      sorted(tests.items(), key=lambda ts: -ts[1])[:SLOWEST]]}
+
+
 def pytest_sessionfinish(session, exitstatus):
   """The session's JSON report where `JAXPAR_TEST_REPORT` asks for one (the controller only,
   not xdist's workers: its terminal reporter holds every worker's results)."""
@@ -121,7 +148,9 @@ def pytest_sessionfinish(session, exitstatus):
       'markexpr': session.config.option.markexpr or '', 'collected': session.testscollected,
       'outcomes': {kind: len(reports) for kind, reports in stats.items()
                    if kind and kind != 'warnings'},
-      'seconds': round(time.time() - _STARTED, 1), 'exitstatus': int(exitstatus)}
+      'seconds': round(time.time() - _STARTED, 1), 'exitstatus': int(exitstatus),
+      'workers': getattr(session.config.option, 'numprocesses', None) or 0,
+      'time': time_spent(stats)}
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, 'w') as f:
     json.dump(report, f, indent=1)

@@ -158,7 +158,7 @@ def test_a_candidate_is_lowered_from_its_state_s_shapes_as_from_the_state(server
   # The plan's states start from the network's initial weights made once on the host
   # (`probe.initial_variables`): training's state at the config's seed, in the same layout
   # (the distributed server's sharded optimizer state too).
-  rng_init, _ = jax.random.split(jax.random.key(c.seed))
+  rng_init, _ = build.seed_keys(c.seed)
   fresh = build.initial_state(c, model, tx, strategy, 1, mesh, rng_init)
   made = build.initial_state(c, model, tx, strategy, 1, mesh, rng_init,
                              variables=probe.initial_variables(c, meta))

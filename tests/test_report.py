@@ -108,3 +108,24 @@ def test_a_session_writes_what_it_ran_and_the_ci_tables_read_it(tmp_path):
   assert '| whole suite | 5 passed, 2 skipped, ' in besides and 'fresh install' not in besides
   with pytest.raises(ValueError, match="leg 'newest'"):
     ci.runs_table([newest], ci.BESIDES)
+  # Where the time went: the one test that ran, in its file, with its setup and teardown.
+  spent = leg['time']
+  assert [f['file'] for f in spent['files']] == ['tests/test_report.py']
+  assert spent['files'][0]['tests'] == 1 and [t['test'] for t in spent['slowest']] == [node]
+  assert spent['files'][0]['seconds'] == pytest.approx(spent['slowest'][0]['seconds'], abs=0.02)
+  assert 0 <= spent['slowest'][0]['seconds'] <= leg['seconds'] and leg['workers'] == 0
+  table = ci.time_table([newest, leg])  # the first leg's, whatever the files' order
+  assert "| `tests/test_report.py` | 1 |" in table and f"| `{node.removeprefix('tests/')}` |" in table
+  # Shares of the workers' seconds, the files beyond the first `files` in one row; a
+  # parametrized id holding '|' stays in its cell.
+  timed = leg | {'workers': 2, 'seconds': 25.0, 'time': {
+      'files': [{'file': f'tests/{n}.py', 'tests': t, 'seconds': s}
+                for n, t, s in (('a', 3, 30.0), ('b', 1, 10.0), ('c', 2, 6.0), ('d', 1, 4.0))],
+      'slowest': [{'test': 'tests/t.py::f[a|b]', 'seconds': 9.0}]}}
+  table = ci.time_table([timed], files=2)
+  assert '50 s of its 2 workers\' time (each busy 100% of the session' in table
+  assert '| `tests/a.py` | 3 | 30 | 60% |' in table and '| `tests/b.py` | 1 | 10 | 20% |' in table
+  assert '| the other 2 files | 3 | 10 | 20% |' in table
+  assert '| `t.py::f[a\\|b]` | 9 |' in table
+  before = {k: v for k, v in leg.items() if k != 'time'}
+  assert ci.time_table([before]).startswith("(Not recorded: CI's first leg's file of ")

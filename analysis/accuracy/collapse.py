@@ -27,7 +27,7 @@
    dead at the end (on the first 256 test digits) and the test top-1.
 
 Initialisation as a run with `config.seed=seed` has it (`jaxpar.step.init_variables` with
-the first half of `jax.random.split(jax.random.key(seed))`, the networks' published
+the initialisation key of `jaxpar.build.seed_keys(seed)`, the networks' published
 initialisers); the digits through jaxpar's input pipeline, unaugmented. Parts 1–2
 take a minute on 2 cores, part 3 a few more.
 """
@@ -43,6 +43,7 @@ import numpy as np
 from absl import app, flags
 
 from analysis.steptime.measure import machine, versions
+from jaxpar import build
 from jaxpar import config as config_lib
 from jaxpar import models
 from jaxpar.data import pipeline, sources
@@ -102,7 +103,7 @@ def network(name: str):
 
 def initial_variables(model, images, seed: int):
   """The network's variables as a run with `config.seed=seed` initialises them."""
-  rng_init, _ = jax.random.split(jax.random.key(seed))  # as jaxpar.train splits it
+  rng_init, _ = build.seed_keys(seed)
   return jax.jit(lambda: init_variables(model, (1, *images.shape[1:]), rng_init))()
 
 
@@ -173,7 +174,7 @@ def train(cfg) -> dict:
   """Trains `cfg` on one device for its epochs: {'steps', 'top1', 'classifier_dead'}."""
   import math
 
-  from jaxpar import build, validation
+  from jaxpar import validation
   from jaxpar.evaluation import evaluate
   from jaxpar.mesh import make_mesh
   from jaxpar.step import make_eval_step
@@ -185,7 +186,7 @@ def train(cfg) -> dict:
   model = build.model(cfg, source.num_classes, source.channels, mesh)
   method = build.strategy(cfg, mesh, model)
   tx, _ = build.optimizer(cfg, model, source.channels, method, cfg.global_batch, steps)
-  rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
+  rng_init, rng_dropout = build.seed_keys(cfg.seed)
   state = build.initial_state(cfg, model, tx, method, source.channels, mesh, rng_init)
   loop = build.loop(cfg, model, tx, mesh, method, source, state, steps, rng_dropout)
   for _ in range(steps):

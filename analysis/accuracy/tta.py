@@ -196,7 +196,7 @@ def run_case(cfg, case: dict, source, target: float, eval_every: int, noise_batc
   method = build.strategy(cfg, mesh, model)
   tx, _ = build.optimizer(cfg, model, source.channels, method, config_lib.global_batch(cfg),
                           cfg.total_steps)
-  rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
+  rng_init, rng_dropout = build.seed_keys(cfg.seed)
   state = build.initial_state(cfg, model, tx, method, source.channels, mesh, rng_init)
   eval_step = make_eval_step(model, mesh)
   noise = probe.noise_probe(cfg, model, source, noise_batches) if noise_batches else None

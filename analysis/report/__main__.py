@@ -303,6 +303,7 @@ TABLES = {
     'ci-versions': lambda: _ci('versions_table'),
     'ci-runs': lambda: _ci('runs_table'),
     'ci-suite': lambda: _ci('suite_line'),
+    'ci-time': lambda: _ci('time_table'),
     'ci-besides': _ci_besides,
     'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
     'plan-regret-processes': lambda: _plan_summary(*PLANS_ACROSS_PROCESSES),

@@ -1,6 +1,7 @@
 """What CI's legs ran, from the JSON each leg's pytest session wrote (tests/conftest.py,
 `JAXPAR_TEST_REPORT`; `.ci/run` writes .ci/results/LEG.json, copied to analysis/report/ci/):
-docs/install.md's versions and runs tables and the README's line on the suite.
+docs/install.md's versions and runs tables, docs/testing.md's table of where the time went
+and the README's line on the suite.
 
 A leg's file records the counts by outcome, the marker expression, the seconds from the
 session's start to its end, the date, machine, versions and commit; every figure these
@@ -99,3 +100,44 @@ def suite_line(legs: list) -> str:
              f"{leg['machine']['python']} with jax {_version(leg, 'jax')} "
              f"({leg['seconds'] / 60:.1f} minutes)")
   return text + '.'
+
+
+def time_table(legs: list, files: int = 10) -> str:
+  """Where the first leg's time went (its file's 'time': tests/conftest.py's `time_spent`):
+  the `files` costliest test files with their share of the workers' seconds, then the
+  slowest tests; one line where the leg's file predates the record."""
+  leg = ordered(legs)[0]
+  spent = leg.get('time')
+  if not spent:
+    return (f"(Not recorded: {LEGS[leg['leg']]}'s file of {leg['created'][:10]} predates the "
+            'time record; the next CI run writes it.)')
+  total = sum(f['seconds'] for f in spent['files'])
+  workers = leg.get('workers') or 1
+  lines = [f"{LEGS[leg['leg']]} ({selection(leg)}, {leg['created'][:10]}, {machine(leg)}, "
+           f"commit {(leg['commit'] or '—')[:7]}): {leg['seconds'] / 60:.1f} minutes, "
+           f"{total:,.0f} s of its {workers} workers' time"
+           + (f' (each busy {_share(total / workers, leg["seconds"])} of the session, on average)'
+              if workers > 1 else '') + '.', '',
+           '| test file | tests | worker seconds | share |', '|---|---:|---:|---:|']
+  for f in spent['files'][:files]:
+    lines.append(f"| `{f['file']}` | {f['tests']} | {f['seconds']:,.0f} | "
+                 f"{_share(f['seconds'], total)} |")
+  rest = spent['files'][files:]
+  if rest:
+    seconds = sum(f['seconds'] for f in rest)
+    lines.append(f"| the other {len(rest)} files | {sum(f['tests'] for f in rest)} | "
+                 f"{seconds:,.0f} | {_share(seconds, total)} |")
+  lines += ['', f"The {len(spent['slowest'])} slowest tests (setup, call and teardown):", '',
+            '| test | seconds |', '|---|---:|']
+  lines += [f"| `{_cell(t['test'].removeprefix('tests/'))}` | {t['seconds']:.0f} |"
+            for t in spent['slowest']]
+  return '\n'.join(lines)
+
+
+def _cell(text: str) -> str:
+  """`text` inside a Markdown table's cell: a parametrized test's id may hold a '|'."""
+  return text.replace('|', '\\|')
+
+
+def _share(part: float, whole: float) -> str:
+  return f'{part / whole:.0%}' if whole else '—'

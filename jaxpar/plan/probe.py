@@ -107,7 +107,7 @@ def initial_variables(cfg, meta) -> dict:
   device = jax.local_devices()[0]  # this process's: across processes, each makes its own
   model = build.model(cfg, meta['num_classes'], meta['channels'],
                       make_mesh((1,), ('data',), [device]))
-  rng_init, _ = jax.random.split(jax.random.key(cfg.seed))  # jaxpar.train's
+  rng_init, _ = build.seed_keys(cfg.seed)
   # One program, not an op at a time (ResNet34: 180 small compiles, 6 s).
   return jax.device_get(jax.jit(
       lambda: init_variables(model, (1, cfg.image_size, cfg.image_size, meta['channels']),
@@ -136,7 +136,7 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   method = build.strategy(cfg, mesh, model)
   tx, _ = build.optimizer(cfg, model, source.channels, method, config_lib.global_batch(cfg),
                           max_steps)
-  rng_init, rng_dropout = jax.random.split(jax.random.key(cfg.seed))
+  rng_init, rng_dropout = build.seed_keys(cfg.seed)
   state = build.initial_state(cfg, model, tx, method, source.channels, mesh, rng_init,
                               variables=variables)
   eval_step = make_eval_step(model, mesh)
