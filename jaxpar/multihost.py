@@ -123,10 +123,18 @@ class IdleGlooLoops(threading.Thread):
     self.loops = {}    # tid -> _Loop
     self.history = []  # (tid, 'idle' | 'normal', why): every change made, in order
     self._stopped = threading.Event()
+    self._retry = threading.Event()  # `retry_now`: taken by the watching thread
 
   def stop(self):
     """Ends the thread at its next wake-up; the loops keep the priority they have."""
     self._stopped.set()
+
+  def retry_now(self):
+    """Asks for idle priority again at the next judgement, for every loop put back at
+    normal priority by a busy process that is known to be gone (the plan's own one-device
+    process, `jaxpar.plan`), instead of after its backoff; the backoff starts again from
+    `retry_s`. A loop the system refused idle priority stays as it is."""
+    self._retry.set()
 
   def run(self):
     if not os.path.isdir('/proc/self/task') or not hasattr(os, 'SCHED_IDLE'):
@@ -174,6 +182,11 @@ class IdleGlooLoops(threading.Thread):
     """One judgement of every known loop, from `stats`: tid -> `_sample(tid)` (seconds run,
     seconds waiting for a core, runs, CPU seconds other processes used on its cores), None
     for a thread that has ended."""
+    if self._retry.is_set():
+      self._retry.clear()
+      for loop in self.loops.values():
+        if not loop.idle and loop.retry_at != float('inf'):
+          loop.retry_at, loop.backoff = now, self.retry_s
     for tid, stat in stats.items():
       loop = self.loops[tid]
       if stat is None:  # the thread ended (its communicator was destroyed)
@@ -257,6 +270,18 @@ def gloo_loop_history() -> list:
   """Every priority change `IdleGlooLoops` made in this process: (thread id, 'idle' or
   'normal', why), in order; empty where it does not run."""
   return list(_running.history) if _running is not None else []
+
+
+def idle_gloo_loops_again(timeout_s: float = 5.0) -> bool:
+  """After a busy process beside this one has ended: `IdleGlooLoops.retry_now`, then
+  `wait_for_idle_gloo_loops`; True if every gloo loop of this process is at idle priority
+  (False at once where no `IdleGlooLoops` runs: one process, `distributed.collective_threads
+  ='normal'`, not Linux; False after `timeout_s` where another process still keeps a loop's
+  core busy)."""
+  if _running is None:
+    return False
+  _running.retry_now()
+  return wait_for_idle_gloo_loops(timeout_s)
 
 
 def wait_for_idle_gloo_loops(timeout_s: float = 5.0) -> bool:

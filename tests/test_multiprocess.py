@@ -146,6 +146,36 @@ def test_the_loop_watch_judges_waits_beside_other_processes_and_backs_off_while_
   assert watcher.loops == {} and len(changes) == 4
 
 
+def test_retry_now_asks_for_idle_priority_at_the_next_judgement(monkeypatch):
+  """A loop put back at normal priority waits for its backoff; once the busy process is
+  known to be gone (`retry_now`, as `jaxpar.plan` says after its one-device process), the
+  next judgement sets it idle and its backoff starts again from retry_s; a loop the system
+  refused idle priority is left as it is. Without a watcher (one process, or
+  collective_threads='normal') `idle_gloo_loops_again` does not wait."""
+  watcher = multihost.IdleGlooLoops(retry_s=10.0)
+  changes = []
+  watcher._set = lambda tid, idle, why: changes.append((tid, idle, why)) or True
+  sample = (1.0, 0.0, 0, 0.0)
+  starved = watcher.loops[7] = multihost._Loop(base=(0.0, sample), backoff=40.0)
+  starved.idle, starved.retry_at, starved.starved = False, 100.0, 2
+  refused = watcher.loops[8] = multihost._Loop(base=(0.0, sample), backoff=10.0)
+  refused.idle, refused.retry_at = False, float('inf')
+  watcher.watch(5.0, {7: sample, 8: sample})
+  assert not starved.idle and changes == []  # its backoff runs to 100 s
+  watcher.retry_now()
+  watcher.watch(6.0, {7: sample, 8: sample})
+  assert starved.idle and starved.backoff == 10.0 and starved.since == 6.0
+  assert changes == [(7, True, 'retry')] and not refused.idle
+  watcher.watch(7.0, {7: sample, 8: sample})  # asked once: nothing more
+  assert changes == [(7, True, 'retry')]
+
+  def waited(timeout_s=5.0):
+    raise AssertionError('waited without a watcher')
+  monkeypatch.setattr(multihost, '_running', None)
+  monkeypatch.setattr(multihost, 'wait_for_idle_gloo_loops', waited)
+  assert multihost.idle_gloo_loops_again() is False
+
+
 def test_waiting_for_idle_gloo_loops_gives_up_where_there_is_none():
   """One process has no gloo loop: the wait ends at its timeout, saying so."""
   assert multihost.wait_for_idle_gloo_loops(0.2) is False

@@ -162,6 +162,15 @@ def make(cfg, log=logging.info) -> dict:
 
   # --------------------------------------------------------------- 3. the collectives' costs
   costs, calls = None, None
+  if processes > 1 and cfg.distributed.collective_threads == 'idle':
+    # The one-device process ran on process 0's cores: gloo's loop there went back to normal
+    # priority (`multihost.IdleGlooLoops`), for 30 s or more after it ended. Idle again
+    # before the calls are timed, as in the run: else a small call is calibrated waiting for
+    # timer ticks (a 4 KB all-reduce 2.3 ms a call instead of 0.2-0.3, and every 2-process
+    # SqueezeNet-BN candidate predicted too slow to be timed: docs/plan.md).
+    if not multihost.idle_gloo_loops_again():
+      log("Plan: gloo's TCP loop is not at idle priority (another process keeps its core "
+          'busy): small collectives are timed waiting for a timer tick.')
   if available > 1:
     from jaxpar.mesh import make_mesh
     from jaxpar.parallel.collectives import nbytes
