@@ -149,7 +149,8 @@ def pytest_sessionfinish(session, exitstatus):
       'outcomes': {kind: len(reports) for kind, reports in stats.items()
                    if kind and kind != 'warnings'},
       'seconds': round(time.time() - _STARTED, 1), 'exitstatus': int(exitstatus),
-      'workers': getattr(session.config.option, 'numprocesses', None) or 0,
+      # xdist's workers as started ('auto' and --maxprocesses resolved; 0 without xdist).
+      'workers': len(getattr(session.config.option, 'tx', None) or ()),
       'time': time_spent(stats)}
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, 'w') as f:

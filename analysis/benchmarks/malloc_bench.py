@@ -26,18 +26,18 @@ import subprocess
 import sys
 
 SETTINGS = ('system', 'keep', 'mapped')
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
   import ctypes
-  libc = ctypes.CDLL(None)
+
+  from jaxpar import host_memory
   if setting == 'keep':
-    from jaxpar import host_memory
     host_memory.keep_freed_memory('keep')
-  elif setting == 'mapped':
-    libc.mallopt(_M_MMAP_THRESHOLD, 2**31 - 1)
-    libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+  elif setting == 'mapped':  # keep's own values, without its M_ARENA_MAX
+    libc = ctypes.CDLL(None)
+    for param in (host_memory._M_MMAP_THRESHOLD, host_memory._M_TRIM_THRESHOLD):
+      libc.mallopt(param, host_memory._LARGEST)
   import resource
 
   import numpy as np
