@@ -2,6 +2,7 @@
 strategy, the optimizer, the initial state and the input stream. `train.py` and the
 benchmarks in `analysis/` build a run the same way."""
 import functools
+import math
 
 import flax.linen as nn
 import jax
@@ -29,7 +30,7 @@ def mesh(cfg):
   """Joins a multi-process run if configured (or the cluster's environment says so),
   emulates CPU devices if asked, and builds the mesh. Must run before anything else
   starts JAX's backend."""
-  host_memory.keep_freed_memory(cfg.host_memory)
+  keep_freed_memory(cfg)
   processes = multihost.join(**cfg.distributed)
   if config_lib.on_ray(cfg):  # the workers are Ray's actors; this process evaluates
     mesh_lib.emulate_cpu_devices(1)
@@ -49,17 +50,82 @@ def mesh(cfg):
                             bn_group_size=cfg.bn_group_size)
 
 
-def model(cfg, num_classes: int, channels: int, mesh):
-  """The network, its FC layers split over the 'model' axis as `fc_parallel` decides."""
-  kwargs = dict(num_classes=num_classes, dtype=jnp.dtype(cfg.dtype),
-                bn_axis_name=group_axes(mesh.axis_sizes, mesh.axis_names, cfg.bn_group_size),
+def keep_freed_memory(cfg, batch: int | None = None) -> bool:
+  """`host_memory.keep_freed_memory` as `config.host_memory` says, for 'auto' on the CPU
+  sized by this config's step (`step_temporaries`; `batch`: the largest device batch of
+  the steps the process will run, if not the config's own). Before JAX's backend starts."""
+  def temporaries():
+    known = sources.classes_and_channels(cfg.dataset)
+    if known is None:
+      logging.info('host_memory=auto: the dataset is not prepared yet, so its classes and '
+                   'channels are not known before the backend starts: the step is sized with '
+                   '%d and %d.', *UNKNOWN_DATASET)
+    try:
+      return step_temporaries(cfg, *(known or UNKNOWN_DATASET), batch=batch)
+    except Exception as e:  # noqa: BLE001  (a setting's estimate must not end the run)
+      logging.warning('host_memory=auto: the step could not be sized before the backend '
+                      'starts (%s: %s).', type(e).__name__, e)
+      return None
+  return host_memory.keep_freed_memory(cfg.host_memory, temporaries)
+
+
+# Classes and channels a step is sized with where the dataset cannot tell before it is
+# opened (`sources.classes_and_channels`): ImageNet's, the most a network here is given.
+UNKNOWN_DATASET = (1000, 3)
+
+
+def step_temporaries(cfg, num_classes: int, channels: int, batch: int | None = None) -> int:
+  """About the bytes one device's training step holds as XLA's temporaries, found without
+  starting JAX's backend (`host_memory='auto'` decides before it starts): the gradients (the
+  parameters' size in float32) and the activations the backward pass keeps (the residuals
+  of `jax.vjp` of the loss that have the batch as their leading dimension) of one
+  micro-batch of the device batch (`batch`, else `config.device_batch`), traced abstractly
+  with XLA's convolutions and flax's pooling, which ask no backend. Against the compiled
+  one-device step's memory analysis (jax 0.10.2, 2026-11-29; docs/performance.md):
+  0.86-1.33 × the temporaries of SqueezeNet-BN, GoogLeNet and ResNet34 at 16², batch
+  32-640 (VGG16E at 32²: 0.90 ×)."""
+  from jaxpar.models import pooling
+  from jaxpar.step import model_loss
+  network = _network(cfg, num_classes, None, 'xla')
+  b = max(1, (batch or config_lib.device_batch(cfg)) // max(1, cfg.grad_accum_steps))
+  shape = (b, cfg.image_size, cfg.image_size, channels)
+
+  def residuals(variables, images, labels):
+    stats = variables.get('batch_stats', {})
+    loss = lambda params: model_loss(network, params, stats, {'image': images, 'label': labels},
+                                     jax.random.key(0))[0]
+    return jax.vjp(loss, variables['params'])[1]
+
+  with pooling.settings(ENABLED=False):  # the CPU's pooling asks which backend it is
+    variables = jax.eval_shape(lambda: init_variables(network, (1, *shape[1:]),
+                                                      jax.random.key(0)))
+    kept = jax.eval_shape(residuals, variables, jax.ShapeDtypeStruct(shape, jnp.float32),
+                          jax.ShapeDtypeStruct((b,), jnp.int32))
+  params = jax.tree.leaves(variables['params'])
+  shapes = {p.shape for p in params}
+  size = lambda x: math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+  activations = sum(size(x) for x in jax.tree.leaves(kept)
+                    if hasattr(x, 'shape') and x.ndim and x.shape[0] == b
+                    and x.shape not in shapes)
+  return int(sum(math.prod(p.shape) * 4 for p in params) + activations)
+
+
+def _network(cfg, num_classes: int, bn_axis_name, conv_impl: str):
+  kwargs = dict(num_classes=num_classes, dtype=jnp.dtype(cfg.dtype), bn_axis_name=bn_axis_name,
                 conv=functools.partial(nn.Conv, conv_general_dilated=conv_general_dilated(
-                    cfg.conv_impl)))
+                    conv_impl)))
   if cfg.model == 'resnet34':
     kwargs['shortcut'] = cfg.shortcut
   else:
     kwargs['batch_norm'] = cfg.batch_norm
-  network = models.MODELS[cfg.model](**kwargs)
+  return models.MODELS[cfg.model](**kwargs)
+
+
+def model(cfg, num_classes: int, channels: int, mesh):
+  """The network, its FC layers split over the 'model' axis as `fc_parallel` decides."""
+  network = _network(cfg, num_classes,
+                     group_axes(mesh.axis_sizes, mesh.axis_names, cfg.bn_group_size),
+                     cfg.conv_impl)
   if cfg.fc_parallel == 'data':
     return network
   r = dict(zip(mesh.axis_names, mesh.devices.shape))[MODEL_AXIS]
@@ -161,7 +227,8 @@ def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng, train_s
                        max_staleness=a.max_staleness, lr_staleness=a.lr_staleness,
                        restart_workers=a.restart_workers, gpus_per_worker=a.gpus_per_worker,
                        cpus_per_worker=a.cpus_per_worker, address=a.ray_address,
-                       host_memory=cfg.host_memory)
+                       # the driver's choice: the actors' steps are the run's
+                       host_memory=host_memory.applied() or cfg.host_memory)
   start = int(state.examples_seen)
   # A step's examples: the global batch, or (async) one worker's push.
   batches = train_batches(cfg, source, config_lib.global_batch(cfg), start)

@@ -49,10 +49,13 @@ def defaults() -> ml_collections.ConfigDict:
   # matmul per kernel tap on those: XLA's CPU convolutions are slow there), every bfloat16
   # one; XLA's on GPU/TPU; onednn; xla; taps; im2col; winograd; measured.
   c.conv_impl = 'auto'
-  # Host memory (jaxpar/host_memory.py): keep = glibc keeps freed memory for reuse, so
-  # XLA's CPU temporaries above 32 MiB are not mapped and faulted in again every step
-  # (ResNet34 at 32², batch 16, one device: 92 → 68 ms a step); system = malloc as is;
-  # auto = keep on the CPU backend, system where an accelerator's plugin is installed.
+  # Host memory (jaxpar/host_memory.py): keep = glibc keeps freed memory for reuse in one
+  # arena, so XLA's CPU temporaries above 32 MiB are not mapped and faulted in again every
+  # step (ResNet34 at 32², batch 16, one device: 92 → 68 ms a step); mapped = the same
+  # with each thread's own arena (up to 64 MiB of temporaries; no shared lock); system =
+  # malloc as is; auto = on the CPU backend keep above 64 MiB of a step's temporaries
+  # (estimated before the backend starts), mapped below; system where an accelerator's
+  # plugin is installed.
   c.host_memory = 'auto'
 
   c.dataset = ml_collections.ConfigDict()

@@ -12,20 +12,28 @@ project's 2-core machines (docs/performance.md). Whether a method pays depended 
 whether its temporaries crossed 32 MiB: gossip's and Local SGD's sync-join steps did,
 all-reduce's (32.03 MB) did not — the "sync-join residual" of #19.
 
-`keep_freed_memory()` tells glibc (mallopt) to serve every thread from the main heap
+`keep_freed_memory('keep')` tells glibc (mallopt) to serve every thread from the main heap
 (M_ARENA_MAX = 1: it grows without a size limit), to map directly only above 2 GiB
 (M_MMAP_THRESHOLD) and to keep what is freed (M_TRIM_THRESHOLD): the second step reuses
 the first one's pages. The cost: a process keeps its peak heap, and threads share one
 arena's lock. Off glibc (macOS, musl) it does nothing and says so.
 
-That lock is why `auto` (the default) keeps freed memory only where the backend is the
-CPU: `JAX_PLATFORMS` names only the CPU, or no accelerator's PJRT plugin (CUDA, ROCm, TPU)
-is installed. An accelerator's temporaries are its own memory, so there is nothing to keep,
-and XLA's GPU compiler runs LLVM and ptxas on a thread per core: with one arena for all of
-them, one H200 machine (16 cores) compiled SqueezeNet's bfloat16 step at 224² in 139 s on
-2026-11-28; on 2026-11-26 the same step took 28 s there, when the benchmark started JAX's
-backend before asking for one arena: the arenas its threads had made by then stayed in use
-(docs/benchmark.md).
+That lock is what `mapped` leaves out: the last two settings alone, each thread keeping its
+own arena. A thread's arena other than the main one cannot hold a block above 64 MiB
+(`HEAP_MAX`: glibc's largest heap of an arena, twice its largest mmap threshold), so a step
+whose temporaries pass it is kept only by `keep`. Measured with the training loop
+(docs/performance.md): SqueezeNet-BN at 16², batch 64 (temporaries 8 MiB), 1.6-1.8 x slower
+a step under `keep` than under `system` or `mapped`; ResNet34 at 16², batch 32 (104 MiB), 13 %
+faster under `keep` than `mapped`, 14-19 % faster than `system`.
+
+So `auto` (the default) decides from the step: where an accelerator's PJRT plugin (CUDA,
+ROCm, TPU) is installed and `JAX_PLATFORMS` does not name only the CPU, `system` (an
+accelerator's temporaries are its own memory; XLA's GPU compiler runs LLVM and ptxas on a
+thread per core, and with one arena for all of them one H200 machine compiled SqueezeNet's
+bfloat16 step at 224² in 139 s on 2026-11-28, 28 s when the threads kept their arenas:
+docs/benchmark.md); on the CPU, `keep` where the step's temporaries (estimated before
+JAX starts its backend: `build.step_temporaries`) pass `HEAP_MAX`, `mapped` below. Every
+choice is logged with its reason.
 """
 import ctypes
 import ctypes.util
@@ -38,12 +46,15 @@ import tempfile
 
 from absl import logging
 
-HOST_MEMORY = ('auto', 'keep', 'system')
+HOST_MEMORY = ('auto', 'keep', 'mapped', 'system')
 # jax_plugins' modules (and their entry points) that make an accelerator backend.
 _ACCELERATOR_PLUGINS = ('cuda', 'rocm', 'tpu')
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 _LARGEST = 2**31 - 1  # mallopt takes an int
-_applied = None
+# glibc's HEAP_MAX_SIZE on 64-bit systems (2 × DEFAULT_MMAP_THRESHOLD_MAX): the largest heap
+# of an arena other than the main one, and so the largest block such an arena can hold.
+HEAP_MAX = 64 * 2**20
+_applied = None  # (setting, glibc took it) of this process, once applied
 
 
 def accelerator_plugins() -> list[str]:
@@ -63,9 +74,12 @@ def accelerator_plugins() -> list[str]:
                 if any(kind in name.lower() for kind in _ACCELERATOR_PLUGINS))
 
 
-def resolve(choice: str) -> str:
-  """`choice` itself, or for 'auto' 'keep' where JAX's backend will be the CPU and
-  'system' where an accelerator's plugin is installed (logged)."""
+def resolve(choice: str, temporaries=None) -> str:
+  """`choice` itself, or for 'auto' (logged, with why): 'system' where an accelerator's
+  plugin is installed; on the CPU 'keep' where the step's temporaries pass `HEAP_MAX` and
+  'mapped' below. `temporaries`: a function giving their bytes on one device (called only
+  here, for 'auto' on the CPU; `build.step_temporaries`; it may return None), or None
+  where no step is known (then 'keep', as a step that passes it loses most)."""
   if choice != 'auto':
     return choice
   plugins = accelerator_plugins()
@@ -74,35 +88,58 @@ def resolve(choice: str) -> str:
                  "its own memory, and its compiler's threads would share one malloc arena; "
                  "JAX_PLATFORMS=cpu or host_memory='keep' to keep).", ', '.join(plugins))
     return 'system'
-  return 'keep'
+  size = temporaries() if temporaries is not None else None
+  if size is None:
+    if temporaries is not None:
+      logging.info("host_memory=auto: keep (the step's temporaries not known).")
+    return 'keep'
+  chosen = 'keep' if size > HEAP_MAX else 'mapped'
+  logging.info("host_memory=auto: %s (a step's temporaries about %.0f MiB a device, %s the "
+               "%d MiB a thread's own malloc arena can hold%s).", chosen, size / 2**20,
+               'above' if chosen == 'keep' else 'within', HEAP_MAX // 2**20,
+               ': the main heap keeps them, every thread sharing its lock' if chosen == 'keep'
+               else ': each thread keeps its own arena')
+  return chosen
 
 
-def keep_freed_memory(choice: str = 'auto') -> bool:
-  """Applies `choice` ('auto' | 'keep' | 'system', see `resolve`) to this process's malloc;
-  True if glibc took it. Call before JAX starts its backend: glibc caps only the arenas
-  made after the call, and threads keep the arena they have.
-  Once per process is enough, later calls return the first answer."""
+def keep_freed_memory(choice: str = 'auto', temporaries=None) -> bool:
+  """Applies `choice` ('auto' | 'keep' | 'mapped' | 'system', see `resolve`; `temporaries`
+  as there) to this process's malloc; True if glibc took it. Call before JAX starts its
+  backend: glibc caps only the arenas made after the call, and threads keep the arena they
+  have. Once per process: later calls return the first answer (`applied` says which) and
+  estimate nothing."""
   global _applied
-  if resolve(choice) != 'keep':
-    return False
   if _applied is not None:
-    return _applied
+    return _applied[1]
+  setting = resolve(choice, temporaries)
+  if setting == 'system':
+    _applied = (setting, False)
+    return False
   libc = ctypes.CDLL(ctypes.util.find_library('c') or None)
   if not hasattr(libc, 'mallopt') or not hasattr(libc, 'gnu_get_libc_version'):
     logging.info('host_memory=%s: not glibc, malloc left as it is.', choice)
-    _applied = False
+    _applied = (setting, False)
     return False
   libc.gnu_get_libc_version.restype = ctypes.c_char_p
+  settings = ((_M_MMAP_THRESHOLD, _LARGEST), (_M_TRIM_THRESHOLD, _LARGEST))
+  if setting == 'keep':
+    settings = ((_M_ARENA_MAX, 1),) + settings
   # Every setting tried, even after one is refused (all() of a generator would stop there).
-  _applied = all([libc.mallopt(param, value) == 1 for param, value in
-                  ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, _LARGEST),
-                   (_M_TRIM_THRESHOLD, _LARGEST))])
-  logging.info('host_memory=%s: glibc %s keeps freed memory for reuse (one arena, mmap '
-               'above 2 GiB only, no trimming)%s.',
-               'auto, keep on the CPU backend (no accelerator plugin, or JAX_PLATFORMS=cpu)'
-               if choice == 'auto' else choice, libc.gnu_get_libc_version().decode(),
-               '' if _applied else ': glibc refused a setting')
-  return _applied
+  ok = all([libc.mallopt(param, value) == 1 for param, value in settings])
+  _applied = (setting, ok)
+  logging.info('host_memory=%s: glibc %s keeps freed memory for reuse (%s, mmap above 2 GiB '
+               'only, no trimming)%s.', setting if choice == setting else f'{choice}, {setting}',
+               libc.gnu_get_libc_version().decode(),
+               'one arena' if setting == 'keep' else "each thread's own arena",
+               '' if ok else ': glibc refused a setting')
+  return ok
+
+
+def applied() -> str | None:
+  """The setting `keep_freed_memory` chose for this process ('keep', 'mapped', 'system'),
+  None before it is called: what a process it starts (a Ray actor) is given, so that both
+  follow one decision."""
+  return _applied[0] if _applied is not None else None
 
 
 def arenas() -> int | None:

@@ -68,7 +68,11 @@ import pytest  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
 from jaxpar.host_memory import keep_freed_memory  # noqa: E402
 
-keep_freed_memory()  # as every run does (config.host_memory's default), before the backend
+# Before the backend, as every run does: what config.host_memory='auto' chooses for the tests'
+# steps (SqueezeNet and the like at 16², batches up to 64: temporaries far below the 64 MiB a
+# thread's arena holds, jaxpar/host_memory.py). With `keep`'s one arena the suite compiled
+# about 8 % slower (docs/performance.md).
+keep_freed_memory('mapped')
 
 jax.config.update('jax_num_cpu_devices', 8)
 jax.config.update('jax_compilation_cache_dir', os.environ['JAXPAR_TEST_XLA_CACHE'])

@@ -121,6 +121,22 @@ def test_image_folder(tmp_path):
   assert batch['image'].shape == (8, 16, 16, 3) and batch['image'].dtype == np.float32
 
 
+def test_classes_and_channels_are_known_before_a_source_is_opened(data_dir, tmp_path):
+  """Without TensorFlow (host_memory='auto' sizes the step before JAX's backend starts)."""
+  digits = ml_collections.ConfigDict(dict(name='sklearn_digits', data_dir=data_dir))
+  assert sources.classes_and_channels(digits) == (10, 1)
+  assert sources.classes_and_channels(ml_collections.ConfigDict(dict(
+      name='sklearn_digits', data_dir=str(tmp_path)))) is None  # not prepared there
+  for cls in ('ant', 'bee', 'cat'):
+    os.makedirs(tmp_path / 'folder' / cls)
+  (tmp_path / 'folder' / 'notes.txt').write_text('not a class')
+  assert sources.classes_and_channels(ml_collections.ConfigDict(dict(
+      name='image_folder', path=str(tmp_path / 'folder')))) == (3, 3)
+  synthetic = ml_collections.ConfigDict(dict(name='synthetic', synthetic=dict(classes=7,
+                                                                               channels=2)))
+  assert sources.classes_and_channels(synthetic) == (7, 2)
+
+
 def test_unprepared_dataset_is_a_config_error(tmp_path):
   """A dataset whose files are downloaded by hand says which (no reachability check)."""
   c = ml_collections.ConfigDict(dict(name='imagenet2012', data_dir=str(tmp_path),

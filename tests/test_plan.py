@@ -384,6 +384,29 @@ def _plan_json(choice: candidates.Candidate, target: dict) -> dict:
       't_step': [0.03, 0.025, 0.05], 'saves': 3, 'T': [2.4, 1.5, 4.0]}}
 
 
+def test_a_run_takes_the_malloc_setting_its_plan_timed_unless_the_config_names_one():
+  choice = candidates.Candidate('sync-join', 'allreduce', 2, 32, 'all')
+  plan = {**_plan_json(choice, {'kind': 'loss', 'value': 0.5}), 'host_memory': 'keep'}
+  assert planner.apply(_config(), plan).host_memory == 'keep'
+  assert planner.apply(_config(host_memory='system'), plan).host_memory == 'system'
+  del plan['host_memory']  # a plan made before the setting was recorded: the run decides
+  assert planner.apply(_config(), plan).host_memory == 'auto'
+
+
+def test_the_plan_sizes_its_malloc_setting_by_its_largest_device_batch(monkeypatch):
+  from jaxpar import build, multihost
+  from jaxpar import mesh as mesh_lib
+  sized = []
+  monkeypatch.setattr(build, 'keep_freed_memory', lambda cfg, batch=None: sized.append(batch))
+  monkeypatch.setattr(multihost, 'join', lambda **_: 1)
+  monkeypatch.setattr(mesh_lib, 'emulate_cpu_devices', lambda n: None)
+  # sync-split on one device computes the global batch; sync-join per_device_batch each.
+  planner.prepare(_config(**{'scheme': 'auto', 'mesh.shape': (2,)}))  # 64 and 16
+  planner.prepare(_config(**{'scheme': 'auto', 'mesh.shape': (2,), 'global_batch': 8,
+                             'per_device_batch': 24}))
+  assert sized == [64, 24]
+
+
 def test_scheme_auto_trains_with_a_plan_file_and_reports_the_time_to_its_target(data_dir,
                                                                                   tmp_path):
   from jaxpar.train import train_and_evaluate
@@ -415,6 +438,7 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   lines = []
   plan = planner.make(c, log=lines.append)
   assert plan['devices'] == 2 and plan['setting'].startswith('2 emulated CPU devices sharing')
+  assert plan['host_memory'] == 'mapped'  # this process's (conftest), recorded for the run
   assert len(plan['candidates']) == 14
   assert plan['candidates'][plan['choice_rank'] - 1] == plan['choice'] and plan['choice']['exact']
   assert all(not r['exact'] for r in plan['candidates'][:plan['choice_rank'] - 1])

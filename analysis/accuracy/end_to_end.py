@@ -136,10 +136,10 @@ def worker(spec: dict) -> dict:
   from jaxpar import config as config_lib
   from jaxpar import metrics, multihost
   from jaxpar.data import sources
-  from jaxpar.host_memory import keep_freed_memory
+  from jaxpar import build
   metrics.quiet_libraries(keep='')
   cfg = ml_collections.ConfigDict(spec['config'])
-  keep_freed_memory(cfg.host_memory)
+  build.keep_freed_memory(cfg)
   if spec['num_processes'] > 1:
     multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none',
                    cfg.distributed.initialization_timeout, cfg.distributed.heartbeat_timeout)

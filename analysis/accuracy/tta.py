@@ -660,8 +660,8 @@ def main(argv):
       raise app.UsageError(f'--steps_json={FLAGS.steps_json} was measured at batch {other}: '
                            f'pass --batch with its batch, or measure at --batch={FLAGS.batch}.')
   plan(FLAGS)  # every flag checked before the backend starts
-  from jaxpar.host_memory import keep_freed_memory
-  keep_freed_memory(FLAGS.config.host_memory)
+  from jaxpar import build
+  build.keep_freed_memory(FLAGS.config)
   jax.config.update('jax_num_cpu_devices', FLAGS.devices)
   from jaxpar import config as config_lib
   from jaxpar import metrics

@@ -10,10 +10,18 @@ setting, the settings in turn per round:
 
   system   malloc as glibc sets it
   keep     jaxpar's `keep` (all three settings)
-  mapped   mmap threshold and no trimming only: each thread keeps its own arena
+  mapped   jaxpar's `mapped`: mmap threshold and no trimming only, each thread keeps its
+           own arena
+
+Each cell also records the step's temporaries as `host_memory='auto'` estimates them
+before the backend starts (`build.step_temporaries`), what `auto` chooses from that, and
+XLA's temporaries of the compiled step (its memory analysis, in the `system` process).
 
   python -m analysis.benchmarks.malloc_bench --out analysis/report/host_memory/arenas.json \
       --cells squeezenet:auto:64 squeezenet:xla:64 resnet34_2d:auto:32 --rounds 2
+  python -m analysis.benchmarks.malloc_bench --out analysis/report/host_memory/auto.json \
+      --cells squeezenet:auto:64 squeezenet:auto:192 googlenet:auto:32 squeezenet:auto:640 \
+      resnet34_2d:auto:32 --rounds 2
 
 JSON: the date, machine and versions, and per cell and setting each window's ms a step and
 the minor page faults a step (`getrusage`).
@@ -29,23 +37,14 @@ SETTINGS = ('system', 'keep', 'mapped')
 
 
 def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
-  import ctypes
-
-  from jaxpar import host_memory
-  if setting == 'keep':
-    host_memory.keep_freed_memory('keep')
-  elif setting == 'mapped':  # keep's own values, without its M_ARENA_MAX
-    libc = ctypes.CDLL(None)
-    for param in (host_memory._M_MMAP_THRESHOLD, host_memory._M_TRIM_THRESHOLD):
-      libc.mallopt(param, host_memory._LARGEST)
+  import importlib.util
   import resource
 
   import numpy as np
 
-  from jaxpar import validation
+  from jaxpar import build, host_memory, validation
   from jaxpar.data import sources
   from jaxpar.plan import planner, probe
-  import importlib.util
   path = os.path.join(os.path.dirname(__file__), '..', '..', 'configs', f'{net}.py')
   spec = importlib.util.spec_from_file_location(net, path)
   module = importlib.util.module_from_spec(spec)
@@ -56,15 +55,67 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
                                   **({'dataset.data_dir': data_dir} if data_dir else {})})
   one = planner.with_overrides(cfg, probe.one_device_overrides(cfg, batch))
   validation.validate(one)
+  # What 'auto' would choose here, from the estimate (before the backend starts), then the
+  # setting this process is timed in.
+  known = sources.classes_and_channels(one.dataset) or build.UNKNOWN_DATASET
+  estimate = build.step_temporaries(one, *known)
+  auto = host_memory.resolve('auto', lambda: estimate)
+  host_memory.keep_freed_memory(setting)
   source = sources.open_source(one.dataset)
   meta = {'num_classes': source.num_classes, 'channels': source.channels}
-  _, window = probe.step_call(one, meta, source, probe.initial_variables(one, meta))
+  variables = probe.initial_variables(one, meta)
+  _, window = probe.step_call(one, meta, source, variables)
   window(5)
   faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   ms = [window(10) * 1e3 for _ in range(5)]
   faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 50
   window.close()
-  return {'ms': ms, 'median_ms': float(np.median(ms)), 'faults_a_step': faults}
+  return {'ms': ms, 'median_ms': float(np.median(ms)), 'faults_a_step': faults,
+          'arenas': host_memory.arenas(), 'estimated_temp_bytes': estimate, 'auto': auto,
+          'temp_bytes': _compiled_temporaries(one, meta) if setting == 'system' else None}
+
+
+def _compiled_temporaries(cfg, meta) -> int:
+  """XLA's temporaries of the one-device step timed above (its compiled memory analysis)."""
+  import jax
+
+  from jaxpar import build
+  from jaxpar.mesh import make_mesh
+  from jaxpar.plan import probe
+  from jaxpar.step import make_train_step, to_global
+  mesh = make_mesh((1,), ('data',), jax.devices()[:1])
+  model, strategy, tx, shapes = build.for_timing(cfg, meta['num_classes'], meta['channels'],
+                                                 mesh, abstract=True)
+  step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps)
+  batch = to_global(mesh, probe.synthetic_batch(cfg.per_device_batch, cfg, meta))
+  compiled = step.lower(shapes, batch, jax.random.key(1)).compile()
+  return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def table(result: dict) -> str:
+  """Markdown: a row a cell: its step's temporaries as estimated and as XLA allocates them,
+  `auto`'s choice, and each setting's ms a step (median of every window of every round, the
+  rounds' medians in brackets) with its minor faults a step (median over rounds). The
+  fastest setting's time in bold."""
+  import numpy as np
+  lines = ['| network (16²) | batch | temporaries: estimated / XLA (MiB) | auto | '
+           + ' | '.join(f'{s}: ms a step (faults)' for s in SETTINGS) + ' |',
+           '|---|---:|---:|---|' + '---:|' * len(SETTINGS)]
+  for cell in result['cells']:
+    runs = cell['settings']
+    first = runs['system'][0]
+    medians = {s: float(np.median([t for run in runs[s] for t in run['ms']])) for s in SETTINGS}
+    best = min(medians, key=medians.get)
+    cells = []
+    for s in SETTINGS:
+      rounds = '/'.join(f"{run['median_ms']:.1f}" for run in runs[s])
+      faults = float(np.median([run['faults_a_step'] for run in runs[s]]))
+      shown = f'{medians[s]:.1f}'
+      cells.append(f"{f'**{shown}**' if s == best else shown} ({rounds}; {faults:,.0f})")
+    lines.append(f"| {cell['network']}, {cell['conv_impl']} convolutions | {cell['batch']} | "
+                 f"{first['estimated_temp_bytes'] / 2**20:.1f} / {first['temp_bytes'] / 2**20:.1f} "
+                 f"| {first['auto']} | " + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
 
 
 def main(argv=None):

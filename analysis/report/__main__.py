@@ -55,6 +55,11 @@ def _compile_host_memory():
   return compile_bench.table(_load('compile/*.json'))
 
 
+def _host_memory_auto():
+  from analysis.benchmarks import malloc_bench
+  return malloc_bench.table(_load('host_memory/auto.json')[0])
+
+
 def _ray_worker_cpus():
   from analysis.benchmarks import ray_worker_bench
   return ray_worker_bench.table(_load('ray/*.json'))
@@ -293,6 +298,7 @@ TABLES = {
     'bench-methods': _methods,
     'host-memory-faults': _host_memory,
     'host-memory-compile': _compile_host_memory,
+    'host-memory-auto': _host_memory_auto,
     'ray-worker-cpus': _ray_worker_cpus,
     'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),
     'join-penalty-host-memory': lambda: _join_penalty(

@@ -218,10 +218,9 @@ def run(spec) -> dict:
 
   from analysis.steptime import trace
   from jaxpar import mesh as mesh_lib
-  from jaxpar import multihost
-  from jaxpar.host_memory import keep_freed_memory
+  from jaxpar import build, multihost
   base = ml_collections.ConfigDict(spec['config'])
-  keep_freed_memory(base.host_memory)
+  build.keep_freed_memory(base)
   multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none',
                  base.distributed.initialization_timeout, base.distributed.heartbeat_timeout,
                  base.distributed.collective_threads)

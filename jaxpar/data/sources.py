@@ -61,6 +61,53 @@ def open_source(dataset_config, shard=None) -> Source:
   return _tfds(dataset_config, shard)
 
 
+def classes_and_channels(dataset_config):
+  """(classes, channels) of the dataset, read without TensorFlow and without opening it, or
+  None where that cannot be known so early: synthetic images (their config), an image folder
+  (its class folders; 3 channels), a TFDS dataset already prepared in `data_dir` (its
+  `features.json`; a dataset not prepared yet: None). `host_memory='auto'` sizes the step
+  with it before JAX's backend starts, which opening a source can need."""
+  if dataset_config.name == SYNTHETIC:
+    return dataset_config.synthetic.classes, dataset_config.synthetic.channels
+  if dataset_config.name == IMAGE_FOLDER:
+    try:
+      root = dataset_config.path
+      return sum(os.path.isdir(os.path.join(root, d)) for d in os.listdir(root)), 3
+    except OSError:
+      return None
+  root = os.path.expanduser(dataset_config.data_dir or os.environ.get('TFDS_DATA_DIR')
+                            or '~/tensorflow_datasets')
+  name, _, version = dataset_config.name.partition(':')
+  folder = os.path.join(root, *name.split('/'))
+  try:
+    versions = [version] if version else sorted(os.listdir(folder), reverse=True)
+    for v in versions:
+      path = os.path.join(folder, v, 'features.json')
+      if os.path.exists(path):
+        with open(path) as f:
+          return _classes_and_channels(json.load(f))
+  except (OSError, ValueError, KeyError, IndexError, TypeError):
+    pass
+  return None
+
+
+def _classes_and_channels(features: dict):
+  """(classes, channels) from a TFDS `features.json`: its first class label and image."""
+  found = {}
+
+  def walk(node):
+    if isinstance(node, dict):
+      if 'classLabel' in node and 'classes' not in found:
+        found['classes'] = int(node['classLabel']['numClasses'])
+      if 'image' in node and isinstance(node['image'], dict) and 'shape' in node['image'] \
+          and 'channels' not in found:
+        found['channels'] = int(node['image']['shape']['dimensions'][-1])
+      for value in node.values():
+        walk(value)
+  walk(features)
+  return (found['classes'], found['channels']) if len(found) == 2 else None
+
+
 # Where TFDS first looks for a prepared copy; a machine that cannot reach it within
 # REACH_SECONDS is taken to be offline (cluster nodes often are).
 DOWNLOAD_HOST = ('storage.googleapis.com', 443)

@@ -33,7 +33,7 @@ def main(path: str) -> None:
     spec = json.load(f)
   metrics.quiet_libraries()
   cfg = ml_collections.ConfigDict(tuples(json.loads(spec['config'])))
-  host_memory.keep_freed_memory(cfg.host_memory)
+  host_memory.keep_freed_memory(cfg.host_memory)  # the planning process's (`one_device_in_child`)
   mesh_lib.emulate_cpu_devices(1)
   source = sources.open_source(cfg.dataset)
   meta = {'num_classes': source.num_classes, 'channels': source.channels}

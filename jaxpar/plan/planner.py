@@ -90,7 +90,7 @@ def check(cfg) -> probe.Target:
 def make(cfg, log=logging.info) -> dict:
   """Measures, predicts and ranks (see the module docstring); returns the plan as JSON-ready
   dict, its 'choice' the overrides of the fastest candidate."""
-  from jaxpar import build, multihost, validation
+  from jaxpar import build, host_memory, multihost, validation
   from jaxpar.data import sources
 
   target = check(cfg)
@@ -236,6 +236,7 @@ def make(cfg, log=logging.info) -> dict:
       'machine': probe.machine(), 'versions': probe.versions(),
       'network': cfg.model, 'image_size': cfg.image_size, 'dataset': cfg.dataset.name,
       'devices': available, 'processes': processes, 'backend': jax.default_backend(),
+      'host_memory': host_memory.applied(),
       'setting': _setting(available),
       'target': target.to_dict(), 'budget_s': p.budget_s, 'planning_s': elapsed,
       'serial': {'batch': b, 'K': k_b, 'K_how': how, 'curve': serial['curve'],
@@ -331,10 +332,13 @@ def one_device_in_child(one, target, batches, timed, deadline, log) -> dict:
   this process's cores): in a run of several processes, data, evaluation and meshes are
   every process's, and a one-device run is a run of one process. Its progress goes to
   stderr; a failure is one `RunError`."""
+  from jaxpar import host_memory
   with tempfile.TemporaryDirectory() as folder:
     spec = os.path.join(folder, 'spec.json')
     out = os.path.join(folder, 'out.json')
     with open(spec, 'w') as f:
+      # The planning process's malloc setting: every candidate is timed in one.
+      one = with_overrides(one, {'host_memory': host_memory.applied() or one.host_memory})
       json.dump({'config': one.to_json(), 'target': target.to_dict(), 'batches': batches,
                  'timed': [[c.label, c.overrides()] for c in timed],
                  'seconds': deadline - time.perf_counter(), 'out': out}, f)
@@ -469,6 +473,10 @@ def apply(cfg, plan: dict):
                  'plan predicts the steps of a constant rate.', cfg.optimizer.schedule,
                  cfg.optimizer.warmup_steps)
   overrides['optimizer.schedule'] = 'constant'
+  made = plan.get('host_memory')  # None: a plan made before it was recorded
+  if cfg.host_memory == 'auto' and made:
+    logging.info('Plan: host_memory=auto -> %r, the setting its steps were timed in.', made)
+    overrides['host_memory'] = made
   return with_overrides(cfg, overrides)
 
 
@@ -487,11 +495,14 @@ def prepare(cfg):
   candidates are (one line per bad field, nothing compiled), freed memory kept, the other
   processes joined (`config.distributed`, as `build.mesh` does) and this process's share of
   the mesh's CPU devices emulated. Returns that synchronous config."""
-  from jaxpar import host_memory, multihost, validation
+  from jaxpar import build, multihost, validation
   from jaxpar import mesh as mesh_lib
   sync = with_overrides(cfg, {'scheme': 'sync-join'} if cfg.scheme == 'auto' else {})
   validation.validate(with_overrides(sync, {}))  # settles `auto` fields of a copy only
-  host_memory.keep_freed_memory(cfg.host_memory)
+  # Sized by the largest device batch a candidate computes (sync-split on one device: the
+  # config's global batch; sync-join: per_device_batch): every candidate is timed in this
+  # one setting, and the run takes it (`apply`).
+  build.keep_freed_memory(sync, batch=max(cfg.global_batch, cfg.per_device_batch))
   processes = multihost.join(**cfg.distributed)
   if cfg.mesh.emulate_cpu_devices:
     mesh_lib.emulate_cpu_devices(max(1, config_lib.num_devices(cfg) // processes))
