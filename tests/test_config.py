@@ -34,7 +34,7 @@ def test_defaults_are_valid():
      'sub-folder per class'),
     ({'dtype': 'float8'}, 'config.dtype', 'bfloat16'),
     ({'dataset.eval_cache_mb': -1}, 'config.dataset.eval_cache_mb', '0: read the split again'),
-    ({'host_memory': 'pool'}, 'config.host_memory', "'keep', 'system'"),
+    ({'host_memory': 'pool'}, 'config.host_memory', "'keep', 'mapped', 'system'"),
     ({'scheme': 'hogwild'}, 'config.scheme', "'async'"),
     ({'scheme': 'async'}, 'config.server', "'central' or 'distributed'"),
     ({'scheme': 'async', 'server': 'distributed', 'placement': 'even'}, 'config.placement',
