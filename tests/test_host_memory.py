@@ -1,13 +1,16 @@
-"""`host_memory='keep'`: a compiled step whose temporaries exceed glibc's largest mmap
-threshold (32 MiB) stops faulting its pages in again on every call. Counted in minor page
-faults (the kernel's count, not a time), each setting in a fresh process.
+"""`host_memory='keep'` and `'mapped'`: a compiled step whose temporaries exceed glibc's
+largest mmap threshold (32 MiB) stops faulting its pages in again on every call. Counted in
+minor page faults (the kernel's count, not a time), each setting in a fresh process.
 
-Counted call by call, and judged by the median call: with 'keep' an occasional call still
-faults its 36 MB in once more (8,792 pages, on jaxlib 0.10 and 0.12 alike), when the
-previous call's temporaries are freed on another thread after its result is ready and the
-next call's allocation finds them still in use: the kept heap grows by one buffer, a few
-times in the first calls and rarely after (measured over 40 calls). With 'system' every
-call faults them in."""
+Counted call by call over 40 calls, and judged by the median of the last 20: with 'keep'
+an occasional call still faults its 36 MB in once more (8,792 pages, on jaxlib 0.10 and
+0.12 alike), when the previous call's temporaries are freed on another thread after its
+result is ready and the next call's allocation finds them still in use: the kept heap
+grows by one buffer, a few times in the first calls and rarely after. With 'mapped' each
+thread that runs a call has an arena of its own, which faults the buffer in at that
+thread's first calls (jaxlib 0.12 ran them on several of its 12 threads: the median of 15
+calls still faulted in one of three processes; of the last 20 of 40, none in five). With
+'system' every call faults them in."""
 import importlib
 import json
 import subprocess
@@ -31,13 +34,14 @@ f = jax.jit(lambda a, b: jnp.tanh(a @ b).sum(axis=0) + jnp.tanh(b.T @ a.T).sum(a
 a, b = jnp.ones((3000, 8), jnp.float32) / 8, jnp.ones((8, 3000), jnp.float32)
 f(a, b).block_until_ready()
 calls = []
-for _ in range(15):
+for _ in range(40):
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   f(a, b).block_until_ready()
   calls.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 temp = f.lower(a, b).compile().memory_analysis().temp_size_in_bytes
 from jaxpar.host_memory import arenas
-print(json.dumps({'kept': kept, 'faults': sorted(calls)[len(calls) // 2], 'calls': calls,
+late = sorted(calls[-20:])  # after every thread XLA runs calls on has had its first
+print(json.dumps({'kept': kept, 'faults': late[len(late) // 2], 'calls': calls,
                   'temp': temp, 'arenas': arenas()}))
 """
 
