@@ -52,21 +52,27 @@ def mesh(cfg):
 
 def keep_freed_memory(cfg, batch: int | None = None) -> bool:
   """`host_memory.keep_freed_memory` as `config.host_memory` says, for 'auto' on the CPU
-  sized by this config's step (`step_temporaries`; `batch`: the largest device batch of
-  the steps the process will run, if not the config's own). Before JAX's backend starts."""
-  def temporaries():
-    known = sources.classes_and_channels(cfg.dataset)
-    if known is None:
-      logging.info('host_memory=auto: the dataset is not prepared yet, so its classes and '
-                   'channels are not known before the backend starts: the step is sized with '
-                   '%d and %d.', *UNKNOWN_DATASET)
-    try:
-      return step_temporaries(cfg, *(known or UNKNOWN_DATASET), batch=batch)
-    except Exception as e:  # noqa: BLE001  (a setting's estimate must not end the run)
-      logging.warning('host_memory=auto: the step could not be sized before the backend '
-                      'starts (%s: %s).', type(e).__name__, e)
-      return None
-  return host_memory.keep_freed_memory(cfg.host_memory, temporaries)
+  sized by this config's step (`estimated_temporaries`; `batch`: the largest device batch
+  of the steps the process will run, if not the config's own). Before JAX's backend starts."""
+  return host_memory.keep_freed_memory(
+      cfg.host_memory, functools.partial(estimated_temporaries, cfg, batch))
+
+
+def estimated_temporaries(cfg, batch: int | None = None) -> int | None:
+  """`step_temporaries` of this config's dataset (`sources.classes_and_channels`, else
+  `UNKNOWN_DATASET`'s, logged), or None where the step cannot be sized (logged: a setting's
+  estimate must not end the run)."""
+  known = sources.classes_and_channels(cfg.dataset)
+  if known is None:
+    logging.info('host_memory=auto: the dataset is not prepared yet, so its classes and '
+                 'channels are not known before the backend starts: the step is sized with '
+                 '%d and %d.', *UNKNOWN_DATASET)
+  try:
+    return step_temporaries(cfg, *(known or UNKNOWN_DATASET), batch=batch)
+  except Exception as e:  # noqa: BLE001
+    logging.warning('host_memory=auto: the step could not be sized before the backend '
+                    'starts (%s: %s).', type(e).__name__, e)
+    return None
 
 
 # Classes and channels a step is sized with where the dataset cannot tell before it is

@@ -88,10 +88,11 @@ def resolve(choice: str, temporaries=None) -> str:
                  "its own memory, and its compiler's threads would share one malloc arena; "
                  "JAX_PLATFORMS=cpu or host_memory='keep' to keep).", ', '.join(plugins))
     return 'system'
-  size = temporaries() if temporaries is not None else None
+  if temporaries is None:
+    return 'keep'
+  size = temporaries()
   if size is None:
-    if temporaries is not None:
-      logging.info("host_memory=auto: keep (the step's temporaries not known).")
+    logging.info("host_memory=auto: keep (the step's temporaries not known).")
     return 'keep'
   chosen = 'keep' if size > HEAP_MAX else 'mapped'
   logging.info("host_memory=auto: %s (a step's temporaries about %.0f MiB a device, %s the "

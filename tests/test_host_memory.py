@@ -113,13 +113,8 @@ def _estimates(**fields) -> dict:
 
 
 def test_the_step_is_sized_without_starting_the_backend_near_what_xla_allocates():
-  import jax
-
-  from jaxpar import build
+  from analysis.benchmarks.malloc_bench import compiled_temporaries
   from jaxpar import config as config_lib
-  from jaxpar.mesh import make_mesh
-  from jaxpar.plan import probe
-  from jaxpar.step import make_train_step, to_global
   fields = {'model': 'squeezenet', 'batch_norm': True, 'image_size': 16, 'scheme': 'sync-join',
             'mesh.shape': (1,), 'per_device_batch': 64}
   small = _estimates(**fields)
@@ -128,13 +123,7 @@ def test_the_step_is_sized_without_starting_the_backend_near_what_xla_allocates(
   assert 3.0 < small['sizes'][1] / small['sizes'][0] < 4.0, small
   c = config_lib.defaults()
   c.update_from_flattened_dict(fields)
-  meta = {'num_classes': 10, 'channels': 1}
-  mesh = make_mesh((1,), ('data',), jax.devices()[:1])
-  model, strategy, tx, shapes = build.for_timing(c, 10, 1, mesh, abstract=True)
-  batch = to_global(mesh, probe.synthetic_batch(64, c, meta))
-  compiled = make_train_step(model, tx, mesh, strategy).lower(
-      shapes, batch, jax.random.key(1)).compile()
-  xla = compiled.memory_analysis().temp_size_in_bytes
+  xla = compiled_temporaries(c, {'num_classes': 10, 'channels': 1})
   # 1.33 × on jax 0.10.2 (XLA's buffers reuse some activations' memory): the estimate errs
   # large, towards `keep`, which a step above 64 MiB needs. docs/performance.md.
   assert 0.8 < small['sizes'][0] / xla < 1.6, (small, xla)

@@ -57,14 +57,12 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
   validation.validate(one)
   # What 'auto' would choose here, from the estimate (before the backend starts), then the
   # setting this process is timed in.
-  known = sources.classes_and_channels(one.dataset) or build.UNKNOWN_DATASET
-  estimate = build.step_temporaries(one, *known)
+  estimate = build.estimated_temporaries(one)
   auto = host_memory.resolve('auto', lambda: estimate)
   host_memory.keep_freed_memory(setting)
   source = sources.open_source(one.dataset)
   meta = {'num_classes': source.num_classes, 'channels': source.channels}
-  variables = probe.initial_variables(one, meta)
-  _, window = probe.step_call(one, meta, source, variables)
+  _, window = probe.step_call(one, meta, source, probe.initial_variables(one, meta))
   window(5)
   faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   ms = [window(10) * 1e3 for _ in range(5)]
@@ -72,11 +70,12 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
   window.close()
   return {'ms': ms, 'median_ms': float(np.median(ms)), 'faults_a_step': faults,
           'arenas': host_memory.arenas(), 'estimated_temp_bytes': estimate, 'auto': auto,
-          'temp_bytes': _compiled_temporaries(one, meta) if setting == 'system' else None}
+          'temp_bytes': compiled_temporaries(one, meta) if setting == 'system' else None}
 
 
-def _compiled_temporaries(cfg, meta) -> int:
-  """XLA's temporaries of the one-device step timed above (its compiled memory analysis)."""
+def compiled_temporaries(cfg, meta) -> int:
+  """XLA's temporaries of a one-device config's train step at `per_device_batch` (its
+  compiled memory analysis): what `build.step_temporaries` estimates."""
   import jax
 
   from jaxpar import build
