@@ -11,7 +11,7 @@ from absl import logging
 
 from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
-from jaxpar import host_memory, models, multihost, optim, validation
+from jaxpar import compile_cache, host_memory, models, multihost, optim, validation
 from jaxpar.data import pipeline, sources
 from jaxpar.models.conv import conv_general_dilated
 from jaxpar.parallel.allreduce import AllReduce
@@ -234,7 +234,8 @@ def loop(cfg, model, tx, mesh, strategy, source, state, steps: int, rng, train_s
                        restart_workers=a.restart_workers, gpus_per_worker=a.gpus_per_worker,
                        cpus_per_worker=a.cpus_per_worker, address=a.ray_address,
                        # the driver's choice: the actors' steps are the run's
-                       host_memory=host_memory.applied() or cfg.host_memory)
+                       host_memory=host_memory.applied() or cfg.host_memory,
+                       compile_cache=compile_cache.applied())
   start = int(state.examples_seen)
   # A step's examples: the global batch, or (async) one worker's push.
   batches = train_batches(cfg, source, config_lib.global_batch(cfg), start)

@@ -57,6 +57,11 @@ def defaults() -> ml_collections.ConfigDict:
   # (estimated before the backend starts), mapped below; system where an accelerator's
   # plugin is installed.
   c.host_memory = 'auto'
+  # JAX's persistent compilation cache for jaxpar.train (jaxpar/compile_cache.py): a run
+  # started again loads its compiled programs. auto = JAX's setting where the environment
+  # makes one, else ~/.cache/jaxpar/xla for one process, none across processes (a folder
+  # every process sees must be named); off; or a folder.
+  c.compilation_cache = 'auto'
 
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = 'sklearn_digits'  # a TFDS name, 'image_folder' or 'synthetic'

@@ -20,7 +20,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TensorFlow loads: n
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxpar import build, metrics, validation
+from jaxpar import build, compile_cache, metrics, multihost, validation
 from jaxpar import config as config_lib
 from jaxpar.checkpoint import CheckpointError, Checkpoints
 from jaxpar.data import sources
@@ -185,7 +185,9 @@ def main(argv):
     sys.exit('--workdir is required: the folder for checkpoints and TensorBoard summaries.')
   stop = StopSignals()
   try:
-    result = _train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop)
+    cfg = _CONFIG.value
+    compile_cache.apply(cfg.compilation_cache, multihost.process_count_of(**cfg.distributed))
+    result = _train_and_evaluate(cfg, _WORKDIR.value, stop)
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)

@@ -34,6 +34,8 @@ def process_env(share_compiled: bool = False, default_emitters: bool = False) ->
   if share_compiled:
     env['JAX_COMPILATION_CACHE_DIR'] = os.environ['JAXPAR_TEST_XLA_CACHE']
     env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'  # 55 → 45 s a repetition
+  else:  # nor jaxpar.train's own (config.compilation_cache=auto): nothing kept in ~/.cache
+    env['JAX_ENABLE_COMPILATION_CACHE'] = 'false'
   return env
 
 

@@ -117,6 +117,13 @@ def test_the_ratio_is_taken_round_by_round():
                            'shard_map_over_torch') == '1.23× (1.10–1.30)'
 
 
+def test_a_timing_tool_passes_on_every_argument_but_its_own():
+  args = ['--config', 'configs/resnet34_2d.py', '--rounds', '3', '--config.total_steps=4',
+          '--out=x.json', '--outer=1', '--rounds=2']
+  assert alternate.passed_on(args) == ['--config', 'configs/resnet34_2d.py',
+                                       '--config.total_steps=4', '--outer=1']
+
+
 def test_bench_refuses_the_async_scheme(data_dir):
   with pytest.raises(config_lib.ConfigError, match="config.scheme='async'"):
     bench.bench(_config(data_dir, scheme='async', server='central'), steps=1, warmup=1)

@@ -35,9 +35,9 @@ def _train_command(workdir, data_dir, *overrides):
           '--config.log_every=1', '--config.optimizer.warmup_steps=1', *overrides]
 
 
-def _run(command):
-  return subprocess.run(command, env=process_env(share_compiled=True), capture_output=True,
-                        text=True, timeout=TIMEOUT, cwd=ROOT)
+def _run(command, env=None):
+  return subprocess.run(command, env=env or process_env(share_compiled=True),
+                        capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
 
 
 def _small_state(value=0.0):
@@ -79,13 +79,21 @@ def test_sigterm_saves_the_step_in_flight_and_the_same_command_resumes(data_dir,
   """SIGTERM (then a second one, as an impatient scheduler sends) after step 3, with no
   checkpoint due before step 100: the run saves the step it was at, exits 75 naming it, and
   the same command resumes there, finishes, evaluates every test example; the losses of
-  both parts are the uninterrupted run's."""
+  both parts are the uninterrupted run's. The stopped run kept its compiled programs in the
+  folder config.compilation_cache names, and the resumed run loaded its step and its
+  initialisation from there (JAX logs each hit with JAX_LOG_COMPILES; the stopped run never
+  evaluated, so the evaluation compiles)."""
   whole = _run(_train_command(tmp_path / 'whole', data_dir))
   assert whole.returncode == 0, whole.stderr[-3000:]
 
-  workdir = tmp_path / 'stopped'
-  command = _train_command(workdir, data_dir, '--config.checkpoint_every=100')
-  saved = _stopped_and_resumed(command, workdir, tmp_path / 'stopped.log')
+  workdir, cache = tmp_path / 'stopped', tmp_path / 'xla'
+  command = _train_command(workdir, data_dir, '--config.checkpoint_every=100',
+                           f'--config.compilation_cache={cache}')
+  env = {**process_env(share_compiled=True), 'JAX_LOG_COMPILES': '1'}
+  saved, again = _stopped_and_resumed(command, workdir, tmp_path / 'stopped.log', env=env)
+  assert f'Compiled programs are kept in {cache}' in again.stderr
+  for program in ('jit_step', 'jit_init'):
+    assert f"Persistent compilation cache hit for '{program}'" in again.stderr, program
   reference, losses = train_losses(tmp_path / 'whole'), train_losses(workdir)
   assert sorted(losses) == list(range(1, 9))
   for step in range(1, 9):
@@ -111,14 +119,15 @@ def test_sigterm_stops_an_asynchronous_run_with_its_servers_state_saved(data_dir
   _stopped_and_resumed(command, workdir, tmp_path / f'{backend}.log', to_exit=backend != 'ray')
 
 
-def _stopped_and_resumed(command, workdir, log, to_exit=True) -> int:
+def _stopped_and_resumed(command, workdir, log, to_exit=True, env=None):
   """Runs `command`, sends SIGTERM after step 3, and again every 20 ms from when it is handled
   to the exit (an impatient scheduler), or once (`to_exit` False); checks the one line, the
   exit status 75, a checkpoint of the step it stopped at and nothing else; runs `command`
   again, which must resume there, finish and evaluate every test example. Returns the step
-  saved."""
+  saved and the resumed run (`env`: both runs', the tests' by default)."""
+  env = env or process_env(share_compiled=True)
   with open(log, 'w') as err:
-    run = subprocess.Popen(command, env=process_env(share_compiled=True), stdout=subprocess.PIPE,
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                            stderr=err, text=True, cwd=ROOT)
     deadline = time.monotonic() + TIMEOUT
     while '[train] step 3/8' not in log.read_text():
@@ -148,11 +157,11 @@ def _stopped_and_resumed(command, workdir, log, to_exit=True) -> int:
   assert 'SIGTERM while stopping' in text and 'Traceback' not in text
   assert took < 60, f'{took:.0f} s from the signal to the exit'
 
-  again = _run(command)
+  again = _run(command, env)
   assert again.returncode == 0, again.stderr[-3000:]
   assert f'Resumed from step {saved[0]}' in again.stderr
   assert 'on 360 examples' in again.stdout
-  return saved[0]
+  return saved[0], again
 
 
 # ------------------------------------------------------------------ damaged checkpoints

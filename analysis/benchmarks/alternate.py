@@ -3,7 +3,7 @@ function's, waiting for its result; or any other), and rounds in which every tim
 turn (`conv_bench`, `pool_bench`); the order of a round's settings (`in_turn`) and two
 settings' ratio taken round by round (`paired_ratio`: `bench`, `compile_bench`,
 `ray_worker_bench`); and the host's speed every benchmark records when it starts
-(`host_speed`)."""
+(`host_speed`); a tool's arguments passed on to the processes it times (`passed_on`)."""
 import time
 
 import jax
@@ -75,3 +75,18 @@ def host_speed(calls: int = 5) -> dict:
   best = lambda call: min(calibrate.timed(call, calls, warmup=1))
   return {'matmul_gflop_s': 2 * 2048**3 / best(lambda: a @ a) / 1e9,
           'copy_gb_s': 2 * src.nbytes / best(lambda: np.copyto(dst, src)) / 1e9}
+
+
+def passed_on(args: list[str], own=('--out', '--rounds')) -> list[str]:
+  """A benchmark's command-line arguments less its `own` flags (and their values): the
+  config and its overrides, passed on to the processes it times (`compile_bench`,
+  `restart_bench`)."""
+  kept, skip = [], False
+  for a in args:
+    if skip:
+      skip = False
+    elif a in own:
+      skip = True
+    elif not a.startswith(tuple(f'{flag}=' for flag in own)):
+      kept.append(a)
+  return kept

@@ -119,19 +119,6 @@ def table(results: list[dict]) -> str:
   return '\n'.join(lines)
 
 
-def _passed(args: list[str]) -> list[str]:
-  """This tool's command-line arguments less --out and --rounds (and their values)."""
-  kept, skip = [], False
-  for a in args:
-    if skip:
-      skip = False
-    elif a in ('--out', '--rounds'):
-      skip = True
-    elif not a.startswith(('--out=', '--rounds=')):
-      kept.append(a)
-  return kept
-
-
 def main(argv):
   del argv
   if FLAGS.child:
@@ -143,7 +130,8 @@ def main(argv):
   if FLAGS.config.scheme == 'async':
     raise config_lib.ConfigError("config.scheme='async' is invalid here: compile_bench "
                                  "compiles a synchronous step; choose a synchronous scheme")
-  result = run(_passed(sys.argv[1:]), FLAGS.rounds)
+  from analysis.benchmarks import alternate
+  result = run(alternate.passed_on(sys.argv[1:]), FLAGS.rounds)
   print(table([result]))
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:

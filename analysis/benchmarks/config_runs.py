@@ -29,8 +29,9 @@ STEPS = re.compile(r'\[train\] step (\d+)/(\d+)')
 def run_one(config: str, extra: list[str]) -> dict:
   """Trains one config in a fresh process; returns what its output says."""
   with tempfile.TemporaryDirectory(prefix='config_run_') as workdir:
+    # A first launch, compiling everything (not loading what an earlier run kept).
     command = [sys.executable, '-m', 'jaxpar.train', '--config', config,
-               '--workdir', workdir, *extra]
+               '--workdir', workdir, '--config.compilation_cache=off', *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(command, capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

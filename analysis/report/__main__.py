@@ -55,6 +55,11 @@ def _compile_host_memory():
   return compile_bench.table(_load('compile/*.json'))
 
 
+def _compile_cache_restart():
+  from analysis.benchmarks import restart_bench
+  return restart_bench.table(_load('compile_cache/*.json'))
+
+
 def _host_memory_auto():
   from analysis.benchmarks import malloc_bench
   return malloc_bench.table(_load('host_memory/auto.json')[0])
@@ -299,6 +304,7 @@ TABLES = {
     'host-memory-faults': _host_memory,
     'host-memory-compile': _compile_host_memory,
     'host-memory-auto': _host_memory_auto,
+    'compile-cache-restart': _compile_cache_restart,
     'ray-worker-cpus': _ray_worker_cpus,
     'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),
     'join-penalty-host-memory': lambda: _join_penalty(

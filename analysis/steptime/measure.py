@@ -326,6 +326,7 @@ def _child_env(cache: str | None = None):
                               if 'xla_force_host_platform_device_count' not in f)
   if cache:
     env['JAX_COMPILATION_CACHE_DIR'] = cache
+    env['JAX_ENABLE_COMPILATION_CACHE'] = 'true'  # over an inherited 'false'
     env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   elif cache == '':
     env.pop('JAX_COMPILATION_CACHE_DIR', None)

@@ -165,20 +165,22 @@ class RayDownpour:
 
   `batches(worker, position)` yields worker `worker`'s shard's batches from batch
   `position` on (numpy), in the worker's process. `workers` actors are started at the
-  first call; `count` pushes are applied in all.
+  first call; `count` pushes are applied in all. `host_memory`: the driver's malloc setting;
+  `compile_cache`: its folder for compiled programs (`jaxpar.compile_cache`; '' none, None
+  the environment's), both the workers' too.
   """
 
   def __init__(self, model, tx, server, batches, count: int, rng, *, workers: int,
                micro_batches: int = 1, max_staleness=None, lr_staleness: str = 'none',
                restart_workers: int = 0, gpus_per_worker: float = 0.0, cpus_per_worker: int = 0,
-               address: str = '', host_memory: str = 'auto'):
+               address: str = '', host_memory: str = 'auto', compile_cache: str | None = None):
     self.model, self.tx, self.server, self.batches = model, tx, server, batches
     self.count, self.rng, self.workers = count, rng, workers
     self.micro_batches, self.restart_workers = micro_batches, restart_workers
     self.max_staleness, self.lr_staleness = max_staleness, lr_staleness
     self.gpus_per_worker, self.cpus_per_worker, self.address = (gpus_per_worker,
                                                                  cpus_per_worker, address)
-    self.host_memory = host_memory
+    self.host_memory, self.compile_cache = host_memory, compile_cache
     self.ledger = None
     self.actors, self.servers = {}, []
     self.in_flight = {}   # the reference of a worker's `compute` summary -> (worker, its refs)
@@ -301,6 +303,9 @@ class RayDownpour:
             stats if p == 0 else None, self.host_memory)
         for p, part in enumerate(parts)]
     env = {'TF_CPP_MIN_LOG_LEVEL': '2'}
+    if self.compile_cache is not None:  # the driver's folder ('' none): a restart loads there
+      env.update({'JAX_COMPILATION_CACHE_DIR': self.compile_cache} if self.compile_cache
+                 else {'JAX_ENABLE_COMPILATION_CACHE': 'false'})
     if not self.gpus_per_worker:
       env['JAX_PLATFORMS'] = 'cpu'
     else:  # a GPU's memory as needed: the driver may evaluate on the same GPU
