@@ -80,12 +80,9 @@ def apply(choice, processes: int) -> str:
   import jax
   folder, why = resolve(choice, processes)
   if folder:
-    if '://' not in folder:
-      try:
-        os.makedirs(folder, exist_ok=True)
-      except OSError as e:
-        raise ConfigError(f'config.compilation_cache={folder!r} cannot be created '
-                          f"({e.strerror}): choose a folder you can write to, or 'off'") from None
+    if '://' not in folder and (problem := _unwritable(folder)):
+      raise ConfigError(f'config.compilation_cache={folder!r} cannot be created ({problem}): '
+                        f"choose a folder you can write to, or 'off'")
     if jax.config.jax_compilation_cache_dir != folder:
       jax.config.update('jax_compilation_cache_dir', folder)
     jax.config.update('jax_enable_compilation_cache', True)
@@ -97,6 +94,19 @@ def apply(choice, processes: int) -> str:
     logging.info('Compiled programs are not kept for a run started again (%s).', why)
   _applied = folder
   return folder
+
+
+def _unwritable(folder: str) -> str:
+  """Why `folder` could not be made or written ('' where it can): checked on it or its
+  nearest existing parent, making nothing (JAX makes it at its first program kept)."""
+  path = folder
+  while not os.path.exists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  if not os.path.isdir(path):
+    return f'{path} is not a folder'
+  if not os.access(path, os.W_OK | os.X_OK):
+    return f'{path} is not writable'
+  return ''
 
 
 def applied() -> str | None:

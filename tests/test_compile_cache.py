@@ -57,8 +57,8 @@ def test_a_value_that_names_no_folder_is_one_line_naming_the_field(value):
 
 def test_the_cli_applies_the_setting_before_anything_compiles(tmp_path):
   """In a fresh process, as `jaxpar.train`'s main does it: JAX's config then points at the
-  folder (made; the line saying so: test_faults.py); a folder that cannot be made is one
-  line, exit 2."""
+  folder (the line saying so: test_faults.py), made only when JAX keeps a program there; a
+  folder that cannot be made is one line, exit 2."""
   code = ('import sys, jax; from jaxpar import compile_cache; '
           'folder = compile_cache.apply(sys.argv[1], 1); '
           'print(folder, jax.config.jax_compilation_cache_dir, '
@@ -70,7 +70,7 @@ def test_the_cli_applies_the_setting_before_anything_compiles(tmp_path):
   assert done.returncode == 0, done.stderr[-2000:]
   folder = str(tmp_path / 'xla')
   assert done.stdout.split() == [folder, folder, 'True', folder]  # once per process
-  assert os.path.isdir(folder)
+  assert not os.path.exists(folder)  # nothing compiled: nothing made
 
   blocked = tmp_path / 'file'
   blocked.write_text('')
@@ -79,5 +79,6 @@ def test_the_cli_applies_the_setting_before_anything_compiles(tmp_path):
        '--workdir', str(tmp_path / 'run'), f'--config.compilation_cache={blocked}/xla'],
       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
   assert done.returncode == 2, done.stderr[-2000:]
-  assert done.stderr.strip().splitlines()[-1].startswith(
-      f"jaxpar: config.compilation_cache='{blocked}/xla' cannot be created")
+  assert done.stderr.strip().splitlines()[-1] == (
+      f"jaxpar: config.compilation_cache='{blocked}/xla' cannot be created ({blocked} is not a "
+      f"folder): choose a folder you can write to, or 'off'")
