@@ -12,8 +12,8 @@ another JAX compiles afresh.
 
 `config.compilation_cache`:
   auto  JAX's own setting where the environment makes one (`JAX_COMPILATION_CACHE_DIR`, or
-        `JAX_ENABLE_COMPILATION_CACHE=false`); else `$XDG_CACHE_HOME/jaxpar/xla`
-        (`~/.cache/jaxpar/xla`) for a run of one process, and none for a run of several:
+        `JAX_ENABLE_COMPILATION_CACHE=false`); else `xla/` in jaxpar's cache folder
+        (`~/.cache/jaxpar/xla`: `user_cache`) for a run of one process, and none for several:
         JAX writes the cache from process 0 only, so on hosts that do not share the folder
         the other processes would compile while process 0 loads and waits for them in the
         first collective (gloo gives up after 30 s), and every restart would compile there.
@@ -29,15 +29,10 @@ import os
 
 from absl import logging
 
+from jaxpar import user_cache
 from jaxpar.config import ConfigError
 
 _applied = None  # the folder this process's runs cache in ('' none), once applied
-
-
-def default_folder() -> str:
-  """`$XDG_CACHE_HOME/jaxpar/xla`, `~/.cache/jaxpar/xla` without it."""
-  root = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-  return os.path.join(root, 'jaxpar', 'xla')
 
 
 def _jax_setting():
@@ -68,7 +63,7 @@ def resolve(choice, processes: int) -> tuple[str, str]:
     return '', (f'{processes} processes: JAX writes its cache from process 0 only, and '
                 f'processes that load while others compile wait in the first collective; '
                 f'set config.compilation_cache to a folder every process sees')
-  return default_folder(), 'one process'
+  return user_cache.folder('xla'), 'one process'
 
 
 def apply(choice, processes: int) -> str:

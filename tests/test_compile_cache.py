@@ -19,11 +19,14 @@ def jax_unset(monkeypatch):
 
 
 def test_auto_keeps_one_process_s_programs_under_the_user_s_cache_folder(jax_unset, monkeypatch):
+  monkeypatch.delenv('JAXPAR_CACHE_DIR', raising=False)
   monkeypatch.setenv('XDG_CACHE_HOME', '/somewhere')
   assert compile_cache.resolve('auto', 1) == ('/somewhere/jaxpar/xla', 'one process')
   monkeypatch.delenv('XDG_CACHE_HOME')
   folder, _ = compile_cache.resolve('auto', 1)
   assert folder == os.path.join(os.path.expanduser('~'), '.cache', 'jaxpar', 'xla')
+  monkeypatch.setenv('JAXPAR_CACHE_DIR', '/jaxpar/files')  # jaxpar's, as oneDNN's library
+  assert compile_cache.resolve('auto', 1)[0] == '/jaxpar/files/xla'
 
 
 def test_auto_keeps_nothing_across_processes_and_says_how_to_share_a_folder(jax_unset):

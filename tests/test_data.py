@@ -183,7 +183,7 @@ def test_jpeg_crop_is_decoded_fused_and_equals_decode_then_crop(tmp_path):
 
 
 def test_unreadable_files_are_skipped_named_once_and_counted(tmp_path, caplog, monkeypatch):
-  monkeypatch.setenv('HOME', str(tmp_path / 'home'))  # a fresh cache of the decode check
+  monkeypatch.setenv('JAXPAR_CACHE_DIR', str(tmp_path / 'cache'))  # a fresh decode check's
   root = tmp_path / 'images'
   _jpeg_folder(root, [(24, 30)] * 6)
   good = (root / 'ant' / '0.jpg').read_bytes()

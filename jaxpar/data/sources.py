@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 import jax
 from absl import logging
 
-from jaxpar import multihost
+from jaxpar import multihost, user_cache
 from jaxpar.config import ConfigError
 
 if TYPE_CHECKING:
@@ -305,15 +305,16 @@ def _synthetic(cfg, shard) -> Source:
 def _unreadable_files(root: str, relpaths: list) -> list:
   """The files among `relpaths` that do not decode, found by decoding each once.
 
-  The answer is cached (in ~/.cache/jaxpar, keyed by the files' names, sizes and
-  modification times), so only the first run over a folder pays for the check.
+  The answer is cached (in jaxpar's cache folder, `user_cache`, keyed by the folder and its
+  files' names, sizes and modification times), so only the first run over a folder pays for
+  the check.
   """
   stats = []
   for rel in relpaths:
     st = os.stat(os.path.join(root, rel))
     stats.append((rel, st.st_size, st.st_mtime_ns))
   key = hashlib.sha256(json.dumps([os.path.abspath(root), stats]).encode()).hexdigest()[:24]
-  cache = os.path.join(os.path.expanduser('~'), '.cache', 'jaxpar', f'unreadable-{key}.json')
+  cache = user_cache.folder(f'unreadable-{key}.json')
   if os.path.exists(cache):
     with open(cache) as f:
       return json.load(f)

@@ -111,9 +111,8 @@ def _ingredients() -> tuple[dict | None, str]:
 
 
 def _cache_dir() -> str:
-  base = os.environ.get('JAXPAR_CACHE_DIR') or os.path.join(
-      os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'jaxpar')
-  return os.path.join(base, 'onednn')
+  from jaxpar import user_cache
+  return user_cache.folder('onednn')
 
 
 def _build(parts: dict) -> str:
