@@ -1,8 +1,9 @@
 """Where jaxpar keeps files between runs, for this user: `$JAXPAR_CACHE_DIR`, else
 `$XDG_CACHE_HOME/jaxpar`, else `~/.cache/jaxpar`. In it: `onednn/` (the oneDNN convolutions'
-library, built once: jaxpar/models/onednn.py), `xla/` (compiled programs, `config.compilation_cache
-='auto'`: jaxpar/compile_cache.py) and `unreadable-*.json` (an image folder's files that do not
-decode, found once: jaxpar/data/sources.py). Everything there can be deleted; it is made again."""
+library, built once: jaxpar/models/onednn.py), `xla/` (compiled programs, for
+`compilation_cache='auto'`: jaxpar/compile_cache.py) and `unreadable-*.json` (an image
+folder's files that do not decode, found once: jaxpar/data/sources.py). Everything there can
+be deleted; it is made again."""
 import os
 
 
