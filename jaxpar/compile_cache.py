@@ -79,8 +79,7 @@ def apply(choice, processes: int) -> str:
     if '://' not in folder and (problem := _unwritable(folder)):
       raise ConfigError(f'config.compilation_cache={folder!r} cannot be created ({problem}): '
                         f"choose a folder you can write to, or 'off'")
-    if jax.config.jax_compilation_cache_dir != folder:
-      jax.config.update('jax_compilation_cache_dir', folder)
+    jax.config.update('jax_compilation_cache_dir', folder)
     jax.config.update('jax_enable_compilation_cache', True)
     logging.info('Compiled programs are kept in %s and loaded from there by a run started '
                  'again (%s; programs that compiled in %g s or more).', folder, why,
@@ -94,8 +93,9 @@ def apply(choice, processes: int) -> str:
 
 def _unwritable(folder: str) -> str:
   """Why `folder` could not be made or written ('' where it can): checked on it or its
-  nearest existing parent, making nothing (JAX makes it at its first program kept)."""
-  path = folder
+  nearest existing parent, making nothing (JAX makes it at its first program kept). A
+  relative folder (JAX_COMPILATION_CACHE_DIR may name one) is under the working directory."""
+  path = os.path.abspath(folder)
   while not os.path.exists(path) and os.path.dirname(path) != path:
     path = os.path.dirname(path)
   if not os.path.isdir(path):

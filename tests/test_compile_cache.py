@@ -49,6 +49,10 @@ def test_off_and_a_named_folder_are_taken_as_given(jax_unset, monkeypatch, tmp_p
   monkeypatch.chdir(tmp_path)
   assert compile_cache.resolve('xla', 2)[0] == str(tmp_path / 'xla')  # named: across processes too
   assert compile_cache.resolve('gs://bucket/xla', 2)[0] == 'gs://bucket/xla'
+  # JAX's own setting may name a relative folder: checked under the working directory
+  assert compile_cache._unwritable('not/yet/xla') == ''
+  (tmp_path / 'not').write_text('')
+  assert compile_cache._unwritable('not/yet/xla') == f"{tmp_path / 'not'} is not a folder"
 
 
 @pytest.mark.parametrize('value', ['', '  ', None, 3])
