@@ -171,11 +171,14 @@ def strategy(cfg, mesh, model):
   return make[config_lib.method(cfg)]()
 
 
-def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_steps: int):
-  """(optax transformation, learning-rate schedule), for the strategy's layout."""
+def optimizer(cfg, model, channels: int, strategy, global_batch: int, total_steps: int,
+              params=None):
+  """(optax transformation, learning-rate schedule), for the strategy's layout; `params`:
+  the model's parameters or their shapes, where the caller has them (else traced here)."""
   schedule = optim.learning_rate(cfg.optimizer, global_batch, total_steps)
-  return (strategy.make_optimizer(cfg.optimizer, schedule, _abstract_params(cfg, model, channels)),
-          schedule)
+  if params is None:
+    params = _abstract_params(cfg, model, channels)
+  return strategy.make_optimizer(cfg.optimizer, schedule, params), schedule
 
 
 def seed_keys(seed: int):
@@ -202,15 +205,19 @@ def timing_steps(cfg) -> int:
   return max(1000, cfg.optimizer.warmup_steps + 1)
 
 
-def for_timing(cfg, num_classes: int, channels: int, mesh, abstract: bool = False):
+def for_timing(cfg, num_classes: int, channels: int, mesh, abstract: bool = False,
+               variables=None):
   """(model, strategy, tx, state) of a config on a mesh, for the tools that time its steps
   (`analysis/`, `jaxpar.plan`), with a schedule of `timing_steps`; `abstract`: the state's
-  shapes and shardings only (`timing_state` makes the state itself)."""
+  shapes and shardings only (`timing_state` makes the state itself); `variables`: the
+  model's initial ones, made already (`timing_state`), whose shapes need no tracing."""
   network = model(cfg, num_classes, channels, mesh)
   method = strategy(cfg, mesh, network)
   tx, _ = optimizer(cfg, network, channels, method, config_lib.global_batch(cfg),
-                    total_steps=timing_steps(cfg))
-  return network, method, tx, timing_state(cfg, network, tx, method, channels, mesh, abstract)
+                    total_steps=timing_steps(cfg),
+                    params=None if variables is None else variables['params'])
+  return network, method, tx, timing_state(cfg, network, tx, method, channels, mesh, abstract,
+                                           variables)
 
 
 def timing_state(cfg, model, tx, strategy, channels: int, mesh, abstract: bool = False,

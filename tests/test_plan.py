@@ -153,6 +153,18 @@ def test_a_candidate_is_lowered_from_its_state_s_shapes_as_from_the_state(server
   batch = to_global(mesh, probe.synthetic_batch(64, c, meta))
   key = jax.random.key(1)
   assert step.lower(shapes, batch, key).as_text() == step.lower(state, batch, key).as_text()
+  variables = probe.initial_variables(c, meta)  # shapes taken from the weights, not traced
+  _, _, _, from_weights = build.for_timing(c, 10, 1, mesh, abstract=True, variables=variables)
+  assert jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), from_weights) == jax.tree.map(
+      lambda x: (x.shape, x.dtype, x.sharding), shapes)
+  # Its twin at another batch (sync-join at N·b = 32, not sync-split at G = 64: the same
+  # `Candidate.exchange`) sends the same collectives, which the plan reads from one of them.
+  split, join = (candidates.Candidate(scheme, server, 2, batch, 'all')
+                 for scheme, batch in (('sync-split', 64), ('sync-join', 32)))
+  assert split.exchange == join.exchange
+  sent = [probe.step_call(planner.with_overrides(c, x.overrides()), meta, None, variables)[0]
+          for x in (split, join)]
+  assert sent[0] and sent[0] == sent[1]
   if server != 'distributed':
     return
   # The plan's states start from the network's initial weights made once on the host
@@ -160,8 +172,7 @@ def test_a_candidate_is_lowered_from_its_state_s_shapes_as_from_the_state(server
   # (the distributed server's sharded optimizer state too).
   rng_init, _ = build.seed_keys(c.seed)
   fresh = build.initial_state(c, model, tx, strategy, 1, mesh, rng_init)
-  made = build.initial_state(c, model, tx, strategy, 1, mesh, rng_init,
-                             variables=probe.initial_variables(c, meta))
+  made = build.initial_state(c, model, tx, strategy, 1, mesh, rng_init, variables=variables)
   assert jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), made) == jax.tree.map(
       lambda x: (x.shape, x.dtype, x.sharding), fresh)
   jax.tree.map(np.testing.assert_array_equal, made, fresh)

@@ -52,6 +52,15 @@ class Candidate:
     return self.bn != 'device' or self.devices == 1
 
   @property
+  def exchange(self) -> tuple:
+    """What its step sends, as a key: candidates that differ only in the batch (sync-split
+    at G and sync-join at N·b, on the same server, devices and BN grouping) send the same
+    collectives — the gradients' and BN's per-channel statistics', whose sizes are the
+    weights' and the channels', not the batch's (tests/test_plan.py lowers such a pair) —
+    so a plan lowers one program of each (`planner.make`)."""
+    return self.server, self.devices, self.bn
+
+  @property
   def label(self) -> str:
     bn = {'all': ', BN all', 'device': ', BN per device', '': ''}[self.bn]
     return f'{self.scheme} {self.server} N={self.devices} B={self.batch}{bn}'

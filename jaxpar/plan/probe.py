@@ -300,13 +300,15 @@ def gradient_call(cfg, meta, batch: int, devices: int = 1, variables=None):
   return call
 
 
-def step_call(cfg, meta, source, variables):
+def step_call(cfg, meta, source, variables, lower: bool = True):
   """A candidate's synchronous step on the first N devices: (the collectives of its lowered
-  program, `window(k)`: the mean time of k steps of the training loop on `source`'s
+  program — None without `lower`, for a candidate whose twin's were read: `Candidate.
+  exchange` —, `window(k)`: the mean time of k steps of the training loop on `source`'s
   batches — dispatched ahead as training does, blocked at the end; its first call compiles
-  the program lowered here and starts from `variables`, the network's initial weights,
-  made once for every candidate: `initial_variables`). `window.close()` ends its loop;
-  a later window starts another from the initial weights, with the program compiled."""
+  the program (lowered here, or traced then) and starts from `variables`, the network's
+  initial weights, made once for every candidate: `initial_variables`). `window.close()`
+  ends its loop; a later window starts another from the initial weights, with the program
+  compiled."""
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
@@ -315,25 +317,36 @@ def step_call(cfg, meta, source, variables):
 
   n = config_lib.num_devices(cfg)
   mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
-  # Lowered from the state's shapes: most candidates are never timed, and making a state
-  # compiles and runs the initialisation (SqueezeNet at 16² on 2 emulated devices: 2.3-2.7 s
-  # of a candidate's 4-5 s; the lowered program is the same text).
-  model, strategy, tx, shapes = build.for_timing(cfg, meta['num_classes'], meta['channels'],
-                                                 mesh, abstract=True)
-  step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps)
-  batch = to_global(mesh, synthetic_batch(config_lib.global_batch(cfg) // jax.process_count(),
-                                           cfg, meta))
-  # The loop calls this `step`: jit keeps its trace (1.3-2.4 s for that SqueezeNet) and,
-  # once called, its compiled program for the next loop.
-  collectives = hlo.collectives(step.lower(shapes, batch, jax.random.key(1)).as_text())
   box = {}
+
+  def program():
+    # Lowered from the state's shapes (taken from `variables`, not traced again): most
+    # candidates are never timed, and making a state compiles and runs the initialisation
+    # (SqueezeNet at 16² on 2 emulated devices: 2.3-2.7 s of a candidate's 4-5 s; the
+    # lowered program is the same text).
+    if 'step' not in box:
+      box['model'], box['strategy'], box['tx'], box['shapes'] = build.for_timing(
+          cfg, meta['num_classes'], meta['channels'], mesh, abstract=True, variables=variables)
+      box['step'] = make_train_step(box['model'], box['tx'], mesh, box['strategy'],
+                                    cfg.grad_accum_steps)
+    return box
+
+  collectives = None
+  if lower:
+    batch = to_global(mesh, synthetic_batch(config_lib.global_batch(cfg) // jax.process_count(),
+                                             cfg, meta))
+    # The loop calls this `step`: jit keeps its trace (1.3-2.4 s for that SqueezeNet) and,
+    # once called, its compiled program for the next loop.
+    collectives = hlo.collectives(
+        program()['step'].lower(box['shapes'], batch, jax.random.key(1)).as_text())
 
   def window(k: int) -> float:
     if 'loop' not in box:  # from the latest state (the step donates the one it is given)
-      state = build.timing_state(cfg, model, tx, strategy, meta['channels'], mesh,
-                                 variables=variables)
-      box['loop'] = build.loop(cfg, model, tx, mesh, strategy, source, state, 10**6,
-                               jax.random.key(1), train_step=step)
+      made = program()
+      state = build.timing_state(cfg, made['model'], made['tx'], made['strategy'],
+                                 meta['channels'], mesh, variables=variables)
+      box['loop'] = build.loop(cfg, made['model'], made['tx'], mesh, made['strategy'], source,
+                               state, 10**6, jax.random.key(1), train_step=made['step'])
       box['state'], metrics = box['loop'](state)
       jax.block_until_ready(metrics)
     start = time.perf_counter()
