@@ -1,4 +1,8 @@
-"""Reporting: console lines, a progress bar on a terminal, TensorBoard summaries."""
+"""Reporting: console lines, a progress bar on a terminal, TensorBoard summaries.
+
+The summaries are written with TensorFlow's `tf.summary` (as flax's `metrics.tensorboard`
+writes them), not through flax's writer, whose module imports TensorBoard's hparams plugin
+and with it Keras and scikit-learn: 1.5 s of every process's start (`data.tf_import`)."""
 import contextlib
 import sys
 import time
@@ -7,7 +11,8 @@ import jax
 import numpy as np
 import tqdm
 from absl import logging
-from flax.metrics import tensorboard
+
+from jaxpar.data import tf_import
 
 
 def quiet_libraries(keep: str = '/jaxpar/'):
@@ -33,7 +38,7 @@ class Reporter:
     self.writer = None
     if self.is_main:
       try:
-        self.writer = tensorboard.SummaryWriter(workdir)
+        self.writer = tf_import.tensorflow().summary.create_file_writer(workdir)
       except Exception as e:  # noqa: BLE001 — as in `_summaries`
         self._give_up_summaries(e)
     self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit='step', dynamic_ncols=True,
@@ -95,24 +100,26 @@ class Reporter:
       logging.info('%s', message)
     else:
       self.bar.write(message)
-    def write(writer):
-      for k, v in values.items():
-        writer.scalar(f'{prefix}/{k}', v, step)
+    def write(tf, writer):
+      with writer.as_default(step=step):
+        for k, v in values.items():
+          tf.summary.scalar(f'{prefix}/{k}', float(np.asarray(v)))
       writer.flush()
     self._summaries(write)
 
   def histograms(self, step: int, values: dict):
     """Distributions over the run (e.g. async staleness) to TensorBoard."""
-    def write(writer):
-      for k, v in values.items():
-        if len(v):
-          writer.histogram(f'train/{k}', v, step)
+    def write(tf, writer):
+      with writer.as_default(step=step):
+        for k, v in values.items():
+          if len(v):
+            tf.summary.histogram(f'train/{k}', np.asarray(v))
       writer.flush()
     self._summaries(write)
 
   def close(self):
     self.bar.close()
-    self._summaries(lambda writer: writer.close())
+    self._summaries(lambda tf, writer: writer.close())
 
   def _summaries(self, write):
     """Runs `write` on the TensorBoard writer, if there still is one: summaries that cannot be
@@ -121,7 +128,7 @@ class Reporter:
     if self.writer is None:  # not process 0, or given up
       return
     try:
-      write(self.writer)
+      write(tf_import.tensorflow(), self.writer)
     except Exception as e:  # noqa: BLE001 — TensorFlow raises what its file system raises
       self._give_up_summaries(e)
 

@@ -284,3 +284,31 @@ print(sources.open_source(c.dataset, shard=(0, 1)).num_classes)
                         cwd=os.path.dirname(os.path.dirname(__file__)), timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.split()[-1] == '10'
+
+
+def test_tensorflow_is_imported_without_keras_and_keras_still_imports_whole(data_dir, tmp_path):
+  """A run's process reads its data and writes its summaries with TensorFlow imported
+  without Keras (`jaxpar.data.tf_import`: 1.5 s of every process's start); Keras imported
+  afterwards in the same process is whole, its optimizers included."""
+  code = """
+import sys
+from jaxpar import config, metrics
+from jaxpar.data import pipeline, sources
+c = config.defaults()
+c.dataset.data_dir = sys.argv[1]
+source = sources.open_source(c.dataset, shard=(0, 1))
+next(pipeline.train_batches(source, batch=4, start=0, seed=0, image_size=16, augment='none',
+                            crop_padding=0, flip=False, shuffle_buffer=10, cache=False))
+reporter = metrics.Reporter(sys.argv[2], total_steps=1, first_step=0, global_batch=4)
+reporter.evaluation(1, {'top1': 0.5})
+reporter.close()
+print(sorted(m for m in ('keras', 'sklearn') if m in sys.modules))
+import keras
+print(keras.optimizers.get('adam').__class__.__name__)
+"""
+  done = subprocess.run([sys.executable, '-c', code, data_dir, str(tmp_path)],
+                        capture_output=True, text=True,
+                        cwd=os.path.dirname(os.path.dirname(__file__)), timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split('\n')[-3:-1] == ['[]', 'Adam']
+  assert list(tmp_path.glob('events.out.tfevents.*'))  # the summary was written

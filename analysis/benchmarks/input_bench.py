@@ -30,7 +30,8 @@ from jaxpar.step import make_train_step, to_global  # noqa: E402
 
 def write_jpeg_folder(root: str, count: int, size: int = 224, classes: int = 8):
   """Smooth random images (photographs compress like this, noise does not) as JPEGs."""
-  import tensorflow as tf
+  from jaxpar.data import tf_import
+  tf = tf_import.tensorflow()
   rng = np.random.default_rng(0)
   for i in range(count):
     folder = os.path.join(root, f'class_{i % classes}')

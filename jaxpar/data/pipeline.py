@@ -11,33 +11,34 @@ iterator's destructor waited for it at the end of every run — 35 s of each 2-p
 run's exit, measured; the input rate of `analysis.benchmarks.input_bench` on 224² JPEGs was the
 same within its noise (871 and 734 images/s off, 880 on).
 
-TensorFlow is imported inside the functions that use it, not with the module: the step,
-`build` and the benchmarks import this module on machines without TensorFlow (a GPU
-machine with JAX and PyTorch only) and never build a pipeline there.
+TensorFlow is imported inside the functions that use it (by `tf_import`, without Keras),
+not with the module: the step, `build` and the benchmarks import this module on machines
+without TensorFlow (a GPU machine with JAX and PyTorch only) and never build a pipeline there.
 """
 import collections
 import itertools
 
 import numpy as np
 
+from jaxpar.data import tf_import
 from jaxpar.step import to_global
 
 AUGMENTATIONS = ('pad_crop', 'inception_crop', 'none')
 
 
 def _to_float(image):
-  import tensorflow as tf
+  tf = tf_import.tensorflow()
   # [0, 255] → [-1, 1]; a fixed scale keeps the pipeline free of per-dataset statistics.
   return tf.cast(image, tf.float32) / 127.5 - 1.0
 
 
 def _resize(image, size):
-  import tensorflow as tf
+  tf = tf_import.tensorflow()
   return tf.image.resize(image, (size, size), method='bilinear', antialias=True)
 
 
 def _decode(data, channels):
-  import tensorflow as tf
+  tf = tf_import.tensorflow()
   image = tf.io.decode_image(data, channels=channels, expand_animations=False)
   image.set_shape([None, None, channels])
   return image
@@ -52,7 +53,7 @@ def _decode_crop(data, channels, window):
   the window's last row and column, where JPEG's chroma upsampling cannot look
   past the window.
   """
-  import tensorflow as tf
+  tf = tf_import.tensorflow()
   def jpeg():
     begin, size = window(tf.image.extract_jpeg_shape(data))
     image = tf.image.decode_and_crop_jpeg(data, tf.stack([begin[0], begin[1], size[0], size[1]]),
@@ -69,7 +70,7 @@ def _decode_crop(data, channels, window):
 
 def _augment(data, seed, size, kind, crop_padding, flip, channels):
   """Encoded image → augmented float image of `size`², deterministic in `seed`."""
-  import tensorflow as tf
+  tf = tf_import.tensorflow()
   seeds = tf.random.experimental.stateless_split(seed, 3)
   if kind == 'inception_crop':
     def window(shape):
@@ -89,7 +90,7 @@ def _augment(data, seed, size, kind, crop_padding, flip, channels):
 
 
 def eval_image(data, size, kind, channels):
-  import tensorflow as tf
+  tf = tf_import.tensorflow()
   if kind == 'inception_crop':  # the usual ImageNet eval: central 87.5 %, then resize
     def window(shape):  # tf.image.central_crop's window
       begin = tf.cast(tf.cast(shape[:2], tf.float32) * (1 - 0.875) / 2, tf.int32)
@@ -102,7 +103,7 @@ def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
                   augment: str, crop_padding: int, flip: bool, shuffle_buffer: int,
                   cache: bool):
   """Yields numpy batches of this process's share, beginning at example `start`."""
-  import tensorflow as tf
+  tf = tf_import.tensorflow()
   base = source.train()
   if cache:
     base = base.cache()
@@ -128,7 +129,7 @@ def eval_batches(source, *, batch: int, num_batches: int, image_size: int, augme
   """Every example of the `split` ('test' or 'train', unaugmented) of this process's share
   exactly once, in `num_batches` batches of `batch`; padding rows carry mask 0 (and every
   process runs the same number of batches, so collectives stay matched)."""
-  import tensorflow as tf
+  tf = tf_import.tensorflow()
   ds = getattr(source, split)().map(
       lambda ex: {'image': eval_image(ex['image'], image_size, augment, source.channels),
                   'label': ex['label']},

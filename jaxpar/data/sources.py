@@ -23,6 +23,7 @@ import jax
 from absl import logging
 
 from jaxpar import multihost, user_cache
+from jaxpar.data import tf_import
 from jaxpar.config import ConfigError
 
 if TYPE_CHECKING:
@@ -158,16 +159,15 @@ NEEDS_TFDS = 'reading it needs TensorFlow Datasets'
 def tfds_registered():
   """TFDS, imported here rather than with the module, with the bundled digits' builder
   ('sklearn_digits') registered."""
-  import tensorflow_datasets as tfds
-
+  tfds = tf_import.datasets()
   from jaxpar.data.sklearn_digits import SklearnDigits
   del SklearnDigits  # imported for its side effect: the class registers itself with TFDS
   return tfds
 
 
 def _prepare(cfg):
-  from jaxpar.data.sklearn_digits import SklearnDigits
   builder = tfds_registered().builder(cfg.name, data_dir=cfg.data_dir or None)
+  from jaxpar.data.sklearn_digits import SklearnDigits
   # The bundled digits build locally, and a dataset downloaded by hand (ImageNet) says
   # which files to fetch; another dataset not prepared yet needs a download, which on a
   # machine without internet retries for minutes before failing.
@@ -264,7 +264,7 @@ def _image_folder(root: str, test_percent: int, shard) -> Source:
 
   def reader(items):
     def dataset():
-      import tensorflow as tf
+      tf = tf_import.tensorflow()
       paths, labels = zip(*items) if items else ((), ())
       ds = tf.data.Dataset.from_tensor_slices((list(paths), tf.constant(labels, tf.int64)))
       return ds.map(lambda p, y: {'image': tf.io.read_file(p), 'label': y},
@@ -285,7 +285,7 @@ def _synthetic(cfg, shard) -> Source:
 
   def split(seed: int, total: int):
     def dataset():
-      import tensorflow as tf
+      tf = tf_import.tensorflow()
 
       def example(i):
         key = tf.stack([tf.constant(seed, tf.int64), i])
@@ -318,7 +318,7 @@ def _unreadable_files(root: str, relpaths: list) -> list:
   if os.path.exists(cache):
     with open(cache) as f:
       return json.load(f)
-  import tensorflow as tf
+  tf = tf_import.tensorflow()
   logging.info('Checking that the %d image files under %s decode (once; the result is cached).',
                len(relpaths), root)
   ds = tf.data.Dataset.from_tensor_slices(list(relpaths) or tf.zeros((0,), tf.string)).enumerate()
