@@ -81,11 +81,14 @@ def test_the_cli_applies_the_setting_before_anything_compiles(tmp_path):
 
   blocked = tmp_path / 'file'
   blocked.write_text('')
-  done = subprocess.run(
-      [sys.executable, '-m', 'jaxpar.train', '--config', 'configs/squeezenet.py',
-       '--workdir', str(tmp_path / 'run'), f'--config.compilation_cache={blocked}/xla'],
-      capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-  assert done.returncode == 2, done.stderr[-2000:]
-  assert done.stderr.strip().splitlines()[-1] == (
-      f"jaxpar: config.compilation_cache='{blocked}/xla' cannot be created ({blocked} is not a "
-      f"folder): choose a folder you can write to, or 'off'")
+  # Both CLIs that compile apply it first: training, and the plan.
+  for module, flags in (('jaxpar.train', ['--workdir', str(tmp_path / 'run')]),
+                        ('jaxpar.plan', ['--target_loss=1', f'--out={tmp_path}/plan.json'])):
+    done = subprocess.run(
+        [sys.executable, '-m', module, '--config', 'configs/squeezenet.py', *flags,
+         f'--config.compilation_cache={blocked}/xla'],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"{module.replace('.train', '')}: config.compilation_cache='{blocked}/xla' cannot be "
+        f"created ({blocked} is not a folder): choose a folder you can write to, or 'off'")

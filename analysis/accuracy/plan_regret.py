@@ -126,9 +126,11 @@ def make_plan(configuration: list, out: str, processes: int, rate: str) -> dict:
   from analysis.steptime import link
   from jaxpar.plan import planner
   with tempfile.TemporaryDirectory() as folder:
-    # No checkpoints, as `train` runs it: T without saves.
+    # No checkpoints, as `train` runs it: T without saves. Planned as a first launch: its
+    # planning time compiles every program (jaxpar/compile_cache.py).
     logs = link.launch('jaxpar.plan', [*configuration, '--config.checkpoint_every=1000000000',
-                                       f'--out={out}'], processes, rate, folder)
+                                       '--config.compilation_cache=off', f'--out={out}'],
+                       processes, rate, folder)
     with open(logs[0]) as f:
       sys.stderr.write(f.read())
   plan = planner.read(out)

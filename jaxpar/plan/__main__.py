@@ -26,7 +26,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from jaxpar import config as config_lib  # noqa: E402
-from jaxpar import metrics  # noqa: E402
+from jaxpar import compile_cache, metrics, multihost  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].',
                                           lock_config=False)
@@ -50,6 +50,9 @@ def main(argv):
     if flag.value is not None:
       cfg.plan[field] = flag.value
   try:
+    # As `jaxpar.train` does: a plan made again (or its timed steps, compiled again) loads
+    # the programs it compiled before (`config.compilation_cache`).
+    compile_cache.apply(cfg.compilation_cache, multihost.process_count_of(**cfg.distributed))
     plan = planner.make(planner.prepare(cfg),
                         log=lambda line: print(line, file=sys.stderr, flush=True))
   except config_lib.ConfigError as e:
