@@ -61,6 +61,11 @@ if 'JAXPAR_TEST_XLA_CACHE' not in os.environ:  # the session's first process
                                            if f not in os.environ.get('XLA_FLAGS', '')]).strip()
   os.environ['JAXPAR_TEST_XLA_CACHE'] = tempfile.mkdtemp(prefix='jaxpar-tests-xla-cache-')
   atexit.register(shutil.rmtree, os.environ['JAXPAR_TEST_XLA_CACHE'], ignore_errors=True)
+  # jaxpar's cache folder (`user_cache`) for the session too, removed with it: the tests'
+  # image folders leave their decode checks there, and oneDNN's library is built there
+  # once (about 3 s), not in the user's ~/.cache.
+  os.environ['JAXPAR_CACHE_DIR'] = tempfile.mkdtemp(prefix='jaxpar-tests-cache-')
+  atexit.register(shutil.rmtree, os.environ['JAXPAR_CACHE_DIR'], ignore_errors=True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
