@@ -368,3 +368,15 @@ def use_dataset(c, preset: str) -> ml_collections.ConfigDict:
     raise ConfigError(f'config file argument {preset!r} is invalid: choose one of '
                       f'{list(DATASET_PRESETS)}')
   return c
+
+
+def from_file(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """A config file's `get_config(arg)` (its default without one), as `--config PATH[:ARG]`
+  reads it: for the tools and tests that build a config outside a command line."""
+  import importlib.util
+  import os
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config() if arg is None else module.get_config(arg)

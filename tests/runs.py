@@ -1,7 +1,6 @@
 """What the tests share: a small ResNet, random batches, and training runs on a mesh (any
 strategy) and on one device (the reference every parallel method is held to)."""
 import functools
-import importlib.util
 import os
 
 import jax
@@ -54,10 +53,8 @@ def train_losses(workdir) -> dict:
 
 def config_file(name: str, arg: str | None = None):
   """`configs/<name>.py`'s get_config(arg) (its default without one), as --config runs it."""
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'configs', f'{name}.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config() if arg is None else module.get_config(arg)
+  from jaxpar import config as config_lib
+  return config_lib.from_file(os.path.join(ROOT, 'configs', f'{name}.py'), arg)
 
 
 # A small ResNet: same blocks and BatchNorm as ResNet34, cheap to compile.

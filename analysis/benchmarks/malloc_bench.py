@@ -37,7 +37,6 @@ SETTINGS = ('system', 'keep', 'mapped')
 
 
 def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
-  import importlib.util
   import resource
 
   import numpy as np
@@ -45,11 +44,9 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
   from jaxpar import build, host_memory, validation
   from jaxpar.data import sources
   from jaxpar.plan import planner, probe
-  path = os.path.join(os.path.dirname(__file__), '..', '..', 'configs', f'{net}.py')
-  spec = importlib.util.spec_from_file_location(net, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  cfg = module.get_config()
+  from jaxpar import config as config_lib
+  cfg = config_lib.from_file(
+      os.path.join(os.path.dirname(__file__), '..', '..', 'configs', f'{net}.py'))
   cfg.image_size = 16
   cfg.update_from_flattened_dict({'conv_impl': conv, 'plan.target_loss': 0.5,
                                   **({'dataset.data_dir': data_dir} if data_dir else {})})
