@@ -39,6 +39,7 @@ import collections
 import os
 import socket
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -74,8 +75,15 @@ def start(address: str, workers: int) -> None:
     os.environ['RAY_AUTH_MODE'] = 'token'
     logging.info('Connecting to the Ray cluster with its authentication token (RAY_AUTH_MODE '
                  'unset, a token found): RAY_AUTH_MODE=token.')
-  ray.init(address=address, include_dashboard=False, logging_level='warning',
-           log_to_driver=True, **local)
+  with warnings.catch_warnings():
+    # JAX warns at every fork once its backend runs ("os.fork() ... will likely lead to a
+    # deadlock"). Ray starts its own programs (GCS, raylet) by fork and exec, with a
+    # preexec_fn that only blocks SIGINT and asks to die with this process: the child runs
+    # none of JAX's code before exec, so the warning, printed by every Ray run, is not news.
+    warnings.filterwarnings('ignore', message=r'os\.fork\(\) was called',
+                            category=RuntimeWarning)
+    ray.init(address=address, include_dashboard=False, logging_level='warning',
+             log_to_driver=True, **local)
   resources = ray.cluster_resources()
   logging.info('Ray %s: %s, %d CPUs, %d GPUs on %d nodes.',
                'cluster at ' + address if address else 'started locally',
