@@ -32,7 +32,9 @@ def tensorflow():
     finally:
       if marked and sys.modules.get(_KERAS_EAGER, False) is None:
         del sys.modules[_KERAS_EAGER]
-  return sys.modules['tensorflow']
+  # Through the import system, not sys.modules: a thread that finds TensorFlow still being
+  # imported by another waits for it to finish.
+  return importlib.import_module('tensorflow')
 
 
 def datasets():
