@@ -225,6 +225,34 @@ def test_a_timed_candidate_traces_and_lowers_its_step_once(data_dir):
   assert events.count(('backend_compile_duration', 'jit(step)')) <= 1
 
 
+def test_a_row_left_at_its_bound_ahead_of_the_choice_is_costed_and_moves_back():
+  """Measured steps slower than predicted (the choice: 30 ms measured) can leave a row that is
+  never timed (BN per device, bound 20 ms without collectives) ranked first by its bound:
+  `costed_ahead_of` costs it (35 ms with them) and ranks again; the row behind the choice,
+  also at its bound, is left so."""
+  c = candidates.Candidate
+  choice = {'candidate': c('sync-split', 'allreduce', 2, 64, 'all'), 't_predicted': 0.022,
+            't_measured': [0.030, 0.031, 0.029]}
+  ahead = {'candidate': c('sync-split', 'allreduce', 2, 64, 'device'), 't_predicted': 0.020,
+           'pruned': True, 'collectives': None}
+  behind = {'candidate': c('sync-split', 'central', 2, 64, 'device'), 't_predicted': 0.040,
+            'pruned': True, 'collectives': None}
+  rows = [choice, ahead, behind]
+  ranked = rank.rank(rows, 400, 16, (48, 48, 48))
+  assert ranked == [ahead, choice, behind]
+  costed = []
+
+  def cost(row):
+    costed.append(row['candidate'])
+    row.update(t_predicted=0.035, collectives=132)
+    row.pop('pruned')
+  ranked = planner.costed_ahead_of(choice, ranked, cost, lambda: rank.rank(rows, 400, 16,
+                                                                           (48, 48, 48)))
+  assert costed == [ahead['candidate']] and ranked == [choice, ahead, behind]
+  assert behind.get('pruned') and ranked[1]['T'][0] == pytest.approx(175 * 0.035)
+  assert planner.costed_ahead_of(choice, ranked, cost, None) is ranked  # nothing ahead: as is
+
+
 def test_ranking_picks_the_hand_worked_fastest():
   # K_b = 400 at b = 16, B_noise = 48: K(16) = 400, K(32) = 250, K(64) = 175.
   c = candidates.Candidate

@@ -226,11 +226,12 @@ def make(cfg, log=logging.info) -> dict:
 
   ranked = time_the_close_ones(rows, lambda: rank.rank(rows, k_b, b, noise, saves), calls_of, cost,
                                p, past_deadline, agree, log, started)
-  calls_of.clear()
-  elapsed = time.perf_counter() - started
   choice = _leader(ranked)
   if not choice.get('t_measured'):  # the budget stopped measuring: the fastest measured
     choice = _fastest_measured(ranked) or choice
+  ranked = costed_ahead_of(choice, ranked, cost, lambda: rank.rank(rows, k_b, b, noise, saves))
+  calls_of.clear()
+  elapsed = time.perf_counter() - started
   # The one-device step at b is its own prediction's input: not judged.
   errors = [abs(math.log(r['t_predicted'] / np.median(r['t_measured']))) for r in ranked
             if r.get('t_measured') and (r['candidate'].devices, r['candidate'].batch) != (1, b)]
@@ -369,6 +370,18 @@ def _fastest_measured(ranked: list, timed_here=None):
   by candidate), of those that can be timed again here."""
   return next((r for r in ranked if r['candidate'].exact and r.get('t_measured')
                and (timed_here is None or r['candidate'] in timed_here)), None)
+
+
+def costed_ahead_of(choice: dict, ranked: list, cost, rerank) -> list:
+  """Measured steps slower than predicted can leave a row that is never timed (BN per
+  device: not chosen) ahead of the choice by its bound alone, its collectives not costed:
+  those rows are costed (`cost(row)`) and the rows ranked again (`rerank()`), so that every
+  row ranked ahead of the choice is ranked by a prediction. Costing adds collectives: such
+  rows only move back, and the choice stays. Returns the ranking."""
+  uncosted = [r for r in ranked[:ranked.index(choice)] if r.get('pruned')]
+  for row in uncosted:
+    cost(row)
+  return rerank() if uncosted else ranked
 
 
 def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
