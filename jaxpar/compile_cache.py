@@ -3,8 +3,8 @@ same command after SIGTERM (exit 75), a preemption, a lost process, or simply on
 loads the programs it compiled before instead of compiling them again.
 
 Compiling is much of a short run and of every restart: ResNet34's quickstart config (2×4
-emulated CPU devices, 4 steps and the evaluation) took 59 s from the command to its exit
-compiling, 33 s loading the same programs (2 cores of an AVX2-only AMD EPYC, 2026-11-29,
+emulated CPU devices, 4 steps and the evaluation) took 58 s from the command to its exit
+compiling, 32 s loading the same programs (2 cores of an AVX2-only AMD EPYC, 2026-11-29,
 jax 0.10.2; docs/reliability.md); on a GPU a network's step can take minutes to compile.
 JAX keeps a program in the cache (`jax_compilation_cache_dir`) when it took at least
 `jax_persistent_cache_min_compile_time_secs` (JAX's 1 s) to compile, keyed by the program,
