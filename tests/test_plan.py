@@ -273,6 +273,45 @@ def test_ranking_picks_the_hand_worked_fastest():
   assert '| 1 (choice) | sync-split allreduce N=2 B=64 | 175 (175–175) |' in rank.table(ranked)
 
 
+def test_a_step_is_its_gradient_the_serial_step_s_other_work_its_inputs_and_its_calls():
+  """rank.predicted_step by hand: t_grad + the one-device step's other work at b + the input
+  pipeline's share beyond b's + the collectives; the work beside the gradient never below 0."""
+  assert rank.predicted_step(0.010, 0.002, 0.003, 0.001) == pytest.approx(0.016)
+  # The one-device step measured a little under t_grad (noise): its other work taken as 0,
+  # the larger batch's inputs still added.
+  assert rank.predicted_step(0.010, -0.001, 0.0, 0.0005) == pytest.approx(0.0105)
+  # A smaller batch than b makes less input, but the step's other work stays at least 0.
+  assert rank.predicted_step(0.010, 0.001, 0.002, -0.0015) == pytest.approx(0.012)
+  assert rank.predicted_step(0.010, 0.001, 0.002, -0.0005) == pytest.approx(0.0125)
+
+
+def test_the_input_cost_is_measured_on_the_stream_the_loop_reads(data_dir, monkeypatch):
+  """probe.input_seconds draws its batches from the training stream as the loop does
+  (`pipeline.prefetch_to_device` of `build.train_batches`), rows = this process's share,
+  and closes the stream it opened."""
+  from jaxpar.data import pipeline, sources
+  from jaxpar.plan import probe
+  c = _config(**{'dataset.data_dir': data_dir})
+  seen, closed = [], []
+  real = pipeline.prefetch_to_device
+
+  def spy(batches, mesh, size=2):
+    stream = real(batches, mesh, size)
+
+    def watched():
+      try:
+        for batch in stream:
+          seen.append(batch['image'].shape)
+          yield batch
+      finally:
+        closed.append(True)
+    return watched()
+  monkeypatch.setattr(pipeline, 'prefetch_to_device', spy)
+  seconds = probe.input_seconds(c, sources.open_source(c.dataset), 24, batches=5, seconds=60)
+  assert 0 < seconds < 60 and math.isfinite(seconds)
+  assert seen == [(24, 16, 16, 1)] * 8 and closed == [True]  # 3 first, then 5 counted
+
+
 def test_the_time_to_the_target_counts_the_checkpoint_saves_before_step_k():
   # K = 400, 250, 175 (as above). Without saves N=2 leads: 250 × 14.5 ms = 3.625 s against
   # 175 × 21 ms = 3.675 s. A save every 100 steps of 0.5 s: 4, 2 and 1 saves, and N=4 leads.
@@ -496,6 +535,17 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
       assert (r['collectives'] > 0) == (r['devices'] > 1)
   json.dumps(plan, allow_nan=False)  # standard JSON as written: no NaN, no Infinity
   assert any(line.startswith('Plan [') and 'candidates predicted' in line for line in lines)
+  # The input pipeline's CPU a batch at each batch this process makes (b = 16; the candidates'
+  # 16, 32 and 64), over this process's cores: N = 1 at B = 64 has no collectives, so its
+  # prediction is t_grad(64) + the serial step's other work + its inputs beyond b's.
+  t_in = {r['rows']: r['seconds'] for r in plan['input_s']['rows']}
+  assert sorted(t_in) == [16, 32, 64] and all(v > 0 for v in t_in.values())
+  cores = plan['input_s']['cores']
+  assert cores == len(os.sched_getaffinity(0))
+  t_grad = {(t['batch'], t['devices']): t['seconds'] for t in plan['t_grad']}
+  split = next(r for r in plan['candidates'] if r['label'] == 'sync-split allreduce N=1 B=64, BN all')
+  assert split['t_predicted'] == pytest.approx(t_grad[64, 1] + max(
+      max(plan['overhead_s'], 0) + (t_in[64] - t_in[16]) / cores, 0))
   # T counts the saves the run makes before step K (a save every 100 steps, timed).
   saves = plan['saves']
   assert saves['every'] == c.checkpoint_every and saves['seconds'] > 0
@@ -538,6 +588,7 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
   plan = json.loads(out.read_text(), parse_constant=_not_json)  # standard JSON: no NaN
   assert plan['processes'] == 2 and plan['devices'] == 2
   assert plan['setting'] == '2 processes × 1 cpu device, 1 core each'
+  assert plan['input_s']['cores'] == 1  # pinned: the inputs' CPU is the step's core's
   assert len(plan['candidates']) == 14 and plan['choice']['exact']
   alone = [r for r in plan['candidates'] if r['devices'] == 1]
   assert len(alone) == 2 and all(len(r['t_measured']) == 3 and r['collectives'] == 0

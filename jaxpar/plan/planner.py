@@ -4,7 +4,9 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
   1. serial run   one device at b = per_device_batch to the target: K_b, t_step(1), and
                   B_noise near the target (`probe.serial_run`); a run that stops short
                   (budget, max_steps) extrapolates K_b (`steps_model.extrapolate`), said so.
-  2. t_grad       one device, every device batch a candidate computes.
+  2. t_grad       one device, every device batch a candidate computes; t_in, the input
+                  pipeline's CPU a batch, at every batch a process makes
+                  (`probe.input_seconds`).
   3. calls        each collective kind's per-call cost on two of the devices
                   (`calibrate.time_calls`, 4 KB and the network's weights).
   4. predict      each candidate's step from its lowered program (`rank`), K(B) from the
@@ -159,6 +161,19 @@ def make(cfg, log=logging.info) -> dict:
       f'b={k[0]} on {k[1]}: {v * 1e3:.2f} ms' for k, v in t_grad.items())
       + f'; non-gradient work of the one-device step {overhead * 1e3:.2f} ms'
       + (' (negative: within the timing noise, taken as 0).' if overhead < 0 else '.'))
+  # The input pipeline's share of a step grows with the batch this process makes: t_in at
+  # each such batch (a step at B/P rows pays t_in(B/P) − t_in(b) beyond the one-device
+  # step at b), on the CPU backend spread over this process's cores (`inputs_of`).
+  t_in = {n: agree(probe.input_seconds(one, source, n))
+          for n in sorted({b} | {_rows(c, processes) for c in found})}
+  cores = len(os.sched_getaffinity(0)) if jax.default_backend() == 'cpu' else None
+  log(f'Plan [{time.perf_counter() - started:.0f} s]: input pipeline, CPU a batch: ' + ', '.join(
+      f'{n} rows {v * 1e3:.2f} ms' for n, v in t_in.items())
+      + (f' (over {cores} cores: a step beside it pays its share).' if cores else
+         ' (the host makes batches while the accelerator computes: not added).'))
+
+  def inputs_of(c) -> float:
+    return (t_in[_rows(c, processes)] - t_in[b]) / cores if cores else 0.0
 
   # --------------------------------------------------------------- 3. the collectives' costs
   costs, calls = None, None
@@ -205,12 +220,14 @@ def make(cfg, log=logging.info) -> dict:
       collectives = sent.setdefault(c.exchange, lowered)
     row['collectives'] = len(collectives)
     comm = costs.step(collectives) if costs and collectives else 0.0
-    row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, comm)
+    row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, comm,
+                                             inputs_of(c))
     row.pop('pruned', None)
 
   rows = rank.predict(
       found, lambda c: rank.steps_at(k_b, b, noise[0], c.batch),
-      lambda c: rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, 0.0), cost,
+      lambda c: rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, 0.0,
+                                    inputs_of(c)), cost,
       p.close)
   for row in rows:
     if row['candidate'] in alone_rows:  # timed already: costed (no collectives), not bound
@@ -249,7 +266,9 @@ def make(cfg, log=logging.info) -> dict:
                  'B_noise': [x if math.isfinite(x) else None for x in noise],  # ∞: none
                  'stopped': serial['stopped']},
       't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()],
-      'overhead_s': overhead, 'calls': calls, 'saves': saves,
+      'overhead_s': overhead,
+      'input_s': {'rows': [{'rows': n, 'seconds': v} for n, v in t_in.items()], 'cores': cores},
+      'calls': calls, 'saves': saves,
       'step_prediction_error': {'median_abs_log': float(np.median(errors)) if errors else None,
                                 'measured': len(errors)},
       'candidates': [_row_json(r) for r in ranked],
@@ -356,6 +375,11 @@ def one_device_in_child(one, target, batches, timed, deadline, log) -> dict:
                                 f'{done.returncode}; their output is above)')
     with open(out) as f:
       return json.load(f)
+
+
+def _rows(c, processes: int) -> int:
+  """The rows of a step's batch one process makes: one device is a run of one process."""
+  return c.batch if c.devices == 1 else c.batch // processes
 
 
 def _leader(ranked: list) -> dict:

@@ -9,6 +9,8 @@
   save_seconds   t_save: what one checkpoint save costs a run (its steps after the save
                  while orbax writes, less the same steps without).
   gradient_call  t_grad: one device, one batch's gradients ([T]'s definition).
+  input_seconds  t_in: the CPU seconds this process spends making one batch of the
+                 training stream (tf.data's threads and the copy to the device).
   step_call      a candidate's train step on its N devices: the collectives of its
                  lowered program (`hlo.collectives`) to cost, and a call to time it.
   initial_variables  the network's initial weights, made once for all of the above.
@@ -298,6 +300,34 @@ def gradient_call(cfg, meta, batch: int, devices: int = 1, variables=None):
   def call():
     return jax.block_until_ready(grads(*placed))
   return call
+
+
+def input_seconds(cfg, source, rows: int, batches: int = 20, seconds: float = 2.0) -> float:
+  """t_in(rows): the CPU seconds this process spends (every thread: tf.data's map and batch
+  threads, the loop's own) producing one batch of `rows` examples of `cfg`'s training
+  stream and placing it on its first local device, as the loop does
+  (`pipeline.prefetch_to_device`), in steady state: 3 batches first (the pipeline starts,
+  the shuffle buffer fills) and a pause (its prefetch buffers fill, so that the batches
+  counted are the batches made), then `batches` batches or `seconds` (at least 3), nothing
+  else running. On the CPU backend this work shares the cores with the step's."""
+  from jaxpar import build
+  from jaxpar.data import pipeline
+
+  local = jax.local_devices()[:1]
+  mesh = jax.sharding.Mesh(np.array(local), ('data',))
+  stream = pipeline.prefetch_to_device(
+      build.train_batches(cfg, source, rows * jax.process_count(), 0), mesh)
+  try:
+    for _ in range(3):
+      jax.block_until_ready(next(stream))
+    time.sleep(0.2)
+    cpu, wall, n = time.process_time(), time.perf_counter(), 0
+    while n < batches and (n < 3 or time.perf_counter() - wall < seconds):
+      jax.block_until_ready(next(stream))
+      n += 1
+    return (time.process_time() - cpu) / n
+  finally:
+    stream.close()
 
 
 def step_call(cfg, meta, source, variables, lower: bool = True):

@@ -14,8 +14,12 @@ optimistic bound — said in the row.
 
 Step time t_step ([T] eq. 4.4's t_grad plus the step's communication, the parts model of
 `analysis.steptime.compare` without the trace): predicted as t_grad(device batch) + the
-non-gradient work of the one-device step (t_step(1) − t_grad(b)) + every collective of
-the candidate's lowered program at its calibrated per-call cost (`calibrate.CallCosts`);
+non-gradient work of the one-device step (t_step(1) − t_grad(b)) + the input pipeline's
+work beyond the one-device step's, (t_in(B/P) − t_in(b))/cores, on the CPU backend (t_in:
+the CPU seconds a process spends making a batch of that many rows, `probe.input_seconds`;
+P processes; the cores this process runs on, which the step's own work keeps busy) + every
+collective of the candidate's lowered program at its calibrated per-call cost
+(`calibrate.CallCosts`);
 then the candidates whose predicted T is close to the best are timed, and a measured step
 time replaces the prediction in T. The measured ones judge the prediction:
 |log(predicted/measured)|, reported next to the repetitions' own spread.
@@ -49,8 +53,11 @@ def noise_near_target(track: list, share: float = 1 / 3) -> tuple:
   return float(np.median(finite)), float(min(finite)), float(max(finite))
 
 
-def predicted_step(t_grad: float, overhead: float, comm: float) -> float:
-  return t_grad + max(overhead, 0.0) + comm
+def predicted_step(t_grad: float, overhead: float, comm: float, inputs: float = 0.0) -> float:
+  """t_grad + the one-device step's other work at b (`overhead`) + the input pipeline's
+  share beyond it at this step's batch (`inputs`, below 0 for a smaller batch) + the
+  collectives (`comm`); the work beside the gradient is never below 0 (timing noise)."""
+  return t_grad + max(max(overhead, 0.0) + inputs, 0.0) + comm
 
 
 def predict(candidates, steps, step_bound, cost, close: float) -> list:
