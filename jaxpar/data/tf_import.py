@@ -22,8 +22,16 @@ _KERAS_EAGER = 'keras.src.optimizers'
 
 
 def tensorflow():
-  """The `tensorflow` module, imported (the first time) without Keras."""
-  if sys.modules.get('tensorflow') is None:  # (None: marked absent, `import` raises)
+  """The `tensorflow` module, imported (the first time) without Keras.
+
+  tf.data traces the functions it maps with AutoGraph, which converts every call they make:
+  the pipeline's helpers call this one, so once TensorFlow is imported it is returned
+  without a call into the import system (AutoGraph finds no source for importlib's frozen
+  functions and logs a warning to the run's output)."""
+  module = sys.modules.get('tensorflow')
+  if module is not None and not getattr(module.__spec__, '_initializing', False):
+    return module
+  if module is None:  # (None also where marked absent: `import` raises)
     marked = _KERAS_EAGER not in sys.modules
     if marked:
       sys.modules[_KERAS_EAGER] = None  # `import` raises ImportError
