@@ -20,6 +20,7 @@ from runs import (REPLAY_TOLERANCE, TinyResNet, assert_trees_close, downpour_rep
                   reference_run, shard_batch, shard_batches)
 
 ray = pytest.importorskip('ray')
+from jaxpar.parallel import async_ray  # noqa: E402
 from jaxpar.parallel.async_ray import RayDownpour  # noqa: E402
 
 IMAGE = (1, 16, 16, 3)
@@ -32,10 +33,11 @@ def local_ray():
   the tests' runs: 3 workers compiling one program each on 2 cores was most of a test)."""
   tests = os.path.dirname(os.path.abspath(__file__))
   path = os.pathsep.join(p for p in (tests, os.environ.get('PYTHONPATH', '')) if p)
-  ray.init(num_cpus=8, include_dashboard=False, logging_level='warning',
-           runtime_env={'env_vars': {
-               'PYTHONPATH': path,
-               'JAX_COMPILATION_CACHE_DIR': os.environ['JAXPAR_TEST_XLA_CACHE']}})
+  with async_ray.ray_forks():  # as a run starts it: without JAX's fork warning
+    ray.init(num_cpus=8, include_dashboard=False, logging_level='warning',
+             runtime_env={'env_vars': {
+                 'PYTHONPATH': path,
+                 'JAX_COMPILATION_CACHE_DIR': os.environ['JAXPAR_TEST_XLA_CACHE']}})
   yield
   ray.shutdown()
 

@@ -36,6 +36,7 @@ shard; a resumed run starts every worker at ⌊step / N⌋ batches into its shar
 the workers applied equally many batches; logged).
 """
 import collections
+import contextlib
 import os
 import socket
 import time
@@ -59,6 +60,19 @@ def ray_module():
   return ray
 
 
+@contextlib.contextmanager
+def ray_forks():
+  """Around `ray.init`: JAX warns at every fork once its backend runs ("os.fork() ... will
+  likely lead to a deadlock"). Ray starts its own programs (GCS, raylet) by fork and exec,
+  with a preexec_fn that only blocks SIGINT and asks to die with this process: the child
+  runs none of JAX's code before exec, so the warning, printed by every Ray start, is not
+  news. Other warnings pass."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings('ignore', message=r'os\.fork\(\) was called',
+                            category=RuntimeWarning)
+    yield
+
+
 def start(address: str, workers: int) -> None:
   """Connects to the Ray cluster at `address` (or $RAY_ADDRESS), or starts a local Ray for
   this run: as many logical CPUs as the workers need (they share the cores, as threads)."""
@@ -75,13 +89,7 @@ def start(address: str, workers: int) -> None:
     os.environ['RAY_AUTH_MODE'] = 'token'
     logging.info('Connecting to the Ray cluster with its authentication token (RAY_AUTH_MODE '
                  'unset, a token found): RAY_AUTH_MODE=token.')
-  with warnings.catch_warnings():
-    # JAX warns at every fork once its backend runs ("os.fork() ... will likely lead to a
-    # deadlock"). Ray starts its own programs (GCS, raylet) by fork and exec, with a
-    # preexec_fn that only blocks SIGINT and asks to die with this process: the child runs
-    # none of JAX's code before exec, so the warning, printed by every Ray run, is not news.
-    warnings.filterwarnings('ignore', message=r'os\.fork\(\) was called',
-                            category=RuntimeWarning)
+  with ray_forks():
     ray.init(address=address, include_dashboard=False, logging_level='warning',
              log_to_driver=True, **local)
   resources = ray.cluster_resources()
