@@ -543,7 +543,8 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   cores = plan['input_s']['cores']
   assert cores == len(os.sched_getaffinity(0))
   t_grad = {(t['batch'], t['devices']): t['seconds'] for t in plan['t_grad']}
-  split = next(r for r in plan['candidates'] if r['label'] == 'sync-split allreduce N=1 B=64, BN all')
+  split = next(r for r in plan['candidates']
+               if r['label'] == 'sync-split allreduce N=1 B=64, BN all')
   assert split['t_predicted'] == pytest.approx(t_grad[64, 1] + max(
       max(plan['overhead_s'], 0) + (t_in[64] - t_in[16]) / cores, 0))
   # T counts the saves the run makes before step K (a save every 100 steps, timed).
