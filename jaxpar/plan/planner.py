@@ -165,14 +165,17 @@ def make(cfg, log=logging.info) -> dict:
   # each such batch (a step at B/P rows pays t_in(B/P) − t_in(b) beyond the one-device
   # step at b), on the CPU backend spread over this process's cores (`inputs_of`); not on an
   # accelerator, whose steps the host's batch-making overlaps.
-  cores = len(os.sched_getaffinity(0)) if jax.default_backend() == 'cpu' else None
-  t_in = {n: agree(probe.input_seconds(one, source, n))
-          for n in sorted({b} | {_rows(c, processes) for c in found})} if cores else {}
-  log(f'Plan [{time.perf_counter() - started:.0f} s]: input pipeline, CPU a batch: ' + ', '.join(
-      f'{n} rows {v * 1e3:.2f} ms' for n, v in t_in.items())
-      + f' (over {cores} cores: a step beside it pays its share).' if cores else
-      'Plan: the input pipeline not timed: the host makes batches while the accelerator '
-      'computes.')
+  cores, t_in = None, {}
+  if jax.default_backend() == 'cpu':
+    cores = len(os.sched_getaffinity(0))
+    t_in = {n: agree(probe.input_seconds(one, source, n))
+            for n in sorted({b} | {_rows(c, processes) for c in found})}
+    log(f'Plan [{time.perf_counter() - started:.0f} s]: input pipeline, CPU a batch: '
+        + ', '.join(f'{n} rows {v * 1e3:.2f} ms' for n, v in t_in.items())
+        + f' (over {cores} cores: a step beside it pays its share).')
+  else:
+    log('Plan: the input pipeline not timed: the host makes batches while the accelerator '
+        'computes.')
 
   def inputs_of(c) -> float:
     return (t_in[_rows(c, processes)] - t_in[b]) / cores if cores else 0.0

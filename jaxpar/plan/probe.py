@@ -312,9 +312,9 @@ def input_seconds(cfg, source, rows: int, batches: int = 20, seconds: float = 2.
   else running. On the CPU backend this work shares the cores with the step's."""
   from jaxpar import build
   from jaxpar.data import pipeline
+  from jaxpar.mesh import make_mesh
 
-  local = jax.local_devices()[:1]
-  mesh = jax.sharding.Mesh(np.array(local), ('data',))
+  mesh = make_mesh((1,), ('data',), jax.local_devices()[:1])
   stream = pipeline.prefetch_to_device(
       build.train_batches(cfg, source, rows * jax.process_count(), 0), mesh)
   try:
