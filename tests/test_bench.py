@@ -255,6 +255,23 @@ def test_the_gpu_table_adds_torch_compile_and_the_fraction_of_peak():
   assert 'measured' not in bench_table.table([result, dict(h100, created=result['created'])])
 
 
+def test_the_front_page_keeps_each_cells_newest_run():
+  gpu = ROOT / 'analysis/report/bench/gpu'
+  old, new = (json.loads((gpu / f'squeezenet_224_bfloat16_gpu{day}.json').read_text())
+              for day in ('', '_2026-11-28'))
+  h100 = json.loads((ROOT / 'analysis/report/bench/gpu_h100/resnet34_224_bfloat16_gpu.json')
+                    .read_text())
+  f32 = json.loads((gpu / 'squeezenet_224_float32_gpu.json').read_text())
+  for runs in ([old, new, h100, f32], [new, f32, h100, old]):
+    kept = bench_table.newest(runs)
+    assert sorted(r['created'] for r in kept) == sorted(
+        [new['created'], h100['created'], f32['created']])
+  # Another batch, BatchNorm grouping or mesh is another cell, kept beside it.
+  for other in (dict(old, global_batch=128), dict(old, mesh=[2]),
+                dict(old, config=dict(old['config'], bn_group_size=1))):
+    assert len(bench_table.newest([old, new, other])) == 2
+
+
 def test_torch_peer_is_refused_for_a_variant_it_does_not_have(data_dir):
   with pytest.raises(config_lib.ConfigError, match='config.batch_norm=True is invalid with'):
     bench.bench(_config(data_dir, batch_norm=True), steps=1, warmup=1, with_torch=True)

@@ -5,12 +5,10 @@
 # TensorFlow needed), each step beside the auto-sharded jit step and PyTorch's eager and
 # torch.compile'd steps on CUDA (torchvision's networks; SqueezeNet without BatchNorm, as
 # published and as its peer).
-#   bash analysis/benchmarks/bench_gpu.sh runs/gpu     # ~25 min on one H100 (2026-11-27: ~3 min
-#                                                      # a cell, mostly jaxpar's and torch.compile's compilation;
-#                                                      # jaxpar's under host_memory='keep', one malloc arena for
-#                                                      # the compiler's threads: 'auto' now leaves malloc alone here)
-# NETS and DTYPES choose the cells (default: all eight), e.g. the ones still to measure:
-#   NETS="squeezenet googlenet vgg16e" DTYPES=bfloat16 bash analysis/benchmarks/bench_gpu.sh runs/gpu
+#   bash analysis/benchmarks/bench_gpu.sh runs/gpu     # 1.4-3.8 min a cell on one H200 (2026-11-29),
+#                                                      # mostly jaxpar's and torch.compile's compilation
+# NETS and DTYPES choose the cells (default: all eight), e.g. the ones still without torch.compile:
+#   NETS="googlenet squeezenet" DTYPES=float32 bash analysis/benchmarks/bench_gpu.sh runs/gpu
 # A cell that fails is named and the others still run. JAX takes 45 % of the GPU's memory
 # (XLA_PYTHON_CLIENT_MEM_FRACTION), leaving PyTorch, in the same process, the rest.
 set -uo pipefail

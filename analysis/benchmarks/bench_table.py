@@ -132,6 +132,23 @@ def _date(r) -> str:
   return r.get('created', '')[:10] or '?'
 
 
+def cell(r) -> tuple:
+  """What a run measured, less when: its device, network, input, compute, devices, processes,
+  BatchNorm grouping and global batch."""
+  return (_device(r), r['network'], r['image_size'], r['dtype'], tuple(r['mesh']),
+          r['config']['distributed']['num_processes'], r['config']['bn_group_size'],
+          r['global_batch'])
+
+
+def newest(results) -> list:
+  """Each cell's newest run (`created`), for a front page's table; the older runs of a cell
+  stay in the tables of the days they ran."""
+  last = {}
+  for r in sorted(results, key=lambda r: r.get('created', '')):
+    last[cell(r)] = r
+  return list(last.values())
+
+
 def table(results) -> str:
   """The rows of `results`; a first column names the device when they ran on several kinds,
   and one the day each ran when they ran on several days."""

@@ -40,9 +40,10 @@ def _load(*patterns) -> list:
   return found
 
 
-def _bench(*patterns):
+def _bench(*patterns, newest=False):
   from analysis.benchmarks import bench_table
-  return bench_table.table(_load(*patterns))
+  results = _load(*patterns)
+  return bench_table.table(bench_table.newest(results) if newest else results)
 
 
 def _host_memory():
@@ -296,10 +297,11 @@ TABLES = {
     'collapse-dead-classes': lambda: _collapse('dead_table'),
     'collapse-training': lambda: _collapse('training_table'),
     'bench-cpu': lambda: _bench('bench/*.json'),
-    'bench-gpu': lambda: _bench('bench/gpu/*.json'),
+    'bench-gpu': lambda: _bench('bench/gpu/*_gpu.json'),
     'bench-gpu-h100': lambda: _bench('bench/gpu_h100/*.json'),
     'bench-gpu-2026-11-28': lambda: _bench('bench/gpu/*_2026-11-28.json'),
-    'bench-gpus': lambda: _bench('bench/gpu/*.json', 'bench/gpu_h100/*.json'),
+    'bench-gpu-2026-11-29': lambda: _bench('bench/gpu/*_2026-11-29.json'),
+    'bench-gpus': lambda: _bench('bench/gpu/*.json', 'bench/gpu_h100/*.json', newest=True),
     'bench-methods': _methods,
     'host-memory-faults': _host_memory,
     'host-memory-compile': _compile_host_memory,
