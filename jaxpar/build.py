@@ -149,10 +149,11 @@ def strategy(cfg, mesh, model):
   """The parallel method of `config.scheme`, `config.server` and the like: how gradients
   are combined, the weights updated and the state laid out."""
   dtype = jnp.dtype(cfg.grad_reduce_dtype)
-  # One buffer across processes, where every collective call costs a fixed latency
-  # (all-reduce's psum, gossip's permutes, the distributed server's even placement).
+  # Gossip's permutes and the distributed server's even placement: one buffer across
+  # processes, where every collective call costs a fixed latency. psum: by size anywhere.
   one_buffer = cfg.grad_fusion == 'one_buffer' or (cfg.grad_fusion == 'auto'
                                                     and jax.process_count() > 1)
+  fusion = 'by_size' if cfg.grad_fusion == 'auto' else cfg.grad_fusion
   every = cfg.sync_every or 1  # gossip: exchange on every p-th step (Local SGD(p) + gossip)
   make = {
       'hybrid': lambda: HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype,
@@ -166,7 +167,7 @@ def strategy(cfg, mesh, model):
           mesh.axis_sizes, mesh.axis_names, cfg.local_sgd_group_size)),
       'central': lambda: CentralServer(mesh, dtype, cfg.central_schedule),
       'distributed': lambda: DistributedServer(mesh, dtype, cfg.placement, one_buffer),
-      'allreduce': lambda: AllReduce(mesh.axis_names, cfg.grad_reduce, dtype, one_buffer),
+      'allreduce': lambda: AllReduce(mesh.axis_names, cfg.grad_reduce, dtype, fusion),
   }
   return make[config_lib.method(cfg)]()
 

@@ -123,13 +123,13 @@ def defaults() -> ml_collections.ConfigDict:
   # How gradients are summed over the data axes: psum (XLA's all-reduce), ring
   # ([L]: ppermute ring over all devices), torus2d ([Y]: a 2-axis mesh only).
   c.grad_reduce = 'psum'
-  # psum only: one_buffer all-reduces every gradient as one buffer per dtype (as PyTorch
-  # DDP buckets them): one call instead of one per tensor, for the price of copying the
-  # gradients in and out. auto = one_buffer across processes (each call then costs a
-  # fixed latency: ~0.1 ms on gloo here, a 4 ms tick before its loop ran at idle priority,
-  # since when per_tensor measured faster for ResNet34: docs/step-times.md), per_tensor
-  # within one process (calls are cheap); auto does the same for the distributed
-  # server's and gossip's exchanges.
+  # psum and gossip: one_buffer sends every gradient as one buffer per dtype (one call
+  # instead of one per tensor, for the price of copying the gradients in and out);
+  # by_size (psum only) the tensors under 64 KiB in one buffer and each larger one alone,
+  # as PyTorch DDP's buckets bundle small gradients. auto = by_size for psum (measured
+  # faster than both in one process and across processes: docs/performance.md); for
+  # gossip and the distributed server one_buffer across processes (each call costs a
+  # fixed latency, ~0.1 ms on gloo here), per_tensor within one.
   c.grad_fusion = 'auto'
   # Local SGD / model averaging ([S], [L]): > 0 trains one replica per device and
   # averages parameters and BN statistics every `sync_every` steps (1 = synchronous

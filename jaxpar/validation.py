@@ -156,6 +156,10 @@ def validate(c) -> None:
           f"server={c.server!r} moves gradients its own way: leave grad_reduce=psum")
   fusible = (c.server == 'allreduce' and c.grad_reduce == 'psum'
              or config_lib.method(c) == 'gossip')
+  if c.grad_fusion == 'by_size' and c.server != 'allreduce':
+    _fail('grad_fusion', c.grad_fusion,
+          "by_size is psum's (server='allreduce'); gossip's permutes send 'per_tensor' or "
+          "'one_buffer': choose one of them or leave 'auto'")
   if c.grad_fusion != 'auto' and not fusible:
     _fail('grad_fusion', c.grad_fusion,
           "it chooses how psum (server='allreduce', grad_reduce='psum') or gossip's permutes "

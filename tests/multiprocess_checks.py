@@ -76,7 +76,7 @@ def reductions(mesh) -> dict:
 
 def strategy(name, mesh):
   axes = mesh.axis_names
-  return {'allreduce': lambda: AllReduce(axes, one_buffer=True),
+  return {'allreduce': lambda: AllReduce(axes, fusion='one_buffer'),
           'torus2d': lambda: AllReduce(axes, 'torus2d'),
           'ring': lambda: AllReduce(axes, 'ring'),
           'central': lambda: CentralServer(mesh),

@@ -66,6 +66,7 @@ GRID = make_mesh((2, 4), ('x', 'y'))
 @pytest.mark.parametrize('name, strategy, expected', [
     # All-reduce: 2(N−1)/N of the message (the ring's count; XLA picks psum's algorithm).
     ('psum', AllReduce(LINE.axis_names), 2 * 7 / 8 * B),
+    ('psum by size', AllReduce(LINE.axis_names, fusion='by_size'), 2 * 7 / 8 * B),
     ('ring', AllReduce(LINE.axis_names, 'ring'), 2 * 7 / 8 * B),
     ('bf16', AllReduce(LINE.axis_names, dtype=jnp.bfloat16), 2 * 7 / 8 * B / 2),
     # Torus 2×4: a ring on x of each half, then 1/X of it on y: (2·1/2 + 2·3/8)·B.
@@ -123,6 +124,9 @@ ON_PAIR = dict(mesh__shape=(2,), mesh__axes=('data',))
 
 @pytest.mark.parametrize('name, strategy, cfg, over_analytic, over_reported', [
     ('psum', AllReduce(LINE.axis_names), _config(), 1.0, 1.0),
+    ('psum by size', AllReduce(LINE.axis_names, fusion='by_size'), _config(), 1.0, 1.0),
+    ('psum one buffer', AllReduce(LINE.axis_names, fusion='one_buffer'),
+     _config(grad_fusion='one_buffer'), 1.0, 1.0),
     # The ring pads 383 floats to 8 chunks of 48: 2·7·48 against 2·7/8·383 floats.
     ('ring', AllReduce(LINE.axis_names, 'ring'), _config(grad_reduce='ring'), 384 / 383,
      384 / 383),

@@ -1,4 +1,4 @@
-"""ring_psum, torus2d_psum and fused_psum have psum's contract, on any leaf shape, and the
+"""ring_psum, torus2d_psum, fused_psum and sized_psum have psum's contract, on any leaf shape, and the
 ring moves 1/N of the buffer per step; replicate averages each leaf over the axes it
 varies over, and skips axes of one device."""
 import re
@@ -10,7 +10,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import make_mesh
-from jaxpar.parallel.collectives import fused_psum, replicate, ring_psum, spanning, torus2d_psum
+from jaxpar.plan.hlo import collectives
+from jaxpar.parallel.collectives import (SMALL_TENSOR_BYTES, fused_psum, replicate, ring_psum,
+                                        sized_psum, spanning, torus2d_psum)
 
 # Awkward on purpose: a scalar, sizes prime to every axis size, an empty leaf, bf16 beside f32.
 SHAPES = {'scalar': (), 'odd': (7,), 'cube': (3, 5, 2), 'empty': (0, 4), 'big': (1001,)}
@@ -102,6 +104,35 @@ def test_fused_psum_equals_psum_in_one_all_reduce_per_dtype():
   lowered = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(mesh.axis_names),
                                   out_specs=P())).lower(_per_device_tree(8)).as_text()
   assert lowered.count('stablehlo.all_reduce') == 2  # float32 and bfloat16
+
+
+def test_sized_psum_sends_small_leaves_in_one_buffer_and_large_ones_alone():
+  """Leaves under SMALL_TENSOR_BYTES share one all-reduce per dtype; each larger one has its
+  own, of its own shape (copied into no buffer)."""
+  mesh = make_mesh((2, 4), ('x', 'y'))
+  words = SMALL_TENSOR_BYTES // 4  # float32 elements at the threshold
+  large = {'at': (words,), 'above': (2, words // 2 + 1)}  # exactly the threshold: alone
+
+  def tree_of(n):
+    rng = np.random.default_rng(2)
+    tree = _per_device_tree(n)
+    tree.update({k: rng.normal(size=(n, *s)).astype(np.float32) for k, s in large.items()})
+    tree['under'] = rng.normal(size=(n, words - 1)).astype(np.float32)
+    return tree
+  reduce = lambda t: sized_psum(t, ('x', 'y'))
+  spec = P(mesh.axis_names)
+  body = lambda t: (reduce(t), _psum(t, ('x', 'y')))
+  unstack = lambda t: jax.tree.map(lambda v: v[0], t)
+  got, want = jax.jit(jax.shard_map(lambda t: body(unstack(t)), mesh=mesh, in_specs=spec,
+                                    out_specs=P()))(tree_of(8))
+  _assert_tree_equal(got, want)
+  lowered = jax.jit(jax.shard_map(lambda t: reduce(unstack(t)), mesh=mesh, in_specs=spec,
+                                  out_specs=P())).lower(tree_of(8)).as_text()
+  sent = sorted((c.op, c.shape, c.dtype) for c in collectives(lowered))
+  small_floats = sum(int(np.prod(s)) for s in SHAPES.values()) + words - 1
+  assert sent == sorted([('all_reduce', (small_floats,), 'f32'), ('all_reduce', (9,), 'bf16'),
+                         ('all_reduce', (words,), 'f32'),
+                         ('all_reduce', (2, words // 2 + 1), 'f32')])
 
 
 def test_replicate_averages_each_leaf_over_its_own_axes():

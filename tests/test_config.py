@@ -64,6 +64,8 @@ def test_defaults_are_valid():
       'async_sgd.cpus_per_worker': -2}, 'config.async_sgd.cpus_per_worker', '0 or more'),
     ({'central_schedule': 'parallel'}, 'config.central_schedule', "server='central'"),
     ({'grad_fusion': 'bucketed'}, 'config.grad_fusion', "'one_buffer'"),
+    ({'grad_fusion': 'by_size', 'server': 'gossip'}, 'config.grad_fusion',
+     "gossip's permutes send 'per_tensor' or 'one_buffer'"),
     ({'grad_fusion': 'one_buffer', 'grad_reduce': 'ring'}, 'config.grad_fusion',
      "leave 'auto'"),
     ({'server': 'gossip', 'sparsify.capacity': 0.1, 'grad_fusion': 'one_buffer'},
@@ -384,7 +386,8 @@ def test_an_unprepared_dataset_offline_is_one_line_in_seconds(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize('overrides, words', [
-    ({}, 'all-reduces gradients (psum) in float32'),
+    ({}, 'all-reduces gradients (psum, tensors under 64 KiB in one buffer) in float32'),
+    ({'grad_fusion': 'per_tensor'}, 'all-reduces gradients (psum) in float32'),
     ({'grad_fusion': 'one_buffer', 'grad_reduce_dtype': 'bfloat16'},
      'all-reduces gradients (psum, one buffer) in bfloat16'),
     ({'scheme': 'sync-join', 'server': 'central'}, 'gradients to the central server'),

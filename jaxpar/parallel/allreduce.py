@@ -5,7 +5,8 @@ mean-gradients is the gradient of the whole batch: the step equals sequential
 training. With sync-join the same mean is [T]'s ∇W = (1/N) Σ ∇W_i.
 
 How the sum travels is config `grad_reduce`: XLA's all-reduce (`psum`; per
-tensor or in one buffer, config `grad_fusion`), [L]'s ring or [Y]'s 2-D torus
+tensor, in one buffer, or the small tensors in one buffer and the large ones alone:
+config `grad_fusion`), [L]'s ring or [Y]'s 2-D torus
 (`parallel/collectives.py`); all three give the same mean. `grad_reduce_dtype`
 may send the gradients in bfloat16, halving the bytes moved; they are cast back
 to their own dtype (float32) before the division, so the optimizer always sees
@@ -17,12 +18,15 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
-from jaxpar.parallel.collectives import (fused_psum, nbytes, replicate, ring_psum, spanning,
-                                        torus2d_psum, travelling)
+from jaxpar.parallel.collectives import (SMALL_TENSOR_BYTES, fused_psum, nbytes, replicate,
+                                        ring_psum, sized_psum, spanning, torus2d_psum,
+                                        travelling)
 from jaxpar.step import ReplicatedParams
 
 SUMS = {'psum': lax.psum, 'ring': ring_psum, 'torus2d': torus2d_psum}
-GRAD_FUSIONS = ('auto', 'one_buffer', 'per_tensor')
+GRAD_FUSIONS = ('auto', 'by_size', 'one_buffer', 'per_tensor')
+# How psum sends a gradient tree under each `grad_fusion` (auto: by_size, `build.strategy`).
+PSUMS = {'per_tensor': lax.psum, 'one_buffer': fused_psum, 'by_size': sized_psum}
 
 
 def all_reduce_bytes(kind: str, message: int, axes) -> float:
@@ -36,14 +40,16 @@ def all_reduce_bytes(kind: str, message: int, axes) -> float:
   return 2 * (n - 1) / n * message
 
 
-def mean_all_reduce(axes, kind: str = 'psum', dtype=None, one_buffer: bool = False):
+def mean_all_reduce(axes, kind: str = 'psum', dtype=None, fusion: str = 'per_tensor'):
   """The mean over the data `axes` of a gradient tree, inside `shard_map`.
 
   `kind` names the sum in `SUMS`; `torus2d` needs exactly two axes. `dtype`
   (e.g. jnp.bfloat16) is the dtype the gradients travel in; None keeps theirs.
-  `one_buffer`: psum every gradient in one all-reduce (`collectives.fused_psum`).
+  `fusion` (psum only; ring and torus2d always send one buffer): `per_tensor`, one
+  all-reduce per gradient; `one_buffer`, every gradient in one (`collectives.fused_psum`);
+  `by_size`, those under 64 KiB in one and each larger one alone (`collectives.sized_psum`).
   """
-  total = fused_psum if kind == 'psum' and one_buffer else SUMS[kind]
+  total = PSUMS[fusion] if kind == 'psum' else SUMS[kind]
 
   def reduce(grads):
     sent = grads if dtype is None else jax.tree.map(lambda g: g.astype(dtype), grads)
@@ -59,12 +65,14 @@ class AllReduce(ReplicatedParams, optim.WholeTensors):
   """The step's strategy for all-reduce data parallelism: every device holds the whole
   parameters and optimizer state (replicated), averages the gradients with
   `mean_all_reduce` and applies the same update."""
-  def __init__(self, axes, kind: str = 'psum', dtype=None, one_buffer: bool = False):
-    self.axes, self.kind, self.dtype, self.one_buffer = axes, kind, dtype, one_buffer
-    self.reduce = mean_all_reduce(axes, kind, dtype, one_buffer)
+  def __init__(self, axes, kind: str = 'psum', dtype=None, fusion: str = 'per_tensor'):
+    self.axes, self.kind, self.dtype, self.fusion = axes, kind, dtype, fusion
+    self.reduce = mean_all_reduce(axes, kind, dtype, fusion)
 
   def describe(self):
-    fusion = ', one buffer' if self.one_buffer and self.kind == 'psum' else ''
+    fusion = {'per_tensor': '', 'one_buffer': ', one buffer',
+              'by_size': f', tensors under {SMALL_TENSOR_BYTES // 1024} KiB in one buffer'
+              }[self.fusion] if self.kind == 'psum' else ''
     return f'all-reduces gradients ({self.kind}{fusion}) {travelling(self.dtype)}'
 
   def state_specs(self, state):
