@@ -272,6 +272,27 @@ def test_the_front_page_keeps_each_cells_newest_run():
     assert len(bench_table.newest([old, new, other])) == 2
 
 
+def test_the_fusion_table_sets_each_grad_fusion_side_by_side():
+  base = json.loads((ROOT / 'analysis/report/bench/resnet34_32_float32_2p.json').read_text())
+
+  def run(fusion, seconds, calls):
+    steps = [dict(s, median_s=seconds, collectives=calls) if s['step'] == 'jaxpar shard_map'
+             else s for s in base['steps']]
+    return dict(base, config=dict(base['config'], grad_fusion=fusion), steps=steps)
+  runs = [run('per_tensor', 0.110, 181), run('per_tensor', 0.130, 181),
+          run('per_tensor', 0.120, 181), run('one_buffer', 0.130, 75),
+          run('by_size', 0.100, 90), run('by_size', 0.104, 90)]
+  cells = _cells(bench_table.fusion_table(runs))
+  assert cells['devices'] == '2 (2 processes)'
+  assert cells['per_tensor step (s)'] == '0.1200 (0.1100–0.1300)'  # median of 3 runs
+  assert cells['one_buffer step (s)'] == '0.1300'
+  assert cells['by_size step (s)'] == '0.1020 (0.1000–0.1040)'  # of 2: their mean
+  assert cells['collectives (per_tensor, one_buffer, by_size)'] == '181, 75, 90'
+  assert cells['by_size / faster other'] == f'{0.120 / 0.102:.2f}×'
+  alone = _cells(bench_table.fusion_table([run('one_buffer', 0.13, 75)]))
+  assert alone['by_size step (s)'] == '—' and alone['by_size / faster other'] == '—'
+
+
 def test_torch_peer_is_refused_for_a_variant_it_does_not_have(data_dir):
   with pytest.raises(config_lib.ConfigError, match='config.batch_norm=True is invalid with'):
     bench.bench(_config(data_dir, batch_norm=True), steps=1, warmup=1, with_torch=True)

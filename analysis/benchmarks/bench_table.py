@@ -16,6 +16,7 @@ the same network and batch (`torch.utils.flop_counter`), marked *.
 """
 import json
 import math
+import statistics
 import sys
 
 
@@ -240,6 +241,45 @@ def host_memory_table(results) -> str:
     temp = next(iter(runs.values()))['temp_bytes_per_device'] / 1e6
     lines.append(f"| {step} | {temp:.2f} | {cell(runs.get('system'))} | "
                  f"{cell(runs.get('keep'))} |")
+  return '\n'.join(lines)
+
+
+FUSIONS = ('per_tensor', 'one_buffer', 'by_size')
+
+
+def fusion_table(results) -> str:
+  """jaxpar's all-reduce step under each `grad_fusion` side by side (docs/performance.md,
+  gradients by size), a row per network and place (one process of emulated devices, or
+  several processes): each setting's median over its runs of their median steps (the
+  lowest–highest run median where it ran more than once), the compiled program's
+  collectives, and by_size's throughput over the faster of the other two."""
+  by_row = {}
+  for r in results:
+    c = r['config']
+    processes = max(1, c['distributed']['num_processes'])
+    devices = math.prod(r['mesh'])
+    where = f'{devices} ({processes} processes)' if processes > 1 else f'{devices} (emulated)'
+    key = (r['network'], f"{r['image_size']}²", r['dtype'], where, r['global_batch'])
+    jaxpar = next(s for s in r['steps'] if s['step'] == 'jaxpar shard_map')
+    by_row.setdefault(key, {}).setdefault(c['grad_fusion'], []).append(jaxpar)
+  head = ['network', 'input', 'compute', 'devices', 'batch']
+  head += [f'{f} step (s)' for f in FUSIONS] + ['collectives (' + ', '.join(FUSIONS) + ')',
+                                                 'by_size / faster other']
+  lines = ['| ' + ' | '.join(head) + ' |', '|---|---|---|---|---:|' + '---:|' * 5]
+  median = lambda runs: statistics.median(s['median_s'] for s in runs)
+  for key, runs in sorted(by_row.items()):
+    def cell(f):
+      if f not in runs:
+        return '—'
+      times = [s['median_s'] for s in runs[f]]
+      spread = f' ({min(times):.4f}–{max(times):.4f})' if len(times) > 1 else ''
+      return f'{median(runs[f]):.4f}' + spread
+    others = [median(runs[f]) for f in FUSIONS[:2] if f in runs]
+    ratio = (f"{min(others) / median(runs['by_size']):.2f}×" if others and 'by_size' in runs
+             else '—')
+    calls = ', '.join(str(runs[f][0]['collectives']) if f in runs else '—' for f in FUSIONS)
+    lines.append('| ' + ' | '.join([*key[:4], str(key[4])] + [cell(f) for f in FUSIONS]
+                                   + [calls, ratio]) + ' |')
   return '\n'.join(lines)
 
 

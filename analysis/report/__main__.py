@@ -46,6 +46,11 @@ def _bench(*patterns, newest=False):
   return bench_table.table(bench_table.newest(results) if newest else results)
 
 
+def _fusion():
+  from analysis.benchmarks import bench_table
+  return bench_table.fusion_table(_load('bench/fusion/*.json'))
+
+
 def _host_memory():
   from analysis.benchmarks import bench_table
   return bench_table.host_memory_table(_load('host_memory/bench/*.json'))
@@ -301,6 +306,7 @@ TABLES = {
     'bench-gpu-h100': lambda: _bench('bench/gpu_h100/*.json'),
     'bench-gpu-2026-11-28': lambda: _bench('bench/gpu/*_2026-11-28.json'),
     'bench-gpu-2026-11-29': lambda: _bench('bench/gpu/*_2026-11-29.json'),
+    'grad-fusion': _fusion,
     'bench-gpus': lambda: _bench('bench/gpu/*.json', 'bench/gpu_h100/*.json', newest=True),
     'bench-methods': _methods,
     'host-memory-faults': _host_memory,
