@@ -268,7 +268,7 @@ def fusion_table(results) -> str:
   lines = ['| ' + ' | '.join(head) + ' |', '|---|---|---|---|---:|' + '---:|' * 5]
   median = lambda runs: statistics.median(s['median_s'] for s in runs)
   for key, runs in sorted(by_row.items()):
-    def cell(f):
+    def step_cell(f):
       if f not in runs:
         return '—'
       times = [s['median_s'] for s in runs[f]]
@@ -278,7 +278,7 @@ def fusion_table(results) -> str:
     ratio = (f"{min(others) / median(runs['by_size']):.2f}×" if others and 'by_size' in runs
              else '—')
     calls = ', '.join(str(runs[f][0]['collectives']) if f in runs else '—' for f in FUSIONS)
-    lines.append('| ' + ' | '.join([*key[:4], str(key[4])] + [cell(f) for f in FUSIONS]
+    lines.append('| ' + ' | '.join([*key[:4], str(key[4])] + [step_cell(f) for f in FUSIONS]
                                    + [calls, ratio]) + ' |')
   return '\n'.join(lines)
 
