@@ -154,17 +154,18 @@ def validate(c) -> None:
     _fail('grad_reduce', c.grad_reduce,
           f"ring and torus2d are all-reduce algorithms, for server='allreduce'; "
           f"server={c.server!r} moves gradients its own way: leave grad_reduce=psum")
-  fusible = (c.server == 'allreduce' and c.grad_reduce == 'psum'
-             or config_lib.method(c) == 'gossip')
-  if c.grad_fusion == 'by_size' and c.server != 'allreduce':
-    _fail('grad_fusion', c.grad_fusion,
-          "by_size is psum's (server='allreduce'); gossip's permutes send 'per_tensor' or "
-          "'one_buffer': choose one of them or leave 'auto'")
+  method = config_lib.method(c)
+  fusible = method == 'allreduce' and c.grad_reduce == 'psum' or method == 'gossip'
   if c.grad_fusion != 'auto' and not fusible:
     _fail('grad_fusion', c.grad_fusion,
           "it chooses how psum (server='allreduce', grad_reduce='psum') or gossip's permutes "
           "send the gradients; ring and torus2d always send one buffer, sparsified gossip "
-          "per tensor and the servers their own: leave 'auto'")
+          "per tensor, Local SGD (sync_every) its averages, the split FC layers "
+          "(fc_parallel) and the servers their own: leave 'auto'")
+  if c.grad_fusion == 'by_size' and method == 'gossip':
+    _fail('grad_fusion', c.grad_fusion,
+          "by_size is psum's (server='allreduce'); gossip's permutes send 'per_tensor' or "
+          "'one_buffer': choose one of them or leave 'auto'")
   if c.grad_reduce == 'torus2d' and len(shape) != 2:
     _fail('grad_reduce', c.grad_reduce,
           f'torus2d reduces over two mesh axes but mesh.shape={shape} has {len(shape)}; '

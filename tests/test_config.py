@@ -68,6 +68,8 @@ def test_defaults_are_valid():
      "gossip's permutes send 'per_tensor' or 'one_buffer'"),
     ({'grad_fusion': 'one_buffer', 'grad_reduce': 'ring'}, 'config.grad_fusion',
      "leave 'auto'"),
+    ({'grad_fusion': 'per_tensor', 'sync_every': 4}, 'config.grad_fusion',
+     'Local SGD (sync_every) its averages'),
     ({'server': 'gossip', 'sparsify.capacity': 0.1, 'grad_fusion': 'one_buffer'},
      'config.grad_fusion', "sparsified gossip per tensor"),
     ({'sync_every': -1}, 'config.sync_every', '0 or a positive'),
