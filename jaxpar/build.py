@@ -149,11 +149,10 @@ def strategy(cfg, mesh, model):
   """The parallel method of `config.scheme`, `config.server` and the like: how gradients
   are combined, the weights updated and the state laid out."""
   dtype = jnp.dtype(cfg.grad_reduce_dtype)
-  # Gossip's permutes and the distributed server's even placement: one buffer across
-  # processes, where every collective call costs a fixed latency. psum: by size anywhere.
-  one_buffer = cfg.grad_fusion == 'one_buffer' or (cfg.grad_fusion == 'auto'
-                                                    and jax.process_count() > 1)
+  # psum's and gossip's exchanges: by size unless set (docs/performance.md). The distributed
+  # server's even placement: one buffer across processes, where every call costs a latency.
   fusion = 'by_size' if cfg.grad_fusion == 'auto' else cfg.grad_fusion
+  one_buffer = jax.process_count() > 1
   every = cfg.sync_every or 1  # gossip: exchange on every p-th step (Local SGD(p) + gossip)
   make = {
       'hybrid': lambda: HybridFC(mesh, MODEL_AXIS, model.fc_split, dtype,
@@ -162,7 +161,7 @@ def strategy(cfg, mesh, model):
       'sparse_gossip': lambda: SparseGossip(mesh, cfg.sparsify.threshold, cfg.sparsify.capacity,
                                             cfg.sparsify.error_feedback, every,
                                             cfg.local_sgd_warmup),
-      'gossip': lambda: Gossip(mesh, every, cfg.local_sgd_warmup, one_buffer, cfg.gossip_mix),
+      'gossip': lambda: Gossip(mesh, every, cfg.local_sgd_warmup, fusion, cfg.gossip_mix),
       'local_sgd': lambda: LocalSGD(mesh, cfg.sync_every, cfg.local_sgd_warmup, group_axes(
           mesh.axis_sizes, mesh.axis_names, cfg.local_sgd_group_size)),
       'central': lambda: CentralServer(mesh, dtype, cfg.central_schedule),

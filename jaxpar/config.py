@@ -125,11 +125,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.grad_reduce = 'psum'
   # psum and gossip: one_buffer sends every gradient as one buffer per dtype (one call
   # instead of one per tensor, for the price of copying the gradients in and out);
-  # by_size (psum only) the tensors under 64 KiB in one buffer and each larger one alone,
-  # as PyTorch DDP's buckets bundle small gradients. auto = by_size for psum (measured at
-  # or ahead of the faster of the two, in one process and across: docs/performance.md); for
-  # gossip and the distributed server one_buffer across processes (each call costs a
-  # fixed latency, ~0.1 ms on gloo here), per_tensor within one.
+  # by_size the tensors under 64 KiB in one buffer and each larger one alone, as PyTorch
+  # DDP's buckets bundle small gradients. auto = by_size (measured at or ahead of the
+  # faster of the two, in one process and across: docs/performance.md); the distributed
+  # server (not settable) sends one buffer across processes, per tensor within one.
   c.grad_fusion = 'auto'
   # Local SGD / model averaging ([S], [L]): > 0 trains one replica per device and
   # averages parameters and BN statistics every `sync_every` steps (1 = synchronous

@@ -162,10 +162,6 @@ def validate(c) -> None:
           "send the gradients; ring and torus2d always send one buffer, sparsified gossip "
           "per tensor, Local SGD (sync_every) its averages, the split FC layers "
           "(fc_parallel) and the servers their own: leave 'auto'")
-  if c.grad_fusion == 'by_size' and method == 'gossip':
-    _fail('grad_fusion', c.grad_fusion,
-          "by_size is psum's (server='allreduce'); gossip's permutes send 'per_tensor' or "
-          "'one_buffer': choose one of them or leave 'auto'")
   if c.grad_reduce == 'torus2d' and len(shape) != 2:
     _fail('grad_reduce', c.grad_reduce,
           f'torus2d reduces over two mesh axes but mesh.shape={shape} has {len(shape)}; '

@@ -82,7 +82,7 @@ def strategy(name, mesh):
           'central': lambda: CentralServer(mesh),
           'distributed': lambda: DistributedServer(mesh, one_buffer=True),
           'local_sgd': lambda: LocalSGD(mesh, every=2),
-          'gossip': lambda: Gossip(mesh, one_buffer=True)}[name]()
+          'gossip': lambda: Gossip(mesh, fusion='one_buffer')}[name]()
 
 
 def train(name, mesh, batches) -> dict:

@@ -283,7 +283,7 @@ def test_the_fusion_table_sets_each_grad_fusion_side_by_side():
           run('per_tensor', 0.120, 181), run('one_buffer', 0.130, 75),
           run('by_size', 0.100, 90), run('by_size', 0.104, 90)]
   cells = _cells(bench_table.fusion_table(runs))
-  assert cells['devices'] == '2 (2 processes)'
+  assert cells['devices'] == '2 (2 processes)' and cells['server'] == 'allreduce'
   assert cells['per_tensor step (s)'] == '0.1200 (0.1100–0.1300)'  # median of 3 runs
   assert cells['one_buffer step (s)'] == '0.1300'
   assert cells['by_size step (s)'] == '0.1020 (0.1000–0.1040)'  # of 2: their mean

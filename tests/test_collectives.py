@@ -1,5 +1,5 @@
-"""ring_psum, torus2d_psum, fused_psum and sized_psum have psum's contract, on any leaf shape, and the
-ring moves 1/N of the buffer per step; replicate averages each leaf over the axes it
+"""ring_psum, torus2d_psum, fused_psum and sized_psum have psum's contract, on any leaf
+shape, and the ring moves 1/N of the buffer per step; replicate averages each leaf over the axes it
 varies over, and skips axes of one device."""
 import re
 

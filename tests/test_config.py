@@ -64,8 +64,6 @@ def test_defaults_are_valid():
       'async_sgd.cpus_per_worker': -2}, 'config.async_sgd.cpus_per_worker', '0 or more'),
     ({'central_schedule': 'parallel'}, 'config.central_schedule', "server='central'"),
     ({'grad_fusion': 'bucketed'}, 'config.grad_fusion', "'one_buffer'"),
-    ({'grad_fusion': 'by_size', 'server': 'gossip'}, 'config.grad_fusion',
-     "gossip's permutes send 'per_tensor' or 'one_buffer'"),
     ({'grad_fusion': 'one_buffer', 'grad_reduce': 'ring'}, 'config.grad_fusion',
      "leave 'auto'"),
     ({'grad_fusion': 'per_tensor', 'sync_every': 4}, 'config.grad_fusion',

@@ -19,23 +19,24 @@ from runs import TinyResNet, assert_trees_close, init_plain, random_batches
 IMAGE = (1, 16, 16, 3)
 
 
-@pytest.mark.parametrize('one_buffer', [False, True], ids=['per_tensor', 'one_buffer'])
+@pytest.mark.parametrize('fusion', ['per_tensor', 'one_buffer', 'by_size'])
 @pytest.mark.parametrize('n, s', [(1, 1), (2, 1), (3, 1), (4, 1), (4, 2), (8, 1), (8, 3),
                                   (8, 4)])
-def test_one_exchange_applies_the_mixing_matrix(n, s, one_buffer):
+def test_one_exchange_applies_the_mixing_matrix(n, s, fusion):
   mesh = make_mesh((n,), ('data',))
   rng = np.random.default_rng(n * 10 + s)
   grads = {'w': rng.normal(size=(n, 3, 2)).astype(np.float32),
-           'b': rng.normal(size=(n, 5)).astype(np.float32)}
-  exchange = jax.jit(jax.shard_map(lambda g: gossip_mean(g, 'data', s, one_buffer), mesh=mesh,
+           'b': rng.normal(size=(n, 5)).astype(np.float32),
+           'large': rng.normal(size=(n, 128, 130)).astype(np.float32)}  # over 64 KiB
+  exchange = jax.jit(jax.shard_map(lambda g: gossip_mean(g, 'data', s, fusion), mesh=mesh,
                                    in_specs=P('data'), out_specs=P('data')))
   mixed = exchange(grads)
-  # One permute per partner and tensor, or per partner for the whole buffer (across
-  # processes: one call each); one partner where both are the same device.
+  # One permute per partner and tensor, per partner for the whole buffer, or per partner for
+  # the small tensors' buffer and the large one; one partner where both are the same device.
   permutes = exchange.lower(grads).as_text().count('stablehlo.collective_permute')
   partners = 0 if n == 1 else 1 if (n, s) in ((2, 1), (4, 2), (8, 4)) else 2
   assert messages(n, s) == partners
-  assert permutes == partners * (1 if one_buffer else len(grads))
+  assert permutes == partners * {'per_tensor': 3, 'one_buffer': 1, 'by_size': 2}[fusion]
   w = mixing(n, s)
   for key in grads:
     expected = np.einsum('ij,j...->i...', w, grads[key])
@@ -49,15 +50,16 @@ def test_distances_cycle_to_half_the_ring():
   assert distances(3) == [1] and distances(2) == [1] and distances(1) == [1]
 
 
-@pytest.mark.parametrize('every, warmup, capacity, one_buffer, mix', [
-    (1, 0, 0.0, False, 'gradients'),  # gossip
-    (1, 0, 0.0, True, 'gradients'),   # gossip, every tensor in one buffer (as across processes)
-    (2, 1, 0.0, False, 'gradients'),  # Local SGD(2) + gossip after one exchanging step
-    (2, 0, 0.3, False, 'gradients'),  # Local SGD(2) + sparsified gossip (30 %, error feedback)
-    (1, 0, 0.0, False, 'parameters'),  # the models mixed (decentralised SGD)
-    (2, 1, 0.0, True, 'parameters'),   # … every other step after one, in one buffer
+@pytest.mark.parametrize('every, warmup, capacity, fusion, mix', [
+    (1, 0, 0.0, 'per_tensor', 'gradients'),  # gossip
+    (1, 0, 0.0, 'one_buffer', 'gradients'),  # gossip, every tensor in one buffer
+    (1, 0, 0.0, 'by_size', 'gradients'),     # gossip, the small tensors in one buffer
+    (2, 1, 0.0, 'per_tensor', 'gradients'),  # Local SGD(2) + gossip after one exchanging step
+    (2, 0, 0.3, 'per_tensor', 'gradients'),  # Local SGD(2) + sparsified gossip (30 %, EF)
+    (1, 0, 0.0, 'per_tensor', 'parameters'),  # the models mixed (decentralised SGD)
+    (2, 1, 0.0, 'one_buffer', 'parameters'),  # … every other step after one, in one buffer
 ])
-def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacity, one_buffer,
+def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacity, fusion,
                                                           mix):
   """4 devices, 3 steps (s = 1, 2, 1), SGD + momentum: each replica's weights equal those
   of a single-device loop that computes every replica's gradient on its own rows and, on
@@ -70,7 +72,7 @@ def test_gossip_steps_equal_a_simulation_of_every_replica(every, warmup, capacit
   mesh = make_mesh((n,), ('data',))
   model = TinyResNet(bn_axis_name=None)
   gossip = (SparseGossip(mesh, 0.0, capacity, True, every, warmup) if capacity
-            else Gossip(mesh, every, warmup, one_buffer, mix))
+            else Gossip(mesh, every, warmup, fusion, mix))
   state = init_state(model, tx, gossip, mesh, IMAGE, jax.random.key(0))
   step = make_train_step(model, tx, mesh, gossip)
   batches = random_batches(steps, batch=8 * n)

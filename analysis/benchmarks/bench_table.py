@@ -248,9 +248,9 @@ FUSIONS = ('per_tensor', 'one_buffer', 'by_size')
 
 
 def fusion_table(results) -> str:
-  """jaxpar's all-reduce step under each `grad_fusion` side by side (docs/performance.md,
-  gradients by size), a row per network and place (one process of emulated devices, or
-  several processes): each setting's median over its runs of their median steps (the
+  """jaxpar's step under each `grad_fusion` side by side (docs/performance.md, gradients by
+  size), a row per network, server and place (one process of emulated devices, or several
+  processes): each setting's median over its runs of their median steps (the
   lowest–highest run median where it ran more than once), the compiled program's
   collectives, and by_size's throughput over the faster of the other two."""
   by_row = {}
@@ -259,13 +259,14 @@ def fusion_table(results) -> str:
     processes = max(1, c['distributed']['num_processes'])
     devices = math.prod(r['mesh'])
     where = f'{devices} ({processes} processes)' if processes > 1 else f'{devices} (emulated)'
-    key = (r['network'], f"{r['image_size']}²", r['dtype'], where, r['global_batch'])
+    key = (r['network'], c['server'], f"{r['image_size']}²", r['dtype'], where,
+           r['global_batch'])
     jaxpar = next(s for s in r['steps'] if s['step'] == 'jaxpar shard_map')
     by_row.setdefault(key, {}).setdefault(c['grad_fusion'], []).append(jaxpar)
-  head = ['network', 'input', 'compute', 'devices', 'batch']
+  head = ['network', 'server', 'input', 'compute', 'devices', 'batch']
   head += [f'{f} step (s)' for f in FUSIONS] + ['collectives (' + ', '.join(FUSIONS) + ')',
                                                  'by_size / faster other']
-  lines = ['| ' + ' | '.join(head) + ' |', '|---|---|---|---|---:|' + '---:|' * 5]
+  lines = ['| ' + ' | '.join(head) + ' |', '|---|---|---|---|---|---:|' + '---:|' * 5]
   median = lambda runs: statistics.median(s['median_s'] for s in runs)
   for key, runs in sorted(by_row.items()):
     def step_cell(f):
@@ -278,7 +279,7 @@ def fusion_table(results) -> str:
     ratio = (f"{min(others) / median(runs['by_size']):.2f}×" if others and 'by_size' in runs
              else '—')
     calls = ', '.join(str(runs[f][0]['collectives']) if f in runs else '—' for f in FUSIONS)
-    lines.append('| ' + ' | '.join([*key[:4], str(key[4])] + [step_cell(f) for f in FUSIONS]
+    lines.append('| ' + ' | '.join([*key[:5], str(key[5])] + [step_cell(f) for f in FUSIONS]
                                    + [calls, ratio]) + ' |')
   return '\n'.join(lines)
 

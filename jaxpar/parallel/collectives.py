@@ -135,6 +135,16 @@ def by_size(tree, reduce, small: int | None = None):
   return jax.tree.unflatten(treedef, out)
 
 
+def fused_as(fusion: str, tree, reduce):
+  """`reduce` (elementwise) over `tree` as config `grad_fusion` says: each leaf alone
+  (`per_tensor`), one buffer per dtype (`one_buffer`, `fused`) or by size (`by_size`)."""
+  if fusion == 'one_buffer':
+    return fused(tree, reduce)
+  if fusion == 'by_size':
+    return by_size(tree, reduce)
+  return jax.tree.map(reduce, tree)
+
+
 def sized_psum(tree, axis_name):
   """`lax.psum` of a pytree with the small leaves in one all-reduce per dtype and each
   large one in its own (`by_size`)."""

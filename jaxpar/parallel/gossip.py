@@ -33,14 +33,13 @@ and the replicas climb apart (analysis/accuracy/gossip_sim.py; docs/accuracy.md)
 own and its partners' weights and BN statistics; a difference then shrinks by λ itself,
 |λ| ≤ 1/3, on every exchange. Its optimizer state stays its own.
 """
-import jax
 import jax.numpy as jnp
 import optax
 from absl import logging
 from jax import lax
 
 from jaxpar.parallel.averaging import Replicas
-from jaxpar.parallel.collectives import fused, nbytes
+from jaxpar.parallel.collectives import fused_as, nbytes
 
 # What the neighbours mix (config `gossip_mix`): [L]'s gradients, or the replicas' weights.
 GOSSIP_MIXES = ('gradients', 'parameters')
@@ -71,17 +70,19 @@ def mean_with_partners(own, received: list):
   return (own + partners) / 3
 
 
-def gossip_mean(tree, axes, s: int, one_buffer: bool = False):
+def gossip_mean(tree, axes, s: int, fusion: str = 'per_tensor'):
   """(g_i + g_{i+s} + g_{i−s}) / 3 on every device i of the ring over `axes`, inside
   shard_map; `s` a Python int. One permute per partner: where both partners are one
-  device, its values arrive once and count twice. `one_buffer`: every leaf in one buffer
-  per dtype, one or two permutes a step instead of one or two per tensor (across processes
-  each call costs a latency and is a rendezvous of the partners; docs/performance.md)."""
+  device, its values arrive once and count twice. `fusion` (config `grad_fusion`):
+  `per_tensor`, one or two permutes per tensor; `one_buffer`, every leaf in one buffer per
+  dtype, one or two permutes a step; `by_size`, the leaves under 64 KiB in one buffer and
+  each larger one alone (each call costs a latency and is a rendezvous of the partners, a
+  buffer a copy of every byte in it; docs/performance.md#gradients-by-size)."""
   perms = ring_partners(lax.axis_size(axes), s)
 
   def mix(g):
     return mean_with_partners(g, [lax.ppermute(g, axes, perm) for perm in perms])
-  return fused(tree, mix) if one_buffer else jax.tree.map(mix, tree)
+  return fused_as(fusion, tree, mix)
 
 
 def distances(n: int) -> list:
@@ -96,10 +97,10 @@ class Gossip(Replicas):
   # What the 2-device warning suggests instead (SparseGossip mixes gradients only).
   TWO_DEVICES_FIX = '--config.gossip_mix=parameters mixes the models instead'
 
-  def __init__(self, mesh, every: int = 1, warmup: int = 0, one_buffer: bool = False,
+  def __init__(self, mesh, every: int = 1, warmup: int = 0, fusion: str = 'per_tensor',
                mix: str = 'gradients'):
     super().__init__(mesh)
-    self.every, self.warmup, self.one_buffer, self.mix = every, warmup, one_buffer, mix
+    self.every, self.warmup, self.fusion, self.mix = every, warmup, fusion, mix
     if mix == 'gradients' and self.devices == 2:
       logging.warning("%s on 2 devices mixing gradients ([L] as written): each replica takes "
                       "2/3 of its partner's gradient and the two climb apart "
@@ -128,7 +129,7 @@ class Gossip(Replicas):
   def update(self, tx, grads, batch_stats, state):
     params, opt_state = self.layout.own((state.params, state.opt_state))
     cycle = distances(self.devices)
-    branches = [lambda g, s=s: gossip_mean(g, self.axes, s, self.one_buffer) for s in cycle]
+    branches = [lambda g, s=s: gossip_mean(g, self.axes, s, self.fusion) for s in cycle]
     exchanging = self.exchanges(state.step)
 
     def mixed(tree):  # its own partner twice on one device: (t + t + t)/3 = t, nothing sent
