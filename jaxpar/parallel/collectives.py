@@ -127,12 +127,10 @@ def by_size(tree, reduce, small: int | None = None):
   emulated devices (docs/performance.md#gradients-by-size)."""
   small = SMALL_TENSOR_BYTES if small is None else small
   leaves, treedef = jax.tree.flatten(tree)
-  little = [i for i, leaf in enumerate(leaves) if nbytes(leaf) < small]
-  alone = set(range(len(leaves))) - set(little)
-  out = [reduce(leaf) if i in alone else leaf for i, leaf in enumerate(leaves)]
-  for i, leaf in zip(little, fused([leaves[i] for i in little], reduce)):
-    out[i] = leaf
-  return jax.tree.unflatten(treedef, out)
+  little = [nbytes(leaf) < small for leaf in leaves]
+  out = [leaf if s else reduce(leaf) for leaf, s in zip(leaves, little)]  # the large first
+  together = iter(fused([leaf for leaf, s in zip(leaves, little) if s], reduce))
+  return jax.tree.unflatten(treedef, [next(together) if s else x for x, s in zip(out, little)])
 
 
 def fused_as(fusion: str, tree, reduce):
