@@ -1,27 +1,39 @@
 """Checkpoints through orbax's CheckpointManager: save every K steps, resume from the latest.
 
 The whole `TrainState` is saved, its `examples_seen` included, so a resumed run
-continues the data stream where the interrupted one stopped.
+continues the data stream where the interrupted one stopped. Beside it each step records
+(orbax's per-step custom metadata) the config and versions that wrote it, its mesh and
+processes, and the strategy's layout (`Strategy.checkpoint_layout`), so that a run on
+another mesh, number of processes or server restores it too (`jaxpar/portable.py`) and
+logs what changed.
 
 The faults a cluster delivers, each ending in one line rather than a traceback:
-- **A damaged checkpoint** (files truncated by a full disk or a copy that died): on
-  restore, a step that fails to read is named with what failed, moved aside within the
-  checkpoint folder (`<step>.damaged`, never deleted) and the previous step is tried; when
-  none is left, a `ConfigError` names the folder (`train` exits with status 2).
+- **A damaged checkpoint** (files missing or truncated by a full disk or a copy that died,
+  metadata that does not parse): on restore, a step that fails to read is named with what
+  failed, moved aside within the checkpoint folder (`<step>.damaged`, never deleted) and the
+  previous step is tried; when none is left, a `ConfigError` names the folder (`train`
+  exits with status 2). In several processes every process tries the same steps in the same
+  order and they agree on each verdict.
+- **A checkpoint that does not fit the config** (another network, widths, number of
+  classes, optimizer) is not damage: a `ConfigError` of one line says what differs and what
+  wrote it; nothing is renamed.
 - **A full file system**: before each save the checkpoint's size (its arrays' bytes, plus
   metadata) is compared with the space free in the folder; a save that cannot fit, or that
   fails while it is written (the disk filled meanwhile, the folder became unwritable), is a
   `CheckpointError` naming the folder, sizes and cause. orbax deletes an old checkpoint only after
   a new one is complete, so the last good one stays.
 """
+import json
 import os
 import shutil
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint import checkpoint_managers as policies
 
+from jaxpar import portable
 from jaxpar.config import ConfigError, RunError
 
 # Beyond the arrays' bytes: orbax's metadata (JSON of the tree, OCDBT manifests), ~100 KB
@@ -72,8 +84,12 @@ def _register_array_handler():
 
 
 class Checkpoints:
-  def __init__(self, workdir: str, every: int, keep: int):
+  """`record`: what each save records beside the state (`record`: the config, versions,
+  mesh, processes and the strategy's layout), JSON."""
+
+  def __init__(self, workdir: str, every: int, keep: int, record: dict | None = None):
     _register_array_handler()
+    self.record = record or {}
     if _without_traceback not in logging.get_absl_handler().filters:
       logging.get_absl_handler().addFilter(_without_traceback)
     # orbax wants an absolute path; a bucket (gs://...) already is one.
@@ -81,7 +97,7 @@ class Checkpoints:
     self.directory = os.path.join(root, 'checkpoints')
     self._in_flight = None  # the step of the last save started (written in the background)
     self.manager = ocp.CheckpointManager(
-        self.directory,
+        self.directory, item_handlers=ocp.StandardCheckpointHandler(),
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             # Every `every` steps, and when JAX signals preemption; not orbax's
@@ -90,26 +106,78 @@ class Checkpoints:
                 policies.FixedIntervalPolicy(every), policies.PreemptionCheckpointingPolicy()])))
 
   def restore_latest(self, state):
-    """The latest readable saved state (shaped and placed like `state`), or `state` if none
-    was ever saved. A step that fails to read is moved aside and the one before is tried."""
-    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    """The latest readable saved state, laid out like `state` (this run's initial state, in
+    the layout `self.record['layout']` names), or `state` if none was ever saved. A step
+    that fails to read is moved aside and the one before is tried; one that reads but does
+    not fit is a `ConfigError` (nothing moved). Sets `self.restored`: the record of the
+    step restored, and the changes its conversion made (`notes`)."""
+    self.restored = {}
     damaged = []
-    while (step := self.manager.latest_step()) is not None:
+    for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        return self.manager.restore(step, args=ocp.args.StandardRestore(target))
-      except Exception as e:  # noqa: BLE001 — orbax raises what its readers raise
+        restored = self._restore(step, state)
+      except _Damaged as e:
         aside = self._move_aside(step)
         damaged.append(step)
-        logging.warning('Checkpoint of step %d cannot be read (%s: %s); moved aside to %s, '
-                        'trying the one before.', step, type(e).__name__, _first_line(e),
-                        aside)
-        self.manager.reload()
+        logging.warning('Checkpoint of step %d cannot be read (%s); moved aside to %s, '
+                        'trying the one before.', step, e, aside)
+        continue
+      self.manager.reload()
+      return restored
+    self.manager.reload()
     if damaged:
       raise ConfigError(f'--workdir holds no readable checkpoint in {self.directory}: step(s) '
                         f"{', '.join(map(str, damaged))} failed to read and were moved aside "
-                        f'(<step>.damaged). Remove them (or choose another --workdir) to start '
-                        f'afresh.')
+                        f'(<step>.damaged, kept for inspection); choose another --workdir to '
+                        f'start afresh.')
     return state
+
+  def _restore(self, step: int, state):
+    """Step `step` laid out like `state`; `_Damaged` if it cannot be read (every process
+    agrees), `ConfigError` if it reads but does not fit."""
+    saved = record = None
+    try:
+      saved = self.manager.item_metadata(step).tree
+      record = self.manager.metadata(step).custom_metadata or {}
+    except Exception as e:  # noqa: BLE001 — orbax raises what its readers raise
+      failure = e
+    else:
+      failure = None
+    _agree(step, failure)
+    layout = self.record.get('layout')
+    written = record.get('layout')
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    if _fits(saved, target) and (written is None or layout is None or written == layout):
+      try:
+        restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+      except Exception as e:  # noqa: BLE001
+        failure = e
+      _agree(step, failure)
+      self.restored = {'step': step, 'record': record, 'notes': []}
+      return restored
+    mismatch = lambda why: ConfigError(
+        f'the checkpoint of step {step} in {self.directory} does not fit this run: {why}. It '
+        f'was written by {written_by(record)}; resume with that config (the mesh, processes '
+        f'and server may differ), or choose another --workdir to start afresh.')
+    if written is None or layout is None:
+      raise mismatch('its arrays differ from this run\'s ('
+                     + _first_difference(saved, target) + ') and it records no layout to '
+                     'convert from')
+    try:
+      raw = self.manager.restore(step, args=ocp.args.StandardRestore(
+          jax.tree.map(lambda m: np.empty(m.shape, m.dtype), saved)))
+    except Exception as e:  # noqa: BLE001
+      failure = e
+    _agree(step, failure)
+    try:
+      converted, notes = portable.lay_out(portable.read(raw, written, state, layout), layout,
+                                          state)
+    except portable.Mismatch as e:
+      raise mismatch(str(e)) from None
+    self.restored = {'step': step, 'record': record,
+                     'notes': [f'converted from {portable.describe(written)} to '
+                               f'{portable.describe(layout)}'] + notes}
+    return jax.tree.map(_placed, converted, state)
 
   def _move_aside(self, step: int) -> str:
     """Renames step `step`'s folder to `<step>.damaged` (numbered if taken): orbax lists only
@@ -133,7 +201,8 @@ class Checkpoints:
     `CheckpointError` when the checkpoint cannot fit or the previous save failed."""
     self._check_space(step, state)
     try:
-      saved = self.manager.save(step, args=ocp.args.StandardSave(state), force=force)
+      saved = self.manager.save(step, args=ocp.args.StandardSave(state), force=force,
+                                custom_metadata=self.record)
     except Exception as e:  # noqa: BLE001 — this save failed, or the one before it, still
       # in the background (orbax waits for it first): blame the one not complete.
       previous_done = self._in_flight is None or self._in_flight in self.manager.all_steps()
@@ -180,6 +249,109 @@ class Checkpoints:
     """The latest step's folder (for messages); '' before the first save."""
     step = self.manager.latest_step()
     return '' if step is None else os.path.join(self.directory, str(step))
+
+
+class _Damaged(Exception):
+  """A step's files cannot be read (the message: what failed)."""
+
+
+def _agree(step: int, failure):
+  """Raises `_Damaged` if reading step `step` failed here or in any other process (they
+  must all fall back together, or all go on)."""
+  failed = failure is not None
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    failed = bool(np.any(multihost_utils.process_allgather(np.int32(failed))))
+  if failed:
+    raise _Damaged(f'{type(failure).__name__}: {_first_line(failure)}' if failure
+                   else 'another process could not read it')
+
+
+def _leaves(tree) -> dict:
+  """path → (shape, dtype name) of a state's arrays, or of orbax's metadata of one."""
+  return {portable._key(p): (tuple(x.shape), np.dtype(x.dtype).name)
+          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _fits(saved, target) -> bool:
+  """Whether the saved tree has `target`'s arrays: the same paths, shapes and dtypes."""
+  return saved is not None and _leaves(saved) == _leaves(target)
+
+
+def _first_difference(saved, target) -> str:
+  have, want = _leaves(saved), _leaves(target)
+  for key in want:
+    if key not in have:
+      return f"this run's {key} is not in it"
+    if have[key] != want[key]:
+      return f'{key} is {have[key][0]} {have[key][1]}, this run\'s {want[key][0]} {want[key][1]}'
+  extra = sorted(set(have) - set(want))
+  return f'it has {extra[0]}, this run has not' if extra else 'another structure'
+
+
+def _placed(x, like):
+  """Host value `x` as a global array laid out like `like` (in any number of processes)."""
+  if not isinstance(like, jax.Array):
+    return x
+  x = np.asarray(x, like.dtype)
+  return jax.make_array_from_callback(x.shape, like.sharding, lambda index: x[index])
+
+
+def record(cfg, strategy, global_batch: int) -> dict:
+  """What a run's checkpoints record beside the state: its config, versions, mesh,
+  processes, global batch and the strategy's layout (JSON)."""
+  import datetime
+  import platform
+  from importlib import metadata
+  versions = {name: metadata.version(name)
+              for name in ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint')}
+  return {'config': json.loads(cfg.to_json_best_effort()), 'layout': strategy.checkpoint_layout(),
+          'processes': jax.process_count(), 'global_batch': int(global_batch),
+          'versions': {**versions, 'python': platform.python_version()},
+          'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}
+
+
+def changes(saved: dict, now: dict) -> list:
+  """What differs between the record a checkpoint was written with and this run's, as
+  'key: old -> new' (config fields, versions, processes, global batch)."""
+  def flat(tree, prefix=''):
+    out = {}
+    for k, v in (tree or {}).items():
+      if isinstance(v, dict):
+        out.update(flat(v, f'{prefix}{k}.'))
+      else:
+        out[f'{prefix}{k}'] = tuple(v) if isinstance(v, list) else v
+    return out
+  old = {**flat(saved.get('config')), **flat(saved.get('versions'), 'version of '),
+         'processes': saved.get('processes'), 'global batch': saved.get('global_batch')}
+  new = {**flat(now.get('config')), **flat(now.get('versions'), 'version of '),
+         'processes': now.get('processes'), 'global batch': now.get('global_batch')}
+  return [f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in sorted(set(old) | set(new))
+          if old.get(k) != new.get(k) and old.get(k) is not None and k != 'written']
+
+
+# The fields of a config that say what wrote a checkpoint, in one line.
+WRITTEN_BY = ('model', 'dataset.name', 'scheme', 'server', 'mesh.shape', 'optimizer.name',
+              'dtype')
+
+
+def written_by(record: dict) -> str:
+  """'model=resnet34, dataset.name=sklearn_digits, … (jax 0.10.2, 2026-12-01)' from a
+  checkpoint's record; what is known of an unrecorded one."""
+  config = record.get('config')
+  if not config:
+    return 'a run that recorded no config'
+  if isinstance(config, str):
+    config = json.loads(config)
+  fields = []
+  for name in WRITTEN_BY:
+    value = config
+    for part in name.split('.'):
+      value = value.get(part) if isinstance(value, dict) else None
+    if value is not None:
+      fields.append(f'{name}={tuple(value) if isinstance(value, list) else value}')
+  versions = record.get('versions', {})
+  return ', '.join(fields) + (f" (jaxpar on jax {versions['jax']})" if 'jax' in versions else '')
 
 
 def _first_line(e: Exception) -> str:

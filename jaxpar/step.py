@@ -179,6 +179,10 @@ class Strategy(Protocol):
     """What the method exchanges, in words, for the run's log (e.g. 'all-reduces gradients
     (psum, one buffer) in float32')."""
 
+  def checkpoint_layout(self) -> dict:
+    """How the state is laid out, as checkpoints record it (`jaxpar/portable.py`: its kinds),
+    so that a run on another mesh or with another method can convert it."""
+
 
 class ReplicatedParams:
   """For strategies whose parameters and BN statistics are replicated (`P()`) on every

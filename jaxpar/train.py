@@ -22,6 +22,7 @@ from ml_collections import config_flags
 
 from jaxpar import build, compile_cache, metrics, multihost, validation
 from jaxpar import config as config_lib
+from jaxpar import checkpoint as checkpoint_lib
 from jaxpar.checkpoint import CheckpointError, Checkpoints
 from jaxpar.data import sources
 from jaxpar.evaluation import evaluate
@@ -95,11 +96,13 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   state = build.initial_state(cfg, model, tx, strategy, source.channels, mesh, rng_init)
 
   # ------------------------------------------------------------------ checkpoint restore
-  checkpoints = Checkpoints(workdir, cfg.checkpoint_every, cfg.keep_checkpoints)
+  record = checkpoint_lib.record(cfg, strategy, global_batch)
+  checkpoints = Checkpoints(workdir, cfg.checkpoint_every, cfg.keep_checkpoints, record)
   state = checkpoints.restore_latest(state)
   first_step = int(state.step)
   if first_step:
     logging.info('Resumed from step %d (example %d).', first_step, int(state.examples_seen))
+    _log_changes(checkpoints.restored, record)
 
   # ------------------------------------------------------------------ loop
   last_step = total_steps
@@ -160,6 +163,21 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
                 examples_seen=int(state.examples_seen), wall_time=wall_time,
                 stopped_by=stopped_by, checkpoint=checkpoints.latest(),
                 plan=clock.write(workdir, step) if clock else {})
+
+
+def _log_changes(restored: dict, record: dict) -> None:
+  """What changed since the checkpoint was written: its conversion, and the config."""
+  for note in restored.get('notes', []):
+    logging.info('Checkpoint of step %d: %s.', restored['step'], note)
+  written = restored.get('record') or {}
+  changed = checkpoint_lib.changes(written, record)
+  if changed:
+    logging.info('Changed since the checkpoint was written: %s.', '; '.join(changed))
+  batch = written.get('global_batch')
+  if batch and batch != record['global_batch']:
+    logging.info('The global batch changed from %d to %d: the data continues at the same '
+                 'example count, and the learning-rate schedule is this run\'s.', batch,
+                 record['global_batch'])
 
 
 def _check_workdir(workdir: str) -> None:

@@ -124,9 +124,10 @@ def test_sigterm_stops_an_asynchronous_run_with_its_servers_state_saved(data_dir
 def _stopped_and_resumed(command, workdir, log, to_exit=True, env=None):
   """Runs `command`, sends SIGTERM after step 3, and again every 20 ms from when it is handled
   to the exit (an impatient scheduler), or once (`to_exit` False); checks the one line, the
-  exit status 75, a checkpoint of the step it stopped at and nothing else; runs `command`
-  again, which must resume there, finish and evaluate every test example. Returns the step
-  saved and the resumed run (`env`: both runs', the tests' by default)."""
+  exit status 75 within 5 s of that line (Kubernetes' grace period is 30 s), a checkpoint of
+  the step it stopped at and nothing else; runs `command` again, which must resume there,
+  finish and evaluate every test example. Returns the step saved and the resumed run (`env`:
+  both runs', the tests' by default)."""
   env = env or process_env(share_compiled=True)
   with open(log, 'w') as err:
     run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
@@ -142,13 +143,17 @@ def _stopped_and_resumed(command, workdir, log, to_exit=True, env=None):
     while 'SIGTERM: finishing the step in flight' not in log.read_text():
       assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
       time.sleep(0.01)
+    last_line, repeats = None, 0
     while run.poll() is None and time.monotonic() < deadline:
-      run.send_signal(signal.SIGTERM)
-      if not to_exit:
-        break
+      if to_exit or not repeats:
+        run.send_signal(signal.SIGTERM)
+        repeats += 1
+      if last_line is None and 'jaxpar: SIGTERM: stopped after step' in log.read_text():
+        last_line = time.monotonic()
       time.sleep(0.02)
     run.communicate(timeout=TIMEOUT)
-  took = time.monotonic() - signalled
+  exited = time.monotonic()
+  took = exited - signalled
   text = log.read_text()
   assert run.returncode == EXIT_RESUMABLE, text[-3000:]
   saved = [int(d) for d in os.listdir(workdir / 'checkpoints')]
@@ -158,6 +163,8 @@ def _stopped_and_resumed(command, workdir, log, to_exit=True, env=None):
           f'(exit status 75).') in text
   assert 'SIGTERM while stopping' in text and 'Traceback' not in text
   assert took < 60, f'{took:.0f} s from the signal to the exit'
+  assert last_line is not None and exited - last_line <= 5, (
+      f'{exited - last_line:.1f} s from the last line to the exit')
 
   again = _run(command, env)
   assert again.returncode == 0, again.stderr[-3000:]
@@ -172,7 +179,7 @@ def _stopped_and_resumed(command, workdir, log, to_exit=True, env=None):
 def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_one_before_restored(tmp_path):
   checkpoints = checkpoint_lib.Checkpoints(str(tmp_path), every=1, keep=3)
   for step in (1, 2, 3):
-    checkpoints.save(step, _small_state(step))
+    checkpoints.save(step, _small_state(float(step)))
   checkpoints.close()
   _truncate_files(tmp_path / 'checkpoints' / '3')
 

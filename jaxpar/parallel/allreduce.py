@@ -78,6 +78,9 @@ class AllReduce(ReplicatedParams, optim.WholeTensors):
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state)
 
+  def checkpoint_layout(self):
+    return {'kind': 'replicated'}
+
   def init(self, tx, params, batch_stats):
     return params, batch_stats, tx.init(params)
 

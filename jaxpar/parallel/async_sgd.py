@@ -84,6 +84,9 @@ class AsyncServer:
   def state_specs(self, state):
     return jax.tree.map(lambda _: P(), state)
 
+  def checkpoint_layout(self):
+    return {'kind': 'owners', 'server': self.server, 'workers': self.workers}
+
   def init(self, tx, params, batch_stats):
     leaves = jax.tree.leaves(params)
     return params, batch_stats, tuple(tx.init([leaves[i] for i in part]) for _, part in self.parts)

@@ -52,6 +52,9 @@ class Replicas(optim.WholeTensors):
   def state_specs(self, state):
     return self.layout.state_specs(state, 'params', 'batch_stats', 'opt_state')
 
+  def checkpoint_layout(self):
+    return {'kind': 'replicas', 'devices': self.devices}
+
   def init(self, tx, params, batch_stats):
     return self.layout.copies((params, batch_stats, tx.init(params)))
 

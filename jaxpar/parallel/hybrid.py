@@ -67,6 +67,9 @@ class HybridFC(ReplicatedParams):
     return (f"FC layers {', '.join(self.split) or 'none'} split over '{self.model_axis}'; "
             f"all-reduces the other gradients over {self.data_axes} {travelling(self.dtype)}")
 
+  def checkpoint_layout(self):
+    return {'kind': 'replicated'}  # split layers are whole global arrays
+
   def _param_specs(self, params):
     def spec(path, _):
       layer, leaf = path[0].key, path[-1].key

@@ -90,6 +90,9 @@ class CentralServer(optim.WholeTensors):
   def state_specs(self, state):
     return self.layout.state_specs(state, 'params', 'opt_state')
 
+  def checkpoint_layout(self):
+    return {'kind': 'central', 'devices': self.devices}
+
   def init(self, tx, params, batch_stats):
     params, opt_state = self.layout.copies((params, tx.init(params)))
     return params, batch_stats, opt_state
@@ -278,6 +281,10 @@ class DistributedServer(ReplicatedParams):
       return optim.make_optimizer(opt_config, schedule, mask=decayed, norm_axes=self.axes)
     return optim.make_packed_optimizer(opt_config, schedule, self.packing.layouts(), decayed,
                                        self.axes)
+
+  def checkpoint_layout(self):
+    return {'kind': 'split', 'devices': self.devices,
+            'placement': 'even' if self.packing.even else 'greedy'}
 
   def state_specs(self, state):
     # Optimizer state is split per device (and scalar counters, the same everywhere);

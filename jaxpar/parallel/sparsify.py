@@ -94,6 +94,9 @@ class SparseGossip(Gossip):
     return (f'sparsified gradients (|g| > {self.threshold}, at most {self.capacity:.0%} of each '
             f'tensor{feedback})')
 
+  def checkpoint_layout(self):  # the optimizer state is (the optimizer's, the residual)
+    return {**super().checkpoint_layout(), 'paired': True, 'residual': self.error_feedback}
+
   def init(self, tx, params, batch_stats):
     residual = jax.tree.map(jnp.zeros_like, params) if self.error_feedback else ()
     return self.layout.copies((params, batch_stats, (tx.init(params), residual)))
