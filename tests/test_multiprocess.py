@@ -405,3 +405,75 @@ def test_a_value_of_process_0_reaches_every_process_and_so_does_its_error():
     assert 'value {"by": 0, "x": [1.5]}' in log, log[-3000:]
   assert 'raised ConfigError config.plan.close=0 is invalid' in logs[0]
   assert 'raised ConfigError process 0: config.plan.close=0 is invalid' in logs[1]
+
+
+def _squeezenet(data_dir, steps, server, *extra):
+  """The flags of a SqueezeNet run on the digits at 16² on a mesh of 4, one line a step and a
+  checkpoint every 4 steps (all kept)."""
+  return ['--config', os.path.join(ROOT, 'configs', 'squeezenet.py'),
+          f'--config.dataset.data_dir={data_dir}', f'--config.total_steps={steps}',
+          "--config.mesh.shape=(4,)", '--config.image_size=16', f'--config.server={server}',
+          '--config.optimizer.warmup_steps=1', '--config.checkpoint_every=4',
+          '--config.keep_checkpoints=10', '--config.log_every=1', *extra]
+
+
+def _run_processes(n, workdir, flags):
+  """`flags` run as `n` processes (launch/local.sh) or as one; (return code, process 0's log)."""
+  if n == 1:
+    done = subprocess.run([sys.executable, '-m', 'jaxpar.train', '--workdir', str(workdir),
+                           *flags], env=ENV, capture_output=True, text=True, cwd=ROOT,
+                          timeout=PROCESS_TIMEOUT)
+    return done.returncode, done.stderr
+  done = subprocess.run(['bash', os.path.join(ROOT, 'launch', 'local.sh'), str(n), '--workdir',
+                         str(workdir), *flags], env={**ENV, 'PYTHON': sys.executable,
+                                                     'JAXPAR_PORT': _port()},
+                        capture_output=True, text=True, cwd=ROOT, timeout=PROCESS_TIMEOUT)
+  logs = [(workdir / f'process_{i}.log').read_text() for i in range(n)]
+  return done.returncode, '\n'.join(logs) + done.stderr
+
+
+@pytest.mark.slow
+def test_two_processes_resume_as_one_and_back_and_a_damaged_checkpoint_falls_back_in_both(
+    data_dir, tmp_path):
+  """1. 2 processes with the distributed server train 8 steps (checkpoints 4 and 8); 2. step
+  8's files truncated, 2 processes again: both fall back to step 4, and train to 8; 3. one
+  process with all-reduce resumes there (the distributed server's state converted) to 12;
+  4. 2 processes with the distributed server again to 16. The steps taken again after the
+  fallback have the first run's losses; each part continues at the example count where the
+  last stopped. (A process reads its own part of the stream, so one process and two see
+  other examples at a step: losses across a change of processes are not compared; across a
+  change of mesh or server in one process they are, tests/test_portable.py.)"""
+  workdir = tmp_path / 'run'
+  code, log = _run_processes(2, workdir, _squeezenet(data_dir, 8, 'distributed'))
+  assert code == 0, log[-3000:]
+  folder = workdir / 'checkpoints'
+  assert sorted(os.listdir(folder)) == ['4', '8']
+  for root, _, files in os.walk(folder / '8'):
+    for name in files:
+      os.truncate(os.path.join(root, name), os.path.getsize(os.path.join(root, name)) // 2)
+
+  code, log = _run_processes(2, workdir, _squeezenet(data_dir, 8, 'distributed'))
+  assert code == 0, log[-3000:]
+  assert log.count('Checkpoint of step 8 cannot be read') == 2, log[-3000:]  # each process
+  assert log.count('Resumed from step 4 ') == 2
+  assert sorted(os.listdir(folder)) == ['4', '8', '8.damaged']
+
+  code, log = _run_processes(1, workdir, _squeezenet(data_dir, 12, 'allreduce'))
+  assert code == 0, log[-3000:]
+  assert 'Resumed from step 8 (example 512)' in log
+  assert 'Checkpoint of step 8: converted from split (even) over 4 devices to replicated' in log
+  assert "processes: 2 -> 1" in log and "server: 'distributed' -> 'allreduce'" in log
+
+  code, log = _run_processes(2, workdir, _squeezenet(data_dir, 16, 'distributed'))
+  assert code == 0, log[-3000:]
+  assert log.count('converted from replicated to split (even) over 4 devices') == 2
+  assert 'on 360 examples' in log
+
+  losses = train_losses(workdir)
+  assert sorted(losses) == list(range(1, 17))
+  for step in range(5, 9):  # from step 4 again, on the same batches: the same losses
+    assert len(losses[step]) == 2 and losses[step][1] == pytest.approx(losses[step][0],
+                                                                        rel=1e-5), step
+  assert all(len(losses[step]) == 1 for step in [*range(1, 5), *range(9, 17)])
+  assert np.mean([losses[s][0] for s in range(13, 17)]) < np.mean([losses[s][0] for s in
+                                                                   range(1, 5)])
