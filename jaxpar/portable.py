@@ -108,8 +108,8 @@ def _get(tree, key: str, what: str):
 
 
 def owner_parts(layout: dict, sizes: list) -> list:
-  """Downpour's (owner, [parameter indices]) parts, as `AsyncServer.make_optimizer` makes
-  them: every tensor on device 0 (central), or by [T] Algorithm 3.7 (distributed)."""
+  """Downpour's (owner, [parameter indices]) parts (`AsyncServer`'s), in the owners' order:
+  every tensor on device 0 (central), or by [T] Algorithm 3.7 (distributed)."""
   if layout['server'] == 'central':
     return [(0, list(range(len(sizes))))]
   from jaxpar.parallel.servers import greedy_owners

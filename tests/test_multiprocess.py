@@ -300,6 +300,17 @@ def _launch(workdir, data_dir, port, fake_ssh=None):
 STEPS, EVERY = 48, 8
 
 
+def _exited_promptly(*logs):
+  """Every process's last logged line (absl's time stamp, after the save and the summaries)
+  came at most 5 s before the launcher returned: nothing held a process at its exit."""
+  import datetime
+  now = datetime.datetime.now()
+  for log in logs:
+    stamps = re.findall(r'^[IWE](\d{4} \d\d:\d\d:\d\d\.\d+) ', log.read_text(), re.M)
+    last = datetime.datetime.strptime(f'{now.year}{stamps[-1]}', '%Y%m%d %H:%M:%S.%f')
+    assert (now - last).total_seconds() <= 5, f'{log.name}: exited {now - last} after its last line'
+
+
 def _when_logged(run, log, line):
   """Waits until `log` holds `line`, `run` still running."""
   deadline = time.monotonic() + PROCESS_TIMEOUT
@@ -334,6 +345,7 @@ def test_a_stopped_run_resumes_a_lost_process_stops_the_other_and_a_restart_fini
   _when_logged(run, log0, f'[train] step {EVERY + 1}/{STEPS}')
   subprocess.run(['pkill', '-TERM', '-f', '--', f'--workdir {workdir} .*process_id=1'], check=True)
   out, err = run.communicate(timeout=PROCESS_TIMEOUT)
+  _exited_promptly(log0, log1)
   assert run.returncode == 75, out[-3000:] + err[-3000:]
   for i in (0, 1):
     assert f'process {i} stopped on a signal after saving a checkpoint' in err
@@ -371,6 +383,7 @@ def test_a_stopped_run_resumes_a_lost_process_stops_the_other_and_a_restart_fini
   # 3. Resumed from the last checkpoint: the lost steps again, with the same losses.
   run = _launch(workdir, data_dir, _port())
   out, err = run.communicate(timeout=PROCESS_TIMEOUT)
+  _exited_promptly(log0, log1)
   assert run.returncode == 0, out[-3000:] + err[-3000:]
   assert f'Resumed from step {saved}' in log0.read_text()
   assert 'on 360 examples' in out and 'on 360 examples' in log1.read_text()

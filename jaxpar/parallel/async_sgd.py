@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel.collectives import nbytes
-from jaxpar.parallel.servers import greedy_owners
+from jaxpar.portable import owner_parts
 from jaxpar.step import TrainState, gradients
 
 SERVERS = ('central', 'distributed')
@@ -67,18 +67,18 @@ class AsyncServer:
     return f'{self.workers} workers push gradients to the {self.server} server, asynchronously'
 
   def make_optimizer(self, opt_config, schedule, params):
-    leaves = jax.tree.leaves(params)
-    if self.server == 'central':
-      self.owners = [0] * len(leaves)
-    else:
-      self.owners, loads = greedy_owners([math.prod(p.shape) for p in leaves], self.workers)
+    sizes = [math.prod(p.shape) for p in jax.tree.leaves(params)]
+    self.parts = owner_parts(self.checkpoint_layout(), sizes)
+    self.owners = [0] * len(sizes)
+    loads = [0] * self.workers
+    for owner, part in self.parts:
+      for leaf in part:
+        self.owners[leaf] = owner
+        loads[owner] += sizes[leaf]
+    if self.server == 'distributed':
       logging.info('Asynchronous distributed server: %d tensors on %d devices by Algorithm 3.7, '
-                   '%d-%d elements per device (imbalance max/mean %.3f).', len(leaves),
+                   '%d-%d elements per device (imbalance max/mean %.3f).', len(sizes),
                    self.workers, min(loads), max(loads), max(loads) / np.mean(loads))
-    by_owner = collections.defaultdict(list)
-    for leaf, owner in enumerate(self.owners):
-      by_owner[owner].append(leaf)
-    self.parts = sorted(by_owner.items())
     return optim.make_optimizer(opt_config, schedule)
 
   def state_specs(self, state):
