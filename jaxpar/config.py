@@ -189,9 +189,12 @@ def defaults() -> ml_collections.ConfigDict:
   c.plan.file = ''              # a plan.json to train with (scheme='auto'): none = make one
   c.plan.target_loss = 0.0      # the target: a training-set loss (whole split, unaugmented) ...
   c.plan.target_accuracy = 0.0  # ... or a test top-1 (0-1); exactly one
-  c.plan.budget_s = 180.0       # seconds the plan may measure for
+  c.plan.budget_s = 0.0         # seconds the plan may measure for (0: bounded by steps)
   c.plan.eval_every = 20        # the serial run's evaluations (and B_noise readings)
+  c.plan.eval_share = 0.1       # the metric's cost ≤ this share of the serial run (0: whole split)
   c.plan.max_steps = 2000       # the serial run's cap (beyond: K extrapolated)
+  c.plan.seeds = 2              # serial runs at seed, seed + 1, ...: K's spread between seeds
+  c.plan.cache = True           # reuse t_grad and the calls' costs of an earlier plan (plan/cache.py)
   c.plan.noise_batches = 4      # gradients per B_noise reading (0: none, perfect scaling)
   c.plan.measure_top = 4        # candidates whose steps are timed, fastest predicted first ...
   c.plan.close = 2.0            # ... among those predicted within this factor of the best

@@ -1,4 +1,5 @@
-"""Evaluation: the mean top-1, top-5 and loss over every example of a split, once."""
+"""Evaluation: the mean top-1, top-5 and loss over every example of a split (or of its first
+`examples`), once, with the loss's standard error."""
 import math
 
 import jax
@@ -8,24 +9,33 @@ from absl import logging
 from jaxpar.data import pipeline
 
 
-def evaluate(eval_step, variables, mesh, source, cfg, split: str = 'test') -> dict:
-  """{top1, top5, loss (means), count, unreadable_files} of `split` ('test', or 'train'
-  unaugmented: the training set's loss that `analysis.accuracy` targets)."""
+def evaluate(eval_step, variables, mesh, source, cfg, split: str = 'test',
+             examples: int = 0) -> dict:
+  """{top1, top5, loss (means), loss_se (the loss mean's standard error, where the step sums
+  squared losses), count, unreadable_files} of `split` ('test', or 'train' unaugmented: the
+  training set's loss that `analysis.accuracy` targets); with `examples`, of the split's
+  first `examples` only (each process its share of them) — the same ones every time."""
   total = source.num_test_global if split == 'test' else source.num_train_global
+  total = min(total, examples) if examples else total
+  share = math.ceil(total / jax.process_count())
   per_process = cfg.eval_batch // jax.process_count()
-  num_batches = math.ceil(math.ceil(total / jax.process_count()) / per_process)
+  num_batches = math.ceil(share / per_process)
   sums = None
-  batches = eval_batches(source, cfg, split, per_process, num_batches)
+  batches = eval_batches(source, cfg, split, per_process, num_batches,
+                         share if examples else 0)
   for batch in pipeline.prefetch_to_device(batches, mesh):
     out = eval_step(variables, batch)
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
   sums = jax.device_get(sums)
   count = float(sums.pop('count'))
-  return {**{k: float(v) / count for k, v in sums.items()}, 'count': count,
-          'unreadable_files': len(source.unreadable)}
+  means = {k: float(v) / count for k, v in sums.items()}
+  if 'loss_sq' in means:
+    variance = max(means.pop('loss_sq') - means['loss'] ** 2, 0.0)
+    means['loss_se'] = math.sqrt(variance / max(count - 1, 1))
+  return {**means, 'count': count, 'unreadable_files': len(source.unreadable)}
 
 
-def eval_batches(source, cfg, split: str, batch: int, num_batches: int):
+def eval_batches(source, cfg, split: str, batch: int, num_batches: int, take: int = 0):
   """`pipeline.eval_batches` of `split`: read, decoded and resized by tf.data at the first
   evaluation; replayed from memory at the next ones where they fit in
   `dataset.eval_cache_mb` (the same arrays: every evaluation sees the same batches).
@@ -33,13 +43,14 @@ def eval_batches(source, cfg, split: str, batch: int, num_batches: int):
   than the evaluation itself: `jaxpar.plan`'s serial run of the README's quickstart
   evaluates the digits' training split every 20 steps; its 65 evaluations took 35 s less
   (116 s -> 81 s to the same step, 2 cores of an AMD EPYC, 2026-11-28)."""
-  key = (split, batch, num_batches, cfg.image_size, cfg.augment.kind)
+  key = (split, batch, num_batches, cfg.image_size, cfg.augment.kind, take)
   kept = source.kept.get(key)
   if kept is not None:
     yield from kept
     return
   read = pipeline.eval_batches(source, batch=batch, num_batches=num_batches,
-                               image_size=cfg.image_size, augment=cfg.augment.kind, split=split)
+                               image_size=cfg.image_size, augment=cfg.augment.kind, split=split,
+                               take=take)
   mib = num_batches * batch * (cfg.image_size ** 2 * source.channels * 4 + 12) / 2 ** 20
   if mib > cfg.dataset.eval_cache_mb:
     if key not in source.kept:  # said once

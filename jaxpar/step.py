@@ -310,8 +310,8 @@ def init_compiler_options():
 
 
 def make_eval_step(model, mesh) -> Callable:
-  """Returns jitted `step(variables, batch) -> sums` of correct top-1/top-5 and of the
-  mask, over the whole global batch; padding rows (mask 0) count nowhere. `variables`
+  """Returns jitted `step(variables, batch) -> sums` of correct top-1/top-5, of the loss and
+  its square (its standard error, `evaluation.evaluate`) and of the mask, over the whole global batch; padding rows (mask 0) count nowhere. `variables`
   are a strategy's `variables(state)`: a sharded optimizer state never moves."""
   axes = data_axes(mesh)
 
@@ -322,9 +322,10 @@ def make_eval_step(model, mesh) -> Callable:
     k = min(5, logits.shape[-1])
     top_k = lax.top_k(logits, k)[1]
     labels, mask = batch['label'], batch['mask']
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     sums = {'top1': jnp.sum((top_k[:, 0] == labels) * mask),
             'top5': jnp.sum(jnp.any(top_k == labels[:, None], -1) * mask),
-            'loss': jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, labels) * mask),
+            'loss': jnp.sum(losses * mask), 'loss_sq': jnp.sum(losses ** 2 * mask),
             'count': jnp.sum(mask)}
     return lax.psum(sums, axes)
 

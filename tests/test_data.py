@@ -102,6 +102,32 @@ def test_evaluation_reads_a_small_split_once_and_replays_the_same_batches(data_d
   assert reads[3:] == ['test'] and not any(fresh.kept.values())
 
 
+def test_an_evaluation_of_the_first_examples_gives_their_mean_and_its_standard_error(data_dir):
+  """`evaluate(..., examples=n)`: the split's first n examples, every time the same, the loss
+  with its standard error (from the summed squares) as numpy computes them."""
+  import jax
+  import jax.numpy as jnp
+  from jaxpar.evaluation import evaluate
+  from jaxpar.mesh import make_mesh
+  mesh = make_mesh((1,), ('data',), jax.devices()[:1])
+
+  def sums(variables, batch):  # the label as each example's "loss"
+    mask, label = batch['mask'], batch['label'].astype(jnp.float32)
+    return {'top1': jnp.sum(mask), 'top5': jnp.sum(mask), 'loss': jnp.sum(label * mask),
+            'loss_sq': jnp.sum(label ** 2 * mask), 'count': jnp.sum(mask)}
+  cfg = config_lib.defaults()
+  cfg.image_size, cfg.eval_batch = 16, 64
+  cfg.dataset.data_dir = data_dir
+  source = sources.open_source(cfg.dataset)
+  labels = np.array([int(e['label']) for e in source.test()], np.float64)[:100]
+  first = evaluate(sums, {}, mesh, source, cfg, split='test', examples=100)
+  assert first['count'] == 100
+  assert first['loss'] == pytest.approx(labels.mean())
+  assert first['loss_se'] == pytest.approx(labels.std(ddof=1) / 10)
+  assert evaluate(sums, {}, mesh, source, cfg, split='test', examples=100) == first
+  assert evaluate(sums, {}, mesh, source, cfg, split='test')['count'] == 360
+
+
 def test_image_folder(tmp_path):
   rng = np.random.default_rng(0)
   for cls in ('ant', 'bee', 'cat'):

@@ -41,6 +41,130 @@ def test_extrapolation_follows_a_power_law_and_refuses_a_flat_curve():
   assert steps_model.extrapolate([(10, 1.0), (20, 1.0), (30, 1.1)], 0.5) is None
 
 
+def test_an_initial_plateau_is_told_from_a_curve_that_will_not_fall():
+  ln10 = math.log(10)
+  # GoogLeNet on the digits: ln 10 for its first ~60 steps, then falling.
+  plateau = [(0, ln10), (20, 2.3001), (40, 2.2866), (60, 2.2440)]
+  assert steps_model.progress(plateau) == 'plateau'
+  # Starting above chance, falling to it and staying there is the plateau too (judged
+  # against ln 10 where given); so is a loss far above it early on (BatchNorm's averages).
+  above = [(0, 2.61), (20, 2.35), (40, 2.30), (60, 2.29)] + [(80 + 20 * i, 2.30) for i in range(5)]
+  assert steps_model.progress(above, chance=ln10) == 'plateau'
+  assert steps_model.progress(above) == 'stalled'  # without it: left its start, then no low
+  assert steps_model.progress([(0, 2.4), (20, 31.0), (40, 2.35)], chance=ln10) == 'plateau'
+  assert planner.probe.Target('loss', 0.5).chance(10) == pytest.approx(ln10)
+  assert planner.probe.Target('accuracy', 0.9).chance(10) == pytest.approx(0.9)
+  falling = plateau + [(80, 2.1716), (100, 1.8513), (120, 1.9057), (140, 1.6578)]
+  assert steps_model.progress(falling) == 'falling'
+  # Left the plateau, then no new lowest value in its last 5 evaluations: stalled.
+  stalled = falling + [(160 + 20 * i, 1.7 + 0.01 * (i % 2)) for i in range(5)]
+  assert steps_model.progress(stalled) == 'stalled'
+  assert steps_model.progress(stalled[:-1]) == 'falling'  # 4 without a new low: not yet
+  assert steps_model.progress(falling + [(160, math.nan)]) == 'stalled'  # diverged
+  # A long curve needs a third of its evaluations without a new low, not 5.
+  slow = [(0, ln10)] + [(10 * i, 2.0 - 0.01 * i) for i in range(1, 31)]
+  assert steps_model.progress(slow + [(310 + 10 * i, 1.75) for i in range(6)]) == 'falling'
+  assert steps_model.progress(slow + [(310 + 10 * i, 1.75) for i in range(16)]) == 'stalled'
+
+
+def test_a_serial_run_that_stops_short_extrapolates_only_a_falling_curve():
+  target = planner.probe.Target('loss', 0.5)
+  curve = [(0, 3.0)] + [(s, 10 * s ** -0.5) for s in (10, 20, 40, 80, 160)]
+  assert planner.steps_of({'K': 120.0, 'curve': curve}, target) == (120.0, 'reached')
+  k, how = planner.steps_of({'K': None, 'curve': curve, 'progress': 'falling'}, target)
+  assert (k, how) == (pytest.approx(400), 'extrapolated')
+  on_plateau = {'K': None, 'curve': [(0, 2.303), (20, 2.30), (40, 2.29)], 'progress': 'plateau'}
+  with pytest.raises(config_lib.RunError, match='still on its initial plateau after 40 steps'):
+    planner.steps_of(on_plateau, target)
+  with pytest.raises(config_lib.RunError, match='stopped falling towards the target'):
+    planner.steps_of({'K': None, 'curve': curve[:3] + [(40, 2.0), (80, 2.1)],
+                      'progress': 'stalled'}, target)
+
+
+def test_an_extrapolated_k_is_judged_on_the_curve_s_own_later_points():
+  # A power law, loss = 10·s^(−1/2), observed to step 160 (K = 640 for 10·640^(−1/2)):
+  # 4× beyond; its first 40 steps extrapolate to step 160's level exactly.
+  curve = [(0, 3.0)] + [(s, 10 * s ** -0.5) for s in range(10, 161, 10)]
+  check = steps_model.backtest(curve, 10 * 640 ** -0.5)
+  assert check['K'] == pytest.approx(640) and check['ratio'] == pytest.approx(4)
+  assert check['fit_to'] == pytest.approx(40) and check['trusted']
+  assert check['predicted'] == pytest.approx(check['measured'], rel=1e-6)
+  # A curve that bends (fast, then slow: an exponent that shrinks) misses when tested at
+  # the same reach, and says so.
+  bent = [(0, 3.0)] + [(s, 10 * s ** (-0.9 if s <= 40 else -0.2) * (40 ** -0.7 if s > 40 else 1))
+                       for s in range(5, 161, 5)]
+  check = steps_model.backtest(bent, 0.2)
+  assert check['error'] > 0.25 and not check['trusted'] and 'beyond 25%' in check['why']
+  # Too far: the first 1/ratio of the run holds too few evaluations to test on.
+  far = steps_model.backtest(curve, 10 * 16000 ** -0.5)
+  assert far['ratio'] == pytest.approx(100) and far['error'] is None and not far['trusted']
+  assert 'too few' in far['why']
+  target = planner.probe.Target('loss', 10 * 640 ** -0.5)
+  assert planner.judged({'curve': curve}, target, 'extrapolated')['trusted']
+  assert planner.judged({'curve': curve}, target, 'reached') is None
+
+
+def test_the_far_target_check_extrapolates_from_the_first_fifth_only():
+  from analysis.accuracy import far_targets
+  # loss = 10·s^(−1/2) reaches 0.25 at step 1600; the first 320 steps see it 5× short.
+  curve = [(0, 3.0)] + [(s, 10 * s ** -0.5) for s in range(20, 1601, 20)]
+  judged = far_targets.judge(curve, 1600.0, 0.25, 5.0)
+  assert judged['seen_steps'] == 320 and judged['seen_points'] == 17
+  assert judged['predicted_K'] == pytest.approx(1600) and judged['verdict'] == 'within'
+  # What came after the cut cannot move the prediction: the same first fifth, another tail.
+  other = curve[:17] + [(s, 0.3 * (1 - s / 4000)) for s in range(340, 1601, 20)]
+  assert far_targets.judge(other, 1600.0, 0.25, 5.0)['predicted_K'] == judged['predicted_K']
+  # A curve that flattens after its first fifth (s^−0.9 to step 400, s^−0.2 after): the
+  # first fifth extrapolates to a third of the steps, and its own check — which can only
+  # test the reach it believes in (1.4×) — trusts it: the tool counts a broken promise.
+  c = 10 * 400 ** -0.7
+  bent = [(0, 3.0)] + [(s, 10 * s ** -0.9 if s <= 400 else c * s ** -0.2)
+                       for s in range(10, 3001, 10)]
+  k = steps_model.reached(bent, 0.0316)
+  out = far_targets.judge(bent, k, 0.0316, 5.0)
+  assert out['error'] > 1.0 and out['backtest']['trusted'] and out['verdict'] == 'missed'
+
+
+def test_k_s_range_is_widened_by_the_seeds_spread():
+  # Seeds reached the target in 240, 300 and 360 steps: K_b = 300, spread 0.8–1.2.
+  serial = {'K': 240.0, 'seeds': [{'K': 300.0}, {'K': 360.0}]}
+  assert planner.seed_spread(serial) == (300.0, (pytest.approx(0.8), pytest.approx(1.2)))
+  assert planner.seed_spread({'K': 240.0, 'seeds': []}) == (240.0, (1.0, 1.0))
+  row = {'candidate': candidates.Candidate('sync-join', 'allreduce', 2, 32, ''),
+         't_predicted': 0.01}
+  # B_noise 48 (16–200) at b = 16: K(32) = 300·(1 + 48/32)/(1 + 48/16) = 187.5; its range
+  # from B_noise's, then × 0.8 and × 1.2.
+  ranked = rank.rank([row], 300.0, 16, (48, 16, 200), spread=(0.8, 1.2))[0]
+  assert ranked['K'][0] == pytest.approx(187.5)
+  assert ranked['K'][1] == pytest.approx(0.8 * rank.steps_at(300, 16, 200, 32))
+  assert ranked['K'][2] == pytest.approx(1.2 * rank.steps_at(300, 16, 16, 32))
+
+
+def test_the_serial_run_s_metric_costs_at_most_its_share_of_the_steps():
+  """probe._MetricCost by hand: the digits' 1,437 training images, evaluation batches of 256,
+  an evaluation every 20 steps, at most 10 % of the steps between two."""
+  source = type('Source', (), {'num_train_global': 1437, 'num_test_global': 360})()
+  target = planner.probe.Target('loss', 0.5)
+
+  def settled(whole_s, step_s):
+    cost = planner.probe._MetricCost(source, target, 256, 20, 0.1)
+    cost.evaluated(5.6, 0.1)       # step 0: compiles, reads the split
+    cost.evaluated(whole_s, 0.05)  # step 20: the whole split, timed
+    cost.trained(20 * step_s)
+    return cost.settle(step_s), cost.examples, cost.every
+  # Cheap enough whole (0.05 s against 10 % of 20 × 30 ms): the whole split.
+  assert settled(0.05, 0.03) == (False, 0, 20)
+  # 0.44 s whole against 0.2 s allowed (20 × 100 ms): two batches (0.157 s), every 20.
+  assert settled(0.44, 0.1) == (True, 512, 20)
+  # Against 0.06 s allowed (20 × 30 ms): one batch costs 0.078 s, so evaluations 40 apart.
+  assert settled(0.44, 0.03) == (True, 256, 40)
+  cost = planner.probe._MetricCost(source, target, 256, 20, 0.0)  # share 0: the whole split
+  cost.evaluated(5.6, 0.1)
+  cost.evaluated(0.44, 0.05)
+  assert not cost.settle(0.03) and cost.examples == 0
+  assert cost.to_dict()['examples'] == 1437 and cost.to_dict()['eval_seconds'] == 0.44
+
+
 # =============================================================================== candidates
 def _config(**overrides):
   c = config_lib.defaults()
@@ -273,6 +397,39 @@ def test_ranking_picks_the_hand_worked_fastest():
   assert '| 1 (choice) | sync-split allreduce N=2 B=64 | 175 (175–175) |' in rank.table(ranked)
 
 
+def _ranged(devices, t, low, high, bn='', measured=True):
+  row = {'candidate': candidates.Candidate('sync-join', 'allreduce', devices, 16 * devices, bn),
+         'T': [t, low, high]}
+  row['label'] = row['candidate'].label
+  if measured:
+    row['t_measured'] = [0.01]
+  return row
+
+
+def test_the_tie_rule_chooses_fewer_devices_where_the_ranges_overlap():
+  # The case that cost a second device for nothing: N=2 23.5 s (20.0–27.4), N=1 25.2 s
+  # (22.2–25.7): N=1's low end is below N=2's high end — chosen, with the margin.
+  two, one = _ranged(2, 23.5, 20.0, 27.4), _ranged(1, 25.2, 22.2, 25.7)
+  choice, why = rank.choose([two, one], two)
+  assert choice is one
+  assert why.startswith('sync-join allreduce N=1 B=16 chosen over sync-join allreduce N=2 B=32: '
+                        '1 device instead of 2, +7% predicted time to the target (25.20 s, '
+                        'range 22.20–25.70, against 23.50 s, 20.00–27.40)')
+  # Apart: the faster one stays.
+  apart = _ranged(1, 30.0, 28.0, 32.0)
+  assert rank.choose([two, apart], two) == (two, '')
+  # Several within: the fewest devices (N=1 over N=2 against N=4), and among equals the
+  # fastest; a row on more devices, one not computing the serial maths (BN per device) or
+  # one left at its bound (not costed) is never the tie's choice.
+  four = _ranged(4, 20.0, 18.0, 24.0)
+  one_slow = _ranged(1, 23.9, 23.5, 24.5)
+  per_device = _ranged(2, 20.5, 17.0, 23.0, bn='device')
+  pruned = {**_ranged(1, 21.0, 21.0, 21.0), 'pruned': True}
+  assert rank.choose([four, per_device, two, pruned, one_slow, one], four)[0] is one_slow
+  assert rank.choose([four, per_device], four) == (four, '')
+  assert rank.choose([two, four], two) == (two, '')
+
+
 def test_a_step_is_its_gradient_the_serial_step_s_other_work_its_inputs_and_its_calls():
   """rank.predicted_step by hand: t_grad + the one-device step's other work at b + the input
   pipeline's share beyond b's + the collectives; the work beside the gradient never below 0."""
@@ -414,13 +571,53 @@ def test_measuring_times_what_moves_ahead_beside_the_fastest_measured_that_runs_
   assert timed[:8] == [a, b, a, b, b, a, a, b] and sorted(timed[8:], key=str) == [a] * 4 + [d] * 4
 
 
+def test_the_cache_reuses_what_depends_on_nothing_that_changed(tmp_path):
+  """plan/cache.py: an entry under the key of (machine, versions, backend, setting, the
+  one-device config less the fields that cannot change a step's time) is found again; a
+  version, the network's size or the batch makes another key (nothing reused), the seed or
+  the plan's own fields do not."""
+  from jaxpar.plan import cache
+  machine = {'host': 'a', 'cpu': 'AMD EPYC 9B14', 'cpu_isa': 'AVX-512 with bfloat16',
+             'cores': 2, 'memory_bytes': 24 << 30, 'python': '3.11.9'}
+  versions = {'jax': '0.10.2', 'jaxlib': '0.10.2', 'flax': '0.12.8', 'optax': '0.2.8',
+              'numpy': '2.2.6'}
+  one = _config()
+  k = cache.key(one, machine, versions, 'cpu', '2 emulated CPU devices sharing 2 cores')
+  t_grad = {(16, 1): 0.010, (16, 2): 0.013, (32, 2): 0.022}
+  calls = {'psum': [{'bytes': 4096, 'chains': {'1': [0.001]}}]}
+  cache.store(str(tmp_path), k, t_grad, calls)
+  entry = cache.load(str(tmp_path), k)
+  assert cache.t_grad_of(entry) == t_grad and entry['calls'] == calls
+  same = _config(**{'seed': 7, 'plan.budget_s': 60.0, 'dataset.data_dir': '/elsewhere'})
+  assert cache.load(str(tmp_path), cache.key(same, {**machine, 'host': 'b'}, versions, 'cpu',
+                                             '2 emulated CPU devices sharing 2 cores')) == entry
+  for other in (cache.key(one, machine, {**versions, 'jaxlib': '0.12.0.1'}, 'cpu',
+                          '2 emulated CPU devices sharing 2 cores'),
+                cache.key(one, {**machine, 'cpu_isa': 'AVX2'}, versions, 'cpu',
+                          '2 emulated CPU devices sharing 2 cores'),
+                cache.key(one, machine, versions, 'cpu', '2 processes × 1 cpu device, 1 core each'),
+                cache.key(_config(image_size=32), machine, versions, 'cpu',
+                          '2 emulated CPU devices sharing 2 cores'),
+                cache.key(_config(per_device_batch=32), machine, versions, 'cpu',
+                          '2 emulated CPU devices sharing 2 cores')):
+    assert cache.load(str(tmp_path), other) == {}
+  # An entry that does not read is none (measured again, then rewritten).
+  path = next(tmp_path.glob('*.json'))
+  path.write_text('{')
+  assert cache.load(str(tmp_path), k) == {}
+  cache.store(str(tmp_path), k, t_grad, None)
+  assert cache.load(str(tmp_path), k)['calls'] is None
+
+
 # =============================================================================== bad input
 @pytest.mark.parametrize('fields, message', [
     ({}, 'config.plan.target_loss=0.0, config.plan.target_accuracy=0.0: set exactly one'),
     ({'plan.target_loss': 0.3, 'plan.target_accuracy': 0.9}, 'set exactly one'),
     ({'plan.target_accuracy': 1.5}, r'config.plan.target_accuracy=1.5 is invalid'),
     ({'plan.target_loss': -1.0}, r'config.plan.target_loss=-1.0 is invalid'),
-    ({'plan.target_loss': 0.3, 'plan.budget_s': 0.0}, r'config.plan.budget_s=0.0 is invalid'),
+    ({'plan.target_loss': 0.3, 'plan.budget_s': -1.0}, r'config.plan.budget_s=-1.0 is invalid'),
+    ({'plan.target_loss': 0.3, 'plan.eval_share': 2.0}, r'config.plan.eval_share=2.0 is invalid'),
+    ({'plan.target_loss': 0.3, 'plan.seeds': 0}, r'config.plan.seeds=0 is invalid'),
     ({'plan.target_loss': 0.3, 'plan.close': 0.5}, r'config.plan.close=0.5 is invalid'),
     ({'plan.target_loss': 0.3, 'plan.noise_batches': 1}, 'config.plan.noise_batches=1'),
 ])
@@ -519,8 +716,29 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   assert plan['host_memory'] == 'mapped'  # this process's (conftest), recorded for the run
   assert len(plan['candidates']) == 14
   assert plan['candidates'][plan['choice_rank'] - 1] == plan['choice'] and plan['choice']['exact']
-  assert all(not r['exact'] for r in plan['candidates'][:plan['choice_rank'] - 1])
+  # Ahead of the choice: rows it may not choose, or — by the tie rule, said — rows on more
+  # devices whose range it reaches into.
+  assert all(not r['exact'] or (plan['choice_reason'] and r['devices'] > plan['choice']['devices'])
+             for r in plan['candidates'][:plan['choice_rank'] - 1])
   assert plan['serial']['K_how'] == 'reached' and plan['serial']['K'] <= 200
+  # Two seeds (the default): K_b their mean, the spread their range about it.
+  serial = plan['serial']
+  (seed,) = serial['seeds']
+  assert seed['seed'] == c.seed + 1 and seed['stopped'] == 'reached'
+  ks = [steps_model.reached(serial['curve'], 2.2), seed['K']]
+  assert serial['K'] == pytest.approx(np.mean(ks))
+  assert serial['K_spread'] == pytest.approx([min(ks) / np.mean(ks), max(ks) / np.mean(ks)])
+  assert serial['metric']['of'] == 1437 and 0 < serial['metric']['standard_error'] < 1
+  assert plan['planning_per_training'] == pytest.approx(plan['planning_s'] / plan['choice']['T'][0])
+  # What a second plan here would reuse: every t_grad and the calls' costs, as measured.
+  from jaxpar import user_cache
+  from jaxpar.plan import cache, probe
+  one = planner.with_overrides(c, {**probe.one_device_overrides(c, 16), 'total_steps': 200})
+  validation.validate(one)
+  entry = cache.load(user_cache.folder('plan'), cache.key(
+      one, probe.machine(), probe.versions(), 'cpu', plan['setting']))
+  assert cache.t_grad_of(entry) == {(t['batch'], t['devices']): t['seconds'] for t in plan['t_grad']}
+  assert entry['calls'] == plan['calls']
   assert sorted(r['T'][0] for r in plan['candidates']) == [r['T'][0] for r in plan['candidates']]
   measured = [r for r in plan['candidates'] if r.get('t_measured')]
   assert measured and plan['choice'].get('t_measured')  # the choice is never unmeasured
@@ -612,6 +830,25 @@ def test_the_regret_tool_trains_the_candidates_the_plan_may_choose():
              '--config.distributed.coordinator=10.0.0.1:5 --config.distributed.process_id=0')
   assert plan_regret.launched(command, 2, '1gbit') == (
       "2 processes (1gbit), each: python -m jaxpar.plan --config c.py '--config.mesh.shape=(2,)'")
+
+
+def test_the_regret_s_interval_comes_from_resampling_the_seeds_for_every_row_alike():
+  from analysis.accuracy import plan_regret
+
+  def result(choice, other):
+    return {'rows': [{'choice': True, 'runs': [{'seconds': s} for s in choice]},
+                     {'choice': False, 'runs': [{'seconds': s} for s in other]}]}
+  # Faster on every seed: every resample keeps it best — regret 1 without doubt.
+  assert plan_regret.regret_interval(result([10, 11, 12], [12, 13, 14])) == [1.0, 1.0]
+  # Faster on the mean (10 against 11) but not on seed 0 (10 against 9): resamples rich in
+  # seed 0 make the other row best, at most 10/9.
+  low, high = plan_regret.regret_interval(result([10, 10, 10], [9, 11, 13]))
+  assert low == 1.0 and 1.0 < high <= 10 / 9 + 1e-9
+  # Paired: the seeds' common luck (seed 2 slow for both) cancels.
+  assert plan_regret.regret_interval(result([10, 10, 20], [11, 11, 22])) == [1.0, 1.0]
+  assert plan_regret.regret_interval(result([10, None, 10], [11, 11, 11])) is None
+  # A row that missed the target on a seed is left out, as the regret leaves it.
+  assert plan_regret.regret_interval(result([10, 10, 10], [9, None, 9])) == [1.0, 1.0]
 
 
 def test_the_regret_tool_passes_the_config_on_as_given():

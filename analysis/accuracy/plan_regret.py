@@ -188,8 +188,27 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = ''
           'planning_s': plan['planning_s'], 'plan_created': plan['created'],
           'seeds': seeds, 'rows': results,
           'best_measured': best['label'] if best else None, 'regret': regret,
+          'regret_interval': regret_interval({'rows': results}),
           'median_T_error': _median([r['T_error'] for r in results]),
           'median_K_error': _median([r['K_error'] for r in results])}
+
+
+def regret_interval(result: dict, resamples: int = 2000, level: float = 0.9):
+  """The regret's own interval from the seeds: the seeds resampled with replacement, the same
+  seeds for every row (each seed's runs share its initial weights and data order), the regret
+  recomputed from each resample's row means — the best row may change — and its central
+  `level` range. Rows with a seed that did not reach the target are left out, as the regret
+  leaves them (`run`); None where the choice's did not."""
+  done = [row for row in result['rows'] if all(r['seconds'] is not None for r in row['runs'])]
+  if not any(row['choice'] for row in done):
+    return None
+  times = np.array([[r['seconds'] for r in row['runs']] for row in done])  # rows × seeds
+  chosen = next(i for i, row in enumerate(done) if row['choice'])
+  picks = np.random.default_rng(0).integers(0, times.shape[1], (resamples, times.shape[1]))
+  means = times[:, picks].mean(axis=2)  # rows × resamples
+  regrets = means[chosen] / means.min(axis=0)
+  tail = (1 - level) / 2
+  return [float(np.quantile(regrets, tail)), float(np.quantile(regrets, 1 - tail))]
 
 
 def _error(predicted, measured):
@@ -290,9 +309,22 @@ def summary_table(pairs: list) -> str:
         f"{result['seeds']} seed{'s' if result['seeds'] > 1 else ''}) | "
         f"{plan['planning_s']:.0f} s | {choice['label']} | "
         f"{choice['predicted_T'][0]:.2f} s | {_cell(choice['measured_T'], '.2f')} s{spread} | "
-        f"{result['best_measured']} | {_cell(result['regret'], '.2f')} | "
+        f"{result['best_measured']} | {_cell(result['regret'], '.2f')}{_interval(result)} | "
         f"{_cell(result['median_T_error'], '.0%')} ({_cell(result['median_K_error'], '.0%')}) |")
   return '\n'.join(lines)
+
+
+def _budget(plan: dict) -> str:
+  return (f"budget {plan['budget_s']:g} s" if plan['budget_s'] else
+          f"bounded by steps, {len(plan['serial'].get('seeds', [])) + 1} serial seeds")
+
+
+def _interval(result: dict) -> str:
+  """' (low–high)': the regret's interval over its seeds (`regret_interval`), where known."""
+  interval = result.get('regret_interval')
+  if interval is None and result.get('seeds', 1) > 1:  # results written before it was kept
+    interval = regret_interval(result)
+  return f' ({interval[0]:.2f}–{interval[1]:.2f})' if interval else ''
 
 
 def _b_noise(reading: list) -> str:
@@ -310,7 +342,7 @@ def report(plan: dict, result: dict) -> str:
            f"Target: {plan['target']['kind']} {plan['target']['value']:g}. Plan made "
            f"{plan['created']} on {m['cores']} cores of {m['cpu'] or m['system']} "
            f"({m['memory_bytes'] / 2**30:.0f} GiB), Python {m['python']}, jax {v['jax']}, "
-           f"flax {v['flax']}, in {plan['planning_s']:.0f} s (budget {plan['budget_s']:g} s): "
+           f"flax {v['flax']}, in {plan['planning_s']:.0f} s ({_budget(plan)}): "
            f"`{plan.get('command', 'python -m jaxpar.plan')}`.", '',
            f"Serial run at b = {plan['serial']['batch']}: K_b = {plan['serial']['K']:.0f} steps "
            f"({plan['serial']['K_how']}), {_b_noise(plan['serial']['B_noise'])} near the "
@@ -327,4 +359,6 @@ def report(plan: dict, result: dict) -> str:
             f"{result['best_measured']}); median |log(predicted/measured)| of T "
             f"{_cell(result['median_T_error'], '.0%')}, of K {_cell(result['median_K_error'], '.0%')}"
             f"{spread}."]
+  if plan.get('choice_reason'):
+    lines += ['', f"The tie rule: {plan['choice_reason']}."]
   return '\n'.join(lines)

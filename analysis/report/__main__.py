@@ -141,6 +141,15 @@ PLANS_ACROSS_PROCESSES = ('squeezenet16_p2_loopback', 'squeezenet16_p2_1gbit',
                           'squeezenet16_p2_100mbit')
 
 
+# Plans made with the defaults (two serial seeds, the tie rule, bounded by steps).
+PLANS_WITH_DEFAULTS = ('googlenet32_p2_loopback',)
+
+
+def _far_targets():
+  from analysis.accuracy import far_targets
+  return far_targets.table(_load('plan/far/*.json'))
+
+
 def _plan(name):
   from analysis.accuracy import plan_regret
   return plan_regret.report(*_load(f'plan/{name}.json', f'plan/{name}_regret.json'))
@@ -257,7 +266,8 @@ FILES = {
     'plan/squeezenet16.md': lambda: _plan('squeezenet16'),
     'plan/resnet34_16.md': lambda: _plan('resnet34_16'),
     'plan/googlenet16.md': lambda: _plan('googlenet16'),
-    **{f'plan/{name}.md': (lambda n=name: _plan(n)) for name in PLANS_ACROSS_PROCESSES},
+    **{f'plan/{name}.md': (lambda n=name: _plan(n))
+       for name in PLANS_ACROSS_PROCESSES + PLANS_WITH_DEFAULTS},
     'thesis_report.md': lambda: _thesis('markdown'),
 }
 
@@ -327,6 +337,8 @@ TABLES = {
     'ci-besides': _ci_besides,
     'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
     'plan-regret-processes': lambda: _plan_summary(*PLANS_ACROSS_PROCESSES),
+    'plan-regret-defaults': lambda: _plan_summary(*PLANS_WITH_DEFAULTS),
+    'plan-far-targets': _far_targets,
 }
 
 _MARKED = re.compile(r'(<!-- generated: (?P<name>[\w-]+) \(python -m analysis\.report\) -->\n)'

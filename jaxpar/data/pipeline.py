@@ -125,12 +125,15 @@ def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
 
 
 def eval_batches(source, *, batch: int, num_batches: int, image_size: int, augment: str,
-                 split: str = 'test'):
+                 split: str = 'test', take: int = 0):
   """Every example of the `split` ('test' or 'train', unaugmented) of this process's share
-  exactly once, in `num_batches` batches of `batch`; padding rows carry mask 0 (and every
-  process runs the same number of batches, so collectives stay matched)."""
+  (its first `take`, where given) exactly once, in `num_batches` batches of `batch`; padding
+  rows carry mask 0 (and every process runs the same number of batches, so collectives stay
+  matched)."""
   tf = tf_import.tensorflow()
-  ds = getattr(source, split)().map(
+  ds = getattr(source, split)()
+  ds = ds.take(take) if take else ds
+  ds = ds.map(
       lambda ex: {'image': eval_image(ex['image'], image_size, augment, source.channels),
                   'label': ex['label']},
       num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(tf.data.AUTOTUNE)

@@ -1,7 +1,7 @@
 """Which scheme, server, number of devices and BatchNorm grouping reach a target soonest here.
 
   python -m jaxpar.plan --config configs/squeezenet.py --config.image_size=16 \\
-      --target_loss 0.3 [--budget_s 180] [--out plan.json]
+      --target_loss 0.3 [--budget_s 600] [--out plan.json]
 
 Measures on this process's devices (`jaxpar.plan.planner`), prints every candidate ranked
 by predicted time to the target with its range, the methods not ranked and why, and
@@ -34,7 +34,7 @@ _LOSS = flags.DEFINE_float('target_loss', None, 'The training-set loss to reach 
                            'target_loss).')
 _ACCURACY = flags.DEFINE_float('target_accuracy', None, 'The test top-1 to reach, 0-1 '
                                '(config.plan.target_accuracy).')
-_BUDGET = flags.DEFINE_float('budget_s', None, 'Seconds to measure for (config.plan.budget_s).')
+_BUDGET = flags.DEFINE_float('budget_s', None, 'Seconds to measure for (config.plan.budget_s; 0: bounded by steps).')
 _OUT = flags.DEFINE_string('out', 'plan.json', 'The plan to write.')
 
 
@@ -80,9 +80,21 @@ def main(argv):
            f"steps)" if saves and c.get('saves') else '')
   print(f"\nchoice: {c['label']} — {c['K'][0]:.0f} steps × {c['t_step'][0] * 1e3:.2f} ms{saved} "
         f"= {c['T'][0]:.2f} s to the target ({c['T'][1]:.2f}–{c['T'][2]:.2f} s); planned in "
-        f"{plan['planning_s']:.0f} s"
-        + (f"; step-time predictions off by {error['median_abs_log']:.0%} (median, "
+        f"{plan['planning_s']:.0f} s ({plan['planning_per_training']:.1f}× the training it "
+        f"plans)" + (f"; step-time predictions off by {error['median_abs_log']:.0%} (median, "
            f"{error['measured']} measured)" if error['median_abs_log'] is not None else ''))
+  check = plan['serial'].get('K_backtest')
+  if check:
+    print(f"K extrapolated {check['ratio']:.1f}× beyond the serial run: "
+          + ('trusted' if check['trusted'] else 'the target is beyond what the plan can predict')
+          + f" ({check['why']})")
+  if plan.get('choice_reason'):
+    print(f"tie rule: {plan['choice_reason']}")
+  metric = plan['serial'].get('metric')
+  if metric:
+    print(f"the target's metric: the first {metric['examples']} of {metric['of']} examples "
+          f"every {metric['every']} steps, standard error {metric['standard_error'] or 0:.3g} "
+          f"at the last; evaluations {metric['share'] or 0:.0%} of the serial run's steps")
   print(f'plan written to {_OUT.value}; train with it: python -m jaxpar.train --config ... '
         f'--config.scheme=auto --config.plan.file={_OUT.value} --workdir ...')
   logging.flush()

@@ -25,7 +25,7 @@ def tuples(value):
 def main(path: str) -> None:
   import ml_collections
 
-  from jaxpar import host_memory, metrics
+  from jaxpar import compile_cache, host_memory, metrics
   from jaxpar import mesh as mesh_lib
   from jaxpar.data import sources
   from jaxpar.plan import planner, probe
@@ -34,6 +34,9 @@ def main(path: str) -> None:
   metrics.quiet_libraries()
   cfg = ml_collections.ConfigDict(tuples(json.loads(spec['config'])))
   host_memory.keep_freed_memory(cfg.host_memory)  # the planning process's (`one_device_in_child`)
+  # A run of one process: its programs kept and loaded as a one-process plan's are (the
+  # serial runs at further seeds compile the first seed's programs again).
+  compile_cache.apply(cfg.compilation_cache, 1)
   mesh_lib.emulate_cpu_devices(1)
   source = sources.open_source(cfg.dataset)
   meta = {'num_classes': source.num_classes, 'channels': source.channels}

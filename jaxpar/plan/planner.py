@@ -2,8 +2,13 @@
 ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`).
 
   1. serial run   one device at b = per_device_batch to the target: K_b, t_step(1), and
-                  B_noise near the target (`probe.serial_run`); a run that stops short
-                  (budget, max_steps) extrapolates K_b (`steps_model.extrapolate`), said so.
+                  B_noise near the target (`probe.serial_run`; its metric within
+                  `eval_share` of its time); again at `plan.seeds` − 1 further seeds
+                  (`other_seeds`): K_b their mean, K's range widened by their spread. A run
+                  that stops short (max_steps, a budget) extrapolates K_b
+                  (`steps_model.extrapolate`), said so; one on its initial plateau or
+                  stalled is one line (`steps_of`). t_grad and the calls' costs of an
+                  earlier plan here are reused (`plan/cache.py`).
   2. t_grad       one device, every device batch a candidate computes; t_in, the input
                   pipeline's CPU a batch, at every batch a process makes
                   (`probe.input_seconds`).
@@ -15,7 +20,8 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
   5. measure      the candidates within `close` of the best predicted T (at most
                   `measure_top`) trained for `measure_windows` windows of `measure_steps`
                   steps on the real input, as the run will (`probe.step_call`); re-ranked
-                  with the measured times.
+                  with the measured times. The choice: the fastest, or by the tie rule
+                  a row on fewer devices whose range reaches into its (`rank.choose`).
 
 In one process everything runs on its devices (real accelerators or emulated CPU devices,
 `mesh.emulate_cpu_devices`). Launched as several processes, as their training will be, every
@@ -39,6 +45,8 @@ import numpy as np
 from absl import logging
 
 from jaxpar import config as config_lib
+from jaxpar import user_cache
+from jaxpar.plan import cache as plan_cache
 from jaxpar.plan import calibrate, candidates, probe, rank, steps_model
 
 PLAN_FILE = 'plan.json'
@@ -72,13 +80,18 @@ def target_of(cfg) -> probe.Target:
 def check(cfg) -> probe.Target:
   """The plan's fields, one line each, before anything compiles."""
   p = cfg.plan
-  if not isinstance(p.budget_s, (int, float)) or p.budget_s <= 0:
+  if not isinstance(p.budget_s, (int, float)) or p.budget_s < 0:
     raise config_lib.ConfigError(f'config.plan.budget_s={p.budget_s!r} is invalid: a positive '
-                                 f'number of seconds, e.g. 180')
+                                 f'number of seconds, e.g. 600, or 0 (bounded by steps)')
+  if not isinstance(p.eval_share, (int, float)) or not 0 <= p.eval_share <= 1:
+    raise config_lib.ConfigError(f'config.plan.eval_share={p.eval_share!r} is invalid: the '
+                                 f"share of the serial run's time its evaluations may take, "
+                                 f'e.g. 0.1 (0: the whole split every time)')
   if not isinstance(p.close, (int, float)) or p.close < 1:
     raise config_lib.ConfigError(f'config.plan.close={p.close!r} is invalid: a factor of at '
                                  f'least 1 on the best predicted time, e.g. 2')
-  for field in ('eval_every', 'max_steps', 'measure_top', 'measure_steps', 'measure_windows'):
+  for field in ('eval_every', 'max_steps', 'seeds', 'measure_top', 'measure_steps',
+                'measure_windows'):
     if not isinstance(p[field], int) or p[field] < 1:
       raise config_lib.ConfigError(f'config.plan.{field}={p[field]!r} is invalid: a positive '
                                    f'integer')
@@ -98,7 +111,10 @@ def make(cfg, log=logging.info) -> dict:
   target = check(cfg)
   p = cfg.plan
   started = time.perf_counter()
-  deadline = started + p.budget_s
+  # budget_s = 0: bounded by steps (the serial runs' max_steps, phase 5's windows), so the
+  # time follows what a step and an evaluation of this network cost.
+  deadline = started + p.budget_s if p.budget_s else math.inf
+  serial_deadline = started + p.budget_s / 2 if p.budget_s else math.inf
   agree = _Agree()
   processes = jax.process_count()
   source = sources.open_source(cfg.dataset)
@@ -110,7 +126,7 @@ def make(cfg, log=logging.info) -> dict:
       cfg, available, jax.local_device_count() if processes > 1 else None)
   b = cfg.per_device_batch
   log(f'Plan: {len(found)} candidates on up to {available} {jax.default_backend()} devices '
-      f'({_setting(available)}) to {target.describe()}, within {p.budget_s:g} s; excluded: '
+      f'({_setting(available)}) to {target.describe()}, {_budget(p)}; excluded: '
       f"{', '.join(e['method'] for e in excluded)}.")
 
   # --------------------------------------------------------------- 1. the serial run
@@ -118,27 +134,42 @@ def make(cfg, log=logging.info) -> dict:
   # process 0's cores (`one_device`), which also times the one-device candidates' steps.
   one = with_overrides(cfg, {**probe.one_device_overrides(cfg, b), 'total_steps': p.max_steps})
   validation.validate(one)
+  # What an earlier plan of this network measured on this machine, with these versions
+  # (`plan/cache.py`): t_grad, and in one process the calls' costs.
+  keyed = plan_cache.key(one, probe.machine(), probe.versions(), jax.default_backend(),
+                         _setting(available)) if p.cache else None
+  entry = agree(plan_cache.load(user_cache.folder('plan'), keyed) if keyed else {})
+  reused = plan_cache.t_grad_of(entry)
+  if entry:
+    log(f"Plan: reusing t_grad at {len(reused)} device batches"
+        + (" and the calls' costs" if entry.get('calls') and processes == 1 else '')
+        + f" measured {entry['created']} (same machine, versions and network: "
+        f"config.plan.cache).")
   log(f'Plan: serial run at batch {b} on one device (B_noise from {p.noise_batches} '
       f'gradients every {p.eval_every} steps).')
-  singles = sorted({c.device_batch for c in found if c.devices == 1} | {b})
+  singles = sorted(x for x in {c.device_batch for c in found if c.devices == 1} | {b}
+                   if (x, 1) not in reused)
   timed_alone = [c for c in found if c.devices == 1] if processes > 1 else []
   # The network's initial weights, made once: every state and gradient below starts there.
   variables = probe.initial_variables(one, meta)
   if processes > 1:
     alone = multihost.from_process_0('plan/one-device', lambda: one_device_in_child(
-        one, target, singles, timed_alone, started + p.budget_s / 2, log))
+        one, target, singles, timed_alone, serial_deadline, log))
   else:
-    alone = measure_one_device(one, source, meta, target, singles, [],
-                               started + p.budget_s / 2, log, variables)
+    alone = measure_one_device(one, source, meta, target, singles, [], serial_deadline, log,
+                               variables)
   serial = alone['serial']
-  k_b, how = serial['K'], 'reached'
-  if k_b is None:
-    k_b, how = steps_model.extrapolate(serial['curve'], target.threshold), 'extrapolated'
-  if k_b is None:
-    raise config_lib.RunError(
-        f"jaxpar.plan: the serial run's {target.kind} did not fall towards the target in "
-        f"{serial['curve'][-1][0]} steps (last {serial['curve'][-1][1]:.3g}): raise "
-        f"config.plan.budget_s or config.plan.max_steps, or choose a nearer target")
+  k_b, how = steps_of(serial, target)
+  check_k = judged(serial, target, how)
+  if check_k:
+    log(f"Plan: K_b extrapolated {check_k['ratio']:.1f}× beyond the serial run; "
+        + ('trusted: ' if check_k['trusted'] else 'beyond what the plan can predict: ')
+        + check_k['why'] + '.')
+  k_b, spread = seed_spread({**serial, 'K': k_b}) if how == 'reached' else (k_b, (1.0, 1.0))
+  if serial.get('seeds'):
+    log(f"Plan: K at seeds {one.seed}, " + ', '.join(str(s['seed']) for s in serial['seeds'])
+        + ': ' + ', '.join(f'{k:.0f}' for k in [serial['K']] + [s['K'] for s in serial['seeds']])
+        + f' steps: K_b = {k_b:.0f} ({spread[0] * k_b:.0f}–{spread[1] * k_b:.0f}).')
   noise = rank.noise_near_target(serial['noise']) if serial['noise'] else (math.inf,) * 3
   t_one = float(np.median(serial['step_seconds'])) if serial['step_seconds'] else None
   saves = {'every': cfg.checkpoint_every, 'seconds': serial['save_seconds']}
@@ -150,8 +181,10 @@ def make(cfg, log=logging.info) -> dict:
   # --------------------------------------------------------------- 2. t_grad per device batch
   # On N devices at once where a candidate computes on N (emulated CPU devices share cores;
   # across processes each process computes on its own devices at once).
-  t_grad = {(int(batch), 1): seconds for batch, seconds in alone['t_grad'].items()}
-  for key in sorted({(c.device_batch, c.devices) for c in found if c.devices > 1}):
+  needed = {(c.device_batch, c.devices) for c in found} | {(b, 1)}
+  t_grad = {k: v for k, v in reused.items() if k in needed}
+  t_grad.update({(int(batch), 1): seconds for batch, seconds in alone['t_grad'].items()})
+  for key in sorted(k for k in needed if k[1] > 1 and k not in t_grad):
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': key[0]}), meta,
                                key[0], key[1] // processes, variables)
     multihost.barrier(f'plan/t_grad/{key}')
@@ -198,10 +231,15 @@ def make(cfg, log=logging.info) -> dict:
         one, meta['num_classes'], meta['channels'], make_mesh((1,), ('data',), jax.devices()[:1])),
         meta['channels'])['params']
     sizes = sorted({4096, max(4096, nbytes(params) // 8 * 8)})
-    calls = agree(calibrate.time_calls(sizes, repeats=5, warmup=1))
+    calls = entry.get('calls') if processes == 1 else None  # across processes: the link's
+    calls = calls or agree(calibrate.time_calls(sizes, repeats=5, warmup=1))
     costs = calibrate.from_calls(calls)
     log(f'Plan [{time.perf_counter() - started:.0f} s]: per-call costs ' + ', '.join(
         f"{kind} {pts[-1][0]:,} B {pts[-1][1] * 1e3:.3f} ms" for kind, pts in costs.points.items()))
+
+  if keyed and jax.process_index() == 0:
+    plan_cache.store(user_cache.folder('plan'), keyed, t_grad,
+                     calls if processes == 1 else None)
 
   # --------------------------------------------------------------- 4. predict every candidate
   # Lowering a candidate's step to read its collectives takes seconds; its time to the target
@@ -246,12 +284,24 @@ def make(cfg, log=logging.info) -> dict:
   def past_deadline():  # process 0's clock decides, as it decides what is timed
     return agree(time.perf_counter() > deadline)
 
-  ranked = time_the_close_ones(rows, lambda: rank.rank(rows, k_b, b, noise, saves), calls_of, cost,
-                               p, past_deadline, agree, log, started)
+  ranked = time_the_close_ones(rows, lambda: rank.rank(rows, k_b, b, noise, saves, spread),
+                               calls_of, cost, p, past_deadline, agree, log, started)
   choice = _leader(ranked)
   if not choice.get('t_measured'):  # the budget stopped measuring: the fastest measured
     choice = _fastest_measured(ranked) or choice
-  ranked = costed_ahead_of(choice, ranked, cost, lambda: rank.rank(rows, k_b, b, noise, saves))
+  rerank = lambda: rank.rank(rows, k_b, b, noise, saves, spread)
+  ranked = costed_ahead_of(choice, ranked, cost, rerank)
+  # The tie rule: a row on fewer devices whose range reaches the fastest one's is chosen
+  # (`rank.choose`), its step timed first where it was not and can be here.
+  leader = choice
+  choice, why = rank.choose(ranked, leader)
+  if why and not choice.get('t_measured') and choice['candidate'] in calls_of \
+      and not past_deadline():
+    _measure([choice], calls_of, p, past_deadline, agree, log, started)
+    ranked = rerank()
+    choice, why = rank.choose(ranked, leader)
+  if why:
+    log(f'Plan: {why}.')
   calls_of.clear()
   elapsed = time.perf_counter() - started
   # The one-device step at b is its own prediction's input: not judged.
@@ -266,18 +316,25 @@ def make(cfg, log=logging.info) -> dict:
       'host_memory': host_memory.applied(),
       'setting': _setting(available),
       'target': target.to_dict(), 'budget_s': p.budget_s, 'planning_s': elapsed,
+      # What planning cost, as a share of the training it plans.
+      'planning_per_training': elapsed / choice['T'][0] if choice['T'][0] > 0 else None,
       'serial': {'batch': b, 'K': k_b, 'K_how': how, 'curve': serial['curve'],
                  'noise': serial['noise'], 't_step': t_one,
                  'B_noise': [x if math.isfinite(x) else None for x in noise],  # ∞: none
-                 'stopped': serial['stopped']},
+                 'stopped': serial['stopped'], 'progress': serial.get('progress'),
+                 'metric': serial.get('metric'), 'seeds': serial.get('seeds', []),
+                 'K_spread': list(spread), 'K_backtest': check_k},
       't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()],
       'overhead_s': overhead,
       'input_s': {'rows': [{'rows': n, 'seconds': v} for n, v in t_in.items()], 'cores': cores},
       'calls': calls, 'saves': saves,
+      'reused': {'created': entry['created'], 't_grad': sorted(k for k in reused if k in t_grad),
+                 'calls': bool(entry.get('calls')) and processes == 1} if entry else None,
       'step_prediction_error': {'median_abs_log': float(np.median(errors)) if errors else None,
                                 'measured': len(errors)},
       'candidates': [_row_json(r) for r in ranked],
       'choice_rank': ranked.index(choice) + 1,
+      'choice_reason': why,
       'excluded': excluded,
       'choice': _row_json(choice),
   }
@@ -285,6 +342,42 @@ def make(cfg, log=logging.info) -> dict:
       f"{choice['t_step'][0] * 1e3:.2f} ms + {choice['saves']} saves × {saves['seconds']:.2f} s "
       f"= {choice['T'][0]:.2f} s to the target ({choice['T'][1]:.2f}–{choice['T'][2]:.2f}).")
   return plan
+
+
+def _budget(p) -> str:
+  if p.budget_s:
+    return f'within {p.budget_s:g} s'
+  return (f'bounded by steps ({p.max_steps} serial steps a seed, {p.seeds} seed'
+          f"{'s' if p.seeds > 1 else ''}; config.plan.budget_s=0)")
+
+
+def steps_of(serial: dict, target) -> tuple:
+  """(K_b, how): the serial run's steps to the target — 'reached', or 'extrapolated' from a
+  curve that stopped short while falling (`steps_model.extrapolate`). A curve still on its
+  initial plateau, or stalled, is one `RunError` saying which and what to change."""
+  if serial['K'] is not None:
+    return serial['K'], 'reached'
+  last = serial['curve'][-1]
+  verdict = serial.get('progress') or steps_model.progress(serial['curve'])
+  if verdict == 'plateau':
+    raise config_lib.RunError(
+        f"jaxpar.plan: the serial run's {target.kind} is still on its initial plateau after "
+        f"{last[0]} steps (at {last[1]:.3g}, within 5 % of its start): nothing to extrapolate "
+        f"from; raise config.plan.max_steps (or config.plan.budget_s, or set it to 0: bounded "
+        f"by steps)")
+  k = steps_model.extrapolate(serial['curve'], target.threshold) if verdict == 'falling' else None
+  if k is None:
+    raise config_lib.RunError(
+        f"jaxpar.plan: the serial run's {target.kind} stopped falling towards the target "
+        f"(no new lowest value in its last evaluations; {last[1]:.3g} at step {last[0]}): "
+        f"choose a nearer target, or another learning rate (config.optimizer.learning_rate)")
+  return k, 'extrapolated'
+
+
+def judged(serial: dict, target, how: str):
+  """An extrapolated K judged on the serial curve's own later points
+  (`steps_model.backtest`), or None where K was reached."""
+  return steps_model.backtest(serial['curve'], target.threshold) if how == 'extrapolated' else None
 
 
 def _setting(available: int) -> str:
@@ -333,7 +426,9 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
     variables = probe.initial_variables(one, meta)
   serial = probe.serial_run(one, source, target, eval_every=p.eval_every,
                             max_steps=p.max_steps, deadline=deadline,
-                            noise_batches=p.noise_batches, log=log, variables=variables)
+                            noise_batches=p.noise_batches, log=log, variables=variables,
+                            eval_share=p.eval_share)
+  serial['seeds'] = other_seeds(one, source, target, serial, deadline, log)
   t_grad = {}
   for batch in batches:
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': batch}), meta, batch, 1,
@@ -354,6 +449,36 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
     call.close()
     log(f'  one device: {label}: {np.median(windows[label]) * 1e3:.2f} ms a step.')
   return {'serial': serial, 't_grad': t_grad, 'windows': windows}
+
+
+def other_seeds(one, source, target, serial: dict, deadline: float, log) -> list:
+  """K at `plan.seeds` − 1 further seeds (other initial weights and data order), each a
+  serial run to the target without B_noise readings, at most twice the first run's K
+  (beyond: K taken as that cap, a lower bound): [{'seed', 'K', 'stopped'}]. None where the
+  first run did not reach the target (nothing to repeat within reach)."""
+  p = one.plan
+  if serial['K'] is None or p.seeds < 2:
+    return []
+  cap = min(p.max_steps, math.ceil(2 * serial['K']))
+  out = []
+  for i in range(1, p.seeds):
+    seed = one.seed + i
+    log(f'Plan: serial run at seed {seed} (K\'s spread from seed to seed), at most {cap} steps.')
+    run = probe.serial_run(with_overrides(one, {'seed': seed}), source, target,
+                           eval_every=serial['metric']['every'], max_steps=cap,
+                           deadline=deadline, noise_batches=0, log=log,
+                           eval_share=p.eval_share, time_saves=False)
+    out.append({'seed': seed, 'K': run['K'] if run['K'] is not None else float(cap),
+                'stopped': run['stopped'], 'curve': run['curve']})
+  return out
+
+
+def seed_spread(serial: dict) -> tuple:
+  """(K_b, (low, high)): the seeds' mean K and their range as factors of it; (K, (1, 1))
+  with one seed."""
+  ks = [serial['K']] + [s['K'] for s in serial.get('seeds', [])]
+  mean = float(np.mean(ks))
+  return mean, (min(ks) / mean, max(ks) / mean)
 
 
 def one_device_in_child(one, target, batches, timed, deadline, log) -> dict:
@@ -388,7 +513,7 @@ def _rows(c, processes: int) -> int:
 
 
 def _leader(ranked: list) -> dict:
-  """The choice: the fastest candidate whose steps the plan predicts — one computing the
+  """The leader: the fastest candidate whose steps the plan predicts — one computing the
   serial maths (`Candidate.exact`). Per-device BatchNorm is ranked, not chosen: its steps
   are not modelled (ResNet34 at 16² took 198 steps where BN over all devices took 135)."""
   return next(r for r in ranked if r['candidate'].exact)

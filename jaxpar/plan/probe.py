@@ -75,6 +75,17 @@ class Target:
   def metric(self, evaluation: dict) -> float:
     return float(evaluation['loss']) if self.kind == 'loss' else 1.0 - float(evaluation['top1'])
 
+  def chance(self, num_classes: int) -> float:
+    """The metric of a uniform guess over `num_classes`: ln C, or 1 − 1/C."""
+    return math.log(num_classes) if self.kind == 'loss' else 1.0 - 1.0 / num_classes
+
+  def standard_error(self, evaluation: dict):
+    """The metric's standard error over the examples evaluated (None where unknown)."""
+    if self.kind == 'loss':
+      return evaluation.get('loss_se')
+    p, n = float(evaluation['top1']), float(evaluation['count'])
+    return math.sqrt(p * (1 - p) / max(n - 1, 1))
+
   def describe(self) -> str:
     return (f'training-set loss ≤ {self.value:g}' if self.kind == 'loss'
             else f'test top-1 ≥ {self.value:.1%}')
@@ -119,14 +130,24 @@ def initial_variables(cfg, meta) -> dict:
 
 
 def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
-               deadline: float, noise_batches: int, log=print, variables=None) -> dict:
+               deadline: float, noise_batches: int, log=print, variables=None,
+               eval_share: float = 0.0, time_saves: bool = True) -> dict:
   """Trains `cfg` (a one-device config, `one_device_overrides`) from its initial weights
   (`variables`, made already, or made here: `initial_variables`) until the target,
-  `max_steps` or `deadline` (time.perf_counter()): {'curve': [(step,
-  metric)], 'K': steps to the target or None, 'step_seconds': the mean step time of each
-  window between evaluations (steps dispatched as training does, evaluations excluded, the
-  first step's compilation too), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why,
-  'save_seconds': what a checkpoint save costs it (`save_seconds`, after the run)}."""
+  `max_steps`, `deadline` (time.perf_counter()) or a curve that has stalled
+  (`steps_model.progress`; an initial plateau goes on): {'curve': [(step, metric)], 'K':
+  steps to the target or None, 'step_seconds': the mean step time of each window between
+  evaluations (steps dispatched as training does, evaluations excluded, the first step's
+  compilation too), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why ('reached',
+  'max_steps', 'time', 'stalled'), 'progress': the curve's last verdict, 'save_seconds':
+  what a checkpoint save costs it (`save_seconds`, after the run; None without
+  `time_saves`), 'metric': how the
+  target's metric was measured (`_MetricCost`)}.
+
+  With `eval_share`, the metric costs at most that share of the training between
+  evaluations: timed on the whole split at the first evaluation after step 0, then taken on
+  the split's first examples (whole evaluation batches, at least one; the same examples every
+  time) — and where one batch costs more, evaluations spaced further apart."""
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.evaluation import evaluate
@@ -143,40 +164,106 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
                               variables=variables)
   eval_step = make_eval_step(model, mesh)
   noise = noise_probe(cfg, model, source, noise_batches) if noise_batches >= 2 else None
+  cost = _MetricCost(source, target, cfg.eval_batch, eval_every, eval_share)
 
   def measured(state):
-    return target.metric(evaluate(eval_step, method.variables(state), mesh, source, cfg,
-                                  split=target.split))
+    start = time.perf_counter()
+    evaluation = evaluate(eval_step, method.variables(state), mesh, source, cfg,
+                          split=target.split, examples=cost.examples)
+    cost.evaluated(time.perf_counter() - start, target.standard_error(evaluation))
+    return target.metric(evaluation)
 
   loop = build.loop(cfg, model, tx, mesh, method, source, state, max_steps, rng_dropout)
   curve, seconds, track, stopped = [(0, measured(state))], [], [], 'max_steps'
-  mark, since = None, 0
+  mark, since, verdict = None, 0, 'plateau'
   for step in range(1, max_steps + 1):
     state, metrics = loop(state)
     since += 1
     if step == 1:  # compiles: the clock starts after it
       jax.block_until_ready(metrics)
       mark, since = time.perf_counter(), 0
-    if step % eval_every == 0 or step == max_steps:
+    if step % cost.every == 0 or step == max_steps:
       jax.block_until_ready(metrics)
       if since:  # steps as training runs them, dispatched ahead, blocked once a window
         seconds.append((time.perf_counter() - mark) / since)
+        cost.trained(seconds[-1] * since)
       curve.append((step, measured(state)))
       if noise:
         track.append({'step': step, **noise(method.variables(state))})
+      verdict = steps_model.progress(curve, target.chance(source.num_classes))
       log(f'  serial step {step}: {target.kind} metric {curve[-1][1]:.4f}'
-          + (f", B_noise {_reading(track[-1]['b_noise'])}" if track else ''))
+          + (f", B_noise {_reading(track[-1]['b_noise'])}" if track else '')
+          + (' (initial plateau)' if verdict == 'plateau' else ''))
+      if len(seconds) == 1 and cost.settle(seconds[0]):
+        log(f'  serial run: {cost.describe()}.')
       if curve[-1][1] <= target.threshold:
         stopped = 'reached'
+        break
+      if verdict == 'stalled':
+        stopped = 'stalled'
         break
       if time.perf_counter() > deadline:
         stopped = 'time'
         break
       mark, since = time.perf_counter(), 0
-  saves = save_seconds(state, loop)  # after the run: its steps go on, not on its curve
+  # After the run: its steps go on, not on its curve.
+  saves = save_seconds(state, loop) if time_saves else None
   loop.close()
   return {'curve': curve, 'K': steps_model.reached(curve, target.threshold),
-          'step_seconds': seconds, 'noise': track, 'stopped': stopped, 'save_seconds': saves}
+          'step_seconds': seconds, 'noise': track, 'stopped': stopped, 'progress': verdict,
+          'save_seconds': saves, 'metric': cost.to_dict()}
+
+
+class _MetricCost:
+  """How the serial run measures the target's metric, and what that costs: the whole split
+  until the first timed evaluation (step `every`: after step 0's, which compiles and reads
+  the split); then, where an evaluation costs more than `share` of the training between
+  two, the split's first whole evaluation batches that keep it within (at least one batch),
+  and where one batch costs more, evaluations `every` × k steps apart."""
+
+  def __init__(self, source, target, batch: int, every: int, share: float):
+    self.total = source.num_test_global if target.split == 'test' else source.num_train_global
+    self.batch, self.every, self.share = min(batch, self.total), every, share
+    self.examples = 0  # 0: the whole split
+    self.eval_seconds, self.train_seconds, self.last_se, self.settled = [], 0.0, None, False
+
+  def evaluated(self, seconds: float, standard_error) -> None:
+    self.eval_seconds.append(seconds)
+    self.last_se = standard_error
+
+  def trained(self, seconds: float) -> None:
+    self.train_seconds += seconds
+
+  def settle(self, step_seconds: float) -> bool:
+    """After the first timed evaluation (of the whole split): the subset and spacing that
+    keep the metric within `share`; True where they changed."""
+    if self.settled or not self.share:
+      return False
+    self.settled = True
+    per_example = self.eval_seconds[-1] / self.total
+    allowed = self.share * self.every * step_seconds
+    if per_example * self.total <= allowed:
+      return False
+    batches = max(1, int(allowed / (per_example * self.batch)))
+    self.examples = min(self.total, batches * self.batch)
+    over = per_example * self.examples / allowed
+    if over > 1:
+      self.every *= math.ceil(over)
+    return True
+
+  def describe(self) -> str:
+    whole = self.eval_seconds[1] if len(self.eval_seconds) > 1 else math.nan
+    return (f'the metric on the first {self.examples} of {self.total} examples every '
+            f'{self.every} steps (the whole split took {whole:.2f} s, '
+            f'{whole / self.train_seconds:.0%} of the steps between two evaluations; budget '
+            f'{self.share:.0%})')
+
+  def to_dict(self) -> dict:
+    timed = self.eval_seconds[1:]  # the first compiles and reads the split
+    return {'examples': self.examples or self.total, 'of': self.total, 'every': self.every,
+            'eval_seconds': float(np.median(timed)) if timed else None,
+            'share': sum(timed) / self.train_seconds if timed and self.train_seconds else None,
+            'standard_error': self.last_se}
 
 
 def _reading(b_noise) -> str:

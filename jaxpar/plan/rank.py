@@ -90,17 +90,20 @@ def time_to_target(k: list, t_step: list, saves: dict | None) -> list:
   return [ki * ti + saves_before(ki, saves) * t_save for ki, ti in zip(k, t_step)]
 
 
-def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None) -> list:
+def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None,
+         spread: tuple = (1.0, 1.0)) -> list:
   """Adds to each row ({'candidate': Candidate, 't_predicted', 't_measured'?: [seconds]})
-  its 'label', steps 'K' [mid, low, high], step time 't_step' [mid, low, high] (measured if
-  it was, else predicted), 'saves' (checkpoints before the K-th step, `saves`: {'every',
-  'seconds'}), 'T' [mid, low, high] and 'notes'; returns the rows by T, fastest first."""
+  its 'label', steps 'K' [mid, low, high] (the range: B_noise's, widened by the seeds'
+  `spread` of K_b, (low, high) as factors of it), step time 't_step' [mid, low, high]
+  (measured if it was, else predicted), 'saves' (checkpoints before the K-th step, `saves`:
+  {'every', 'seconds'}), 'T' [mid, low, high] and 'notes'; returns the rows by T, fastest
+  first."""
   b_noise, low, high = noise
   for row in rows:
     c = row['candidate']
     row['label'] = c.label
     ks = [steps_at(k_b, b, x, c.batch) for x in (b_noise, low, high)]
-    row['K'] = [ks[0], min(ks), max(ks)]
+    row['K'] = [ks[0], min(ks) * spread[0], max(ks) * spread[1]]
     measured = row.get('t_measured')
     if measured:
       t = [float(np.median(measured)), float(min(measured)), float(max(measured))]
@@ -121,6 +124,29 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
       notes.append('step time predicted, not measured')
     row['notes'] = notes
   return sorted(rows, key=lambda r: r['T'][0])
+
+
+def choose(ranked: list, leader: dict) -> tuple:
+  """The choice and why: `leader` (the fastest row the plan may choose) — unless a row on
+  fewer devices, costed and computing the serial maths, predicts a time to the target whose
+  range reaches into the leader's (its low end at or below the leader's high end): the
+  difference is inside the plan's own uncertainty, and the devices it would spend buy
+  nothing certain. Then the one on fewest devices of those (the fastest of equals), and the
+  reason names both rows, the margin and the ranges. Returns (row, reason; '' for the
+  leader)."""
+  n = leader['candidate'].devices
+  close = [r for r in ranked if r['candidate'].exact and not r.get('pruned')
+           and r['candidate'].devices < n and r['T'][1] <= leader['T'][2]]
+  if not close:
+    return leader, ''
+  row = min(close, key=lambda r: (r['candidate'].devices, r['T'][0]))
+  m = row['candidate'].devices
+  margin = row['T'][0] / leader['T'][0] - 1
+  return row, (f"{row['label']} chosen over {leader['label']}: {m} device{'s' if m > 1 else ''} "
+               f"instead of {n}, {margin:+.0%} predicted time to the target "
+               f"({row['T'][0]:.2f} s, range {row['T'][1]:.2f}–{row['T'][2]:.2f}, against "
+               f"{leader['T'][0]:.2f} s, {leader['T'][1]:.2f}–{leader['T'][2]:.2f}): the ranges "
+               f"overlap, so the extra devices buy no certain gain")
 
 
 def table(rows: list, choice: int = 1) -> str:

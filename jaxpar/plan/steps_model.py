@@ -157,3 +157,68 @@ def extrapolate(curve: list, target: float):
   if slope >= 0:
     return None
   return float(math.exp((math.log(target) - intercept) / slope))
+
+
+def progress(curve: list, chance: float | None = None, tolerance: float = 0.05,
+             patience: int = 5) -> str:
+  """What a serial run's curve [(step, metric), …] (the first at step 0) says so far:
+
+    'plateau'  no evaluation yet more than `tolerance` (relative) below the lower of its
+               start and `chance` (the metric of a guess: ln C for the loss of C classes):
+               the initial plateau a network may sit on before it learns (GoogLeNet with
+               its auxiliary heads on the digits stays at ln 10 for its first ~60 steps;
+               with BatchNorm's running averages the loss can read far above it early on):
+               not a failure, and nothing to extrapolate from;
+    'stalled'  a metric that is not finite, or — after going below the plateau — no new
+               lowest value in its last max(`patience`, a third of its) evaluations: a run
+               that will not reach a target below where it is;
+    'falling'  otherwise.
+  """
+  values = [m for _, m in curve]
+  if not all(math.isfinite(v) for v in values):
+    return 'stalled'
+  floor = (1 - tolerance) * min(values[0], chance if chance is not None else values[0])
+  left = next((i for i, v in enumerate(values) if v < floor), None)
+  if left is None:
+    return 'plateau'
+  since = values[left:]
+  recent = max(patience, math.ceil(len(since) / 3))
+  if len(since) > recent and min(since[-recent:]) >= min(since[:-recent]):
+    return 'stalled'
+  return 'falling'
+
+
+def backtest(curve: list, target: float, tolerance: float = 0.25) -> dict:
+  """How far this curve's own extrapolation can be trusted, judged on points no fit saw: K
+  extrapolated to `target` from the whole curve is `ratio` × its last step S; the same
+  extrapolation from the curve's first S/ratio steps, to the lowest metric it went on to
+  reach, is compared with the step that reached it. {'K', 'ratio', 'fit_to', 'predicted',
+  'measured', 'error' (|log|), 'trusted': error ≤ `tolerance`, 'why'}; 'K' None where the
+  curve does not fall, 'error' None where the early part has too few points to fit (at
+  least 4 evaluations after step 0): then not trusted."""
+  k = extrapolate(curve, target)
+  out = {'K': k, 'ratio': None, 'fit_to': None, 'predicted': None, 'measured': None,
+         'error': None, 'trusted': False}
+  if k is None:
+    return {**out, 'why': 'the curve does not fall'}
+  last = curve[-1][0]
+  ratio = k / last
+  fit_to = last / ratio
+  early = [(s, m) for s, m in curve if s <= fit_to * (1 + 1e-9)]
+  out.update(ratio=ratio, fit_to=fit_to)
+  if sum(1 for s, _ in early if s > 0) < 4:
+    return {**out, 'why': f'the target is {ratio:.1f}× beyond the run; its first 1/{ratio:.1f} '
+                          f'has {len(early)} evaluations, too few to test the same reach on'}
+  level = min(m for s, m in curve[len(early):])
+  measured = reached(curve, level)
+  predicted = extrapolate(early, level)
+  if predicted is None or measured is None:
+    return {**out, 'why': 'the early curve does not fall'}
+  error = abs(math.log(predicted / measured))
+  trusted = error <= tolerance
+  return {**out, 'predicted': predicted, 'measured': measured, 'error': error,
+          'trusted': trusted,
+          'why': (f'fitted to the first {fit_to:.0f} steps, the same extrapolation put '
+                  f'{level:.3g} at step {predicted:.0f}; the run reached it at {measured:.0f} '
+                  f"({error:.0%} off{', within' if trusted else ', beyond'} "
+                  f'{tolerance:.0%})')}
