@@ -314,6 +314,17 @@ def summary_table(pairs: list) -> str:
   return '\n'.join(lines)
 
 
+def _seeds_of(plan: dict) -> str:
+  """', the mean of seeds s0, s1, …: K0, K1, …' where the plan ran several serial seeds."""
+  seeds = plan['serial'].get('seeds')
+  if not seeds:
+    return ''
+  first = steps_model.reached(plan['serial']['curve'], plan['target']['value']
+                              if plan['target']['kind'] == 'loss' else 1 - plan['target']['value'])
+  ks = [first] + [s['K'] for s in seeds]
+  return (f", the mean of {len(ks)} seeds: " + ', '.join(f'{k:.0f}' for k in ks))
+
+
 def _budget(plan: dict) -> str:
   return (f"budget {plan['budget_s']:g} s" if plan['budget_s'] else
           f"bounded by steps, {len(plan['serial'].get('seeds', [])) + 1} serial seeds")
@@ -345,8 +356,8 @@ def report(plan: dict, result: dict) -> str:
            f"flax {v['flax']}, in {plan['planning_s']:.0f} s ({_budget(plan)}): "
            f"`{plan.get('command', 'python -m jaxpar.plan')}`.", '',
            f"Serial run at b = {plan['serial']['batch']}: K_b = {plan['serial']['K']:.0f} steps "
-           f"({plan['serial']['K_how']}), {_b_noise(plan['serial']['B_noise'])} near the "
-           'target.', '', '## Ranked by predicted time to the target', '',
+           f"({plan['serial']['K_how']}{_seeds_of(plan)}), {_b_noise(plan['serial']['B_noise'])} "
+           'near the target.', '', '## Ranked by predicted time to the target', '',
            planner.table(plan), '']
   lines += [f"- not ranked: {e['method']}: {e['reason']}" for e in plan['excluded']]
   _, seconds = _choice(result)
