@@ -142,7 +142,8 @@ PLANS_ACROSS_PROCESSES = ('squeezenet16_p2_loopback', 'squeezenet16_p2_1gbit',
 
 
 # Plans made with the defaults (two serial seeds, the tie rule, bounded by steps).
-PLANS_WITH_DEFAULTS = ('googlenet32_p2_loopback', 'squeezenet32_p2_loopback')
+PLANS_WITH_DEFAULTS = ('googlenet32_p2_loopback', 'squeezenet32_p2_loopback',
+                       'resnet34_32_p2_loopback')
 
 
 def _far_targets():
