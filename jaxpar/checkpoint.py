@@ -269,7 +269,7 @@ def _agree(step: int, failure):
 
 def _leaves(tree) -> dict:
   """path → (shape, dtype name) of a state's arrays, or of orbax's metadata of one."""
-  return {portable._key(p): (tuple(x.shape), np.dtype(x.dtype).name)
+  return {portable.path_name(p): (tuple(x.shape), np.dtype(x.dtype).name)
           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 

@@ -15,7 +15,7 @@ def evaluate(eval_step, variables, mesh, source, cfg, split: str = 'test',
   squared losses), count, unreadable_files} of `split` ('test', or 'train' unaugmented: the
   training set's loss that `analysis.accuracy` targets); with `examples`, of the split's
   first `examples` only (each process its share of them) — the same ones every time."""
-  total = source.num_test_global if split == 'test' else source.num_train_global
+  total = split_size(source, split)
   total = min(total, examples) if examples else total
   share = math.ceil(total / jax.process_count())
   per_process = cfg.eval_batch // jax.process_count()
@@ -33,6 +33,11 @@ def evaluate(eval_step, variables, mesh, source, cfg, split: str = 'test',
     variance = max(means.pop('loss_sq') - means['loss'] ** 2, 0.0)
     means['loss_se'] = math.sqrt(variance / max(count - 1, 1))
   return {**means, 'count': count, 'unreadable_files': len(source.unreadable)}
+
+
+def split_size(source, split: str) -> int:
+  """The examples of `split` ('test' or 'train') across every process."""
+  return source.num_test_global if split == 'test' else source.num_train_global
 
 
 def eval_batches(source, cfg, split: str, batch: int, num_batches: int, take: int = 0):

@@ -76,7 +76,7 @@ def describe(layout: dict) -> str:
 # ------------------------------------------------------------------ paths and parts
 
 
-def _key(path) -> str:
+def path_name(path) -> str:
   """A path in a state as 'opt_state/1/0/trace': the same for the structured state and for
   the nested dicts and lists orbax restores without a target."""
   parts = []
@@ -164,7 +164,7 @@ def _components(opt_state, layout: dict, params) -> tuple:
   components, counters = [], []
   for path, x in jax.tree_util.tree_flatten_with_path(_at(opt_state, prefix),
                                                       is_leaf=follows)[0]:
-    (components if follows(x) else counters).append(_key(path))
+    (components if follows(x) else counters).append(path_name(path))
   return components, counters
 
 
@@ -226,7 +226,7 @@ def _whole_tree(raw, like, stacked: bool, like_stacked: bool, what: str) -> list
   `like_stacked`: whether each has a leading axis of copies)."""
   found = jax.tree_util.tree_flatten_with_path(raw)[0]
   wanted = jax.tree_util.tree_flatten_with_path(like)[0]
-  names = lambda leaves: [_key(p) for p, _ in leaves]
+  names = lambda leaves: [path_name(p) for p, _ in leaves]
   if names(found) != names(wanted):
     missing = sorted(set(names(wanted)) - set(names(found)))
     extra = sorted(set(names(found)) - set(names(wanted)))
@@ -240,7 +240,7 @@ def _whole_tree(raw, like, stacked: bool, like_stacked: bool, what: str) -> list
     x = x if stacked else x[None]
     shape = tuple(w.shape[1:] if like_stacked else w.shape)
     if x.shape[1:] != shape:
-      raise Mismatch(f"its {what} {_key(path)!r} are {x.shape[1:]}, this run's {shape}")
+      raise Mismatch(f"its {what} {path_name(path)!r} are {x.shape[1:]}, this run's {shape}")
     out.append(x)
   return out
 
@@ -324,7 +324,7 @@ def lay_out(p: Portable, layout: dict, template) -> tuple:
   for (path, x), w in zip(jax.tree_util.tree_flatten_with_path(state)[0],
                           jax.tree.leaves(template)):
     if tuple(np.shape(x)) != tuple(w.shape):  # a layout's own arithmetic gone wrong
-      raise AssertionError(f'{_key(path)}: {np.shape(x)} laid out, {w.shape} wanted')
+      raise AssertionError(f'{path_name(path)}: {np.shape(x)} laid out, {w.shape} wanted')
   return jax.tree.map(lambda x, w: np.asarray(x, w.dtype), state, template), notes
 
 
@@ -345,7 +345,7 @@ def _fill(root, layout: dict, leaves, p: Portable, spread, params):
   flat, outer = jax.tree_util.tree_flatten_with_path(root, is_leaf=follows)
   out = []
   for path, like in flat:
-    key = _key(path)
+    key = path_name(path)
     if not follows(like):
       out.append(np.broadcast_to(p.counters[key], like.shape))
       continue

@@ -311,8 +311,9 @@ def init_compiler_options():
 
 def make_eval_step(model, mesh) -> Callable:
   """Returns jitted `step(variables, batch) -> sums` of correct top-1/top-5, of the loss and
-  its square (its standard error, `evaluation.evaluate`) and of the mask, over the whole global batch; padding rows (mask 0) count nowhere. `variables`
-  are a strategy's `variables(state)`: a sharded optimizer state never moves."""
+  its square (its standard error, `evaluation.evaluate`) and of the mask, over the whole
+  global batch; padding rows (mask 0) count nowhere. `variables` are a strategy's
+  `variables(state)`: a sharded optimizer state never moves."""
   axes = data_axes(mesh)
 
   model = model.clone(fc_axis=None)  # whole FC layers: `variables` are the whole weights

@@ -70,7 +70,8 @@ def test_an_initial_plateau_is_told_from_a_curve_that_will_not_fall():
 def test_a_serial_run_that_stops_short_extrapolates_only_a_falling_curve():
   target = planner.probe.Target('loss', 0.5)
   curve = [(0, 3.0)] + [(s, 10 * s ** -0.5) for s in (10, 20, 40, 80, 160)]
-  assert planner.steps_of({'K': 120.0, 'curve': curve}, target) == (120.0, 'reached')
+  assert planner.steps_of({'K': 120.0, 'curve': curve, 'progress': 'falling'},
+                          target) == (120.0, 'reached')
   k, how = planner.steps_of({'K': None, 'curve': curve, 'progress': 'falling'}, target)
   assert (k, how) == (pytest.approx(400), 'extrapolated')
   on_plateau = {'K': None, 'curve': [(0, 2.303), (20, 2.30), (40, 2.29)], 'progress': 'plateau'}

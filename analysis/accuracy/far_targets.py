@@ -47,8 +47,8 @@ def define_flags():
 def judge(curve: list, k: float, threshold: float, reach: float) -> dict:
   """The extrapolation from `curve`'s first k/reach steps against the measured `k`."""
   seen = [(s, m) for s, m in curve if s <= k / reach]
-  predicted = steps_model.extrapolate(seen, threshold)
-  check = steps_model.backtest(seen, threshold)
+  check = steps_model.backtest(seen, threshold)  # its 'K': the extrapolation from `seen`
+  predicted = check['K']
   error = abs(math.log(predicted / k)) if predicted else None
   verdict = ('within' if error is not None and error <= TOLERANCE else
              'flagged' if not check['trusted'] else 'missed')

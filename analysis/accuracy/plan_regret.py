@@ -319,8 +319,8 @@ def _seeds_of(plan: dict) -> str:
   seeds = plan['serial'].get('seeds')
   if not seeds:
     return ''
-  first = steps_model.reached(plan['serial']['curve'], plan['target']['value']
-                              if plan['target']['kind'] == 'loss' else 1 - plan['target']['value'])
+  from jaxpar.plan import probe
+  first = steps_model.reached(plan['serial']['curve'], probe.Target(**plan['target']).threshold)
   ks = [first] + [s['K'] for s in seeds]
   return (f", the mean of {len(ks)} seeds: " + ', '.join(f'{k:.0f}' for k in ks))
 

@@ -34,7 +34,8 @@ _LOSS = flags.DEFINE_float('target_loss', None, 'The training-set loss to reach 
                            'target_loss).')
 _ACCURACY = flags.DEFINE_float('target_accuracy', None, 'The test top-1 to reach, 0-1 '
                                '(config.plan.target_accuracy).')
-_BUDGET = flags.DEFINE_float('budget_s', None, 'Seconds to measure for (config.plan.budget_s; 0: bounded by steps).')
+_BUDGET = flags.DEFINE_float('budget_s', None, 'Seconds to measure for (config.plan.budget_s; '
+                             '0: bounded by steps).')
 _OUT = flags.DEFINE_string('out', 'plan.json', 'The plan to write.')
 
 

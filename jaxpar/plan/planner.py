@@ -284,12 +284,12 @@ def make(cfg, log=logging.info) -> dict:
   def past_deadline():  # process 0's clock decides, as it decides what is timed
     return agree(time.perf_counter() > deadline)
 
-  ranked = time_the_close_ones(rows, lambda: rank.rank(rows, k_b, b, noise, saves, spread),
-                               calls_of, cost, p, past_deadline, agree, log, started)
+  rerank = lambda: rank.rank(rows, k_b, b, noise, saves, spread)
+  ranked = time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
+                               started)
   choice = _leader(ranked)
   if not choice.get('t_measured'):  # the budget stopped measuring: the fastest measured
     choice = _fastest_measured(ranked) or choice
-  rerank = lambda: rank.rank(rows, k_b, b, noise, saves, spread)
   ranked = costed_ahead_of(choice, ranked, cost, rerank)
   # The tie rule: a row on fewer devices whose range reaches the fastest one's is chosen
   # (`rank.choose`), its step timed first where it was not and can be here.
@@ -358,11 +358,12 @@ def steps_of(serial: dict, target) -> tuple:
   if serial['K'] is not None:
     return serial['K'], 'reached'
   last = serial['curve'][-1]
-  verdict = serial.get('progress') or steps_model.progress(serial['curve'])
+  verdict = serial['progress']  # `steps_model.progress`, as the serial run judged it
   if verdict == 'plateau':
     raise config_lib.RunError(
         f"jaxpar.plan: the serial run's {target.kind} is still on its initial plateau after "
-        f"{last[0]} steps (at {last[1]:.3g}, within 5 % of its start): nothing to extrapolate "
+        f"{last[0]} steps (at {last[1]:.3g}, not yet 5 % below its start or chance): nothing "
+        f"to extrapolate "
         f"from; raise config.plan.max_steps (or config.plan.budget_s, or set it to 0: bounded "
         f"by steps)")
   k = steps_model.extrapolate(serial['curve'], target.threshold) if verdict == 'falling' else None
@@ -454,8 +455,8 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
 def other_seeds(one, source, target, serial: dict, deadline: float, log) -> list:
   """K at `plan.seeds` − 1 further seeds (other initial weights and data order), each a
   serial run to the target without B_noise readings, at most twice the first run's K
-  (beyond: K taken as that cap, a lower bound): [{'seed', 'K', 'stopped'}]. None where the
-  first run did not reach the target (nothing to repeat within reach)."""
+  (beyond: K taken as that cap, a lower bound): [{'seed', 'K', 'stopped', 'curve'}]; none
+  where the first run did not reach the target (nothing to repeat within reach)."""
   p = one.plan
   if serial['K'] is None or p.seeds < 2:
     return []

@@ -141,8 +141,7 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   compilation too), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why ('reached',
   'max_steps', 'time', 'stalled'), 'progress': the curve's last verdict, 'save_seconds':
   what a checkpoint save costs it (`save_seconds`, after the run; None without
-  `time_saves`), 'metric': how the
-  target's metric was measured (`_MetricCost`)}.
+  `time_saves`), 'metric': how the target's metric was measured (`_MetricCost`)}.
 
   With `eval_share`, the metric costs at most that share of the training between
   evaluations: timed on the whole split at the first evaluation after step 0, then taken on
@@ -222,7 +221,8 @@ class _MetricCost:
   and where one batch costs more, evaluations `every` × k steps apart."""
 
   def __init__(self, source, target, batch: int, every: int, share: float):
-    self.total = source.num_test_global if target.split == 'test' else source.num_train_global
+    from jaxpar.evaluation import split_size
+    self.total = split_size(source, target.split)
     self.batch, self.every, self.share = min(batch, self.total), every, share
     self.examples = 0  # 0: the whole split
     self.eval_seconds, self.train_seconds, self.last_se, self.settled = [], 0.0, None, False
