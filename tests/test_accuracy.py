@@ -15,8 +15,8 @@ import optax
 import pytest
 from absl import app as absl_app
 
-from analysis.accuracy import staleness, tta
-from jaxpar.plan import noise_scale, steps_model
+from analysis.accuracy import tta
+from jaxpar.plan import noise_scale, staleness, steps_model
 from runs import ROOT, config_file, process_env
 
 

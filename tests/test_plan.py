@@ -1,5 +1,6 @@
 """jaxpar.plan: the steps model, the candidates, the ranking on hand-worked costs, bad input as
 one line, a plan made on emulated devices, and scheme='auto' training with a plan."""
+import dataclasses
 import json
 import math
 import os
@@ -182,11 +183,29 @@ def test_candidates_cover_scheme_server_n_and_bn_and_say_what_they_leave_out():
   assert {c.label for c in found if c.devices == 1} == {
       'sync-split allreduce N=1 B=64, BN all', 'sync-join allreduce N=1 B=16, BN all'}
   # N = 2, 4: two schemes × three servers × two BN groupings.
-  assert sum(c.devices == 2 for c in found) == sum(c.devices == 4 for c in found) == 12
+  assert sum(c.devices == 2 for c in found) == 12
+  assert sum(c.devices == 4 and c.family in ('sync', 'bn_device') for c in found) == 12
   assert 'sync-join distributed N=4 B=64, BN per device' in labels
-  assert {e['method'] for e in excluded} == {'async', 'local_sgd', 'gossip'}
+  # On all 4: Local SGD at each period (a replica per device, BN its own) and Downpour on
+  # either server (threads of one process), each a family of its own.
+  assert [c.label for c in found if not c.exact and c.bn == 'device' and c.family != 'bn_device'
+          ] == ['local-sgd τ=2 N=4 B=64, BN per device', 'local-sgd τ=4 N=4 B=64, BN per device',
+                'local-sgd τ=8 N=4 B=64, BN per device',
+                'async central (threads) N=4 b=16, BN per device',
+                'async distributed (threads) N=4 b=16, BN per device']
+  assert {e['method'] for e in excluded} == {'local-sgd hierarchical', 'gossip'}
   per_device = next(c for c in found if c.bn == 'device')
   assert not per_device.exact and per_device.overrides()['bn_group_size'] == 1
+  assert per_device.family == 'bn_device'
+  local = next(c for c in found if c.period == 4)
+  assert local.overrides()['sync_every'] == 4 and local.family == 'local_sgd'
+  assert local.exchange == dataclasses.replace(local, period=8).exchange
+  downpour = next(c for c in found if c.scheme == 'async')
+  assert downpour.device_batch == 16 and downpour.family == 'async'
+  # Without the families: no such rows, each left out with its reason.
+  found, excluded = candidates.enumerate_candidates(_config(**{'plan.methods': ()}), 4)
+  assert all(c.exact for c in found if c.devices > 1)
+  assert {e['method'] for e in excluded} == {'bn_device', 'local_sgd', 'async', 'gossip'}
   # Without BatchNorm no grouping; a global batch that does not divide is excluded, said so.
   found, excluded = candidates.enumerate_candidates(_config(batch_norm=False, global_batch=36), 8)
   assert {c.bn for c in found} == {''}
@@ -198,7 +217,9 @@ def test_across_processes_a_candidate_runs_on_one_device_or_all_of_them():
   # 2 processes × 1 device: N = 1 (a run of one process) and 2, nothing left out.
   found, excluded = candidates.enumerate_candidates(_config(), 2, local=1)
   assert {c.devices for c in found} == {1, 2}
-  assert len(found) == 14 and not [e for e in excluded if e['method'].startswith('N=')]
+  assert len(found) == 19 and not [e for e in excluded if e['method'].startswith('N=')]
+  # Downpour across processes: Ray's actors driven by one process.
+  assert {c.backend for c in found if c.scheme == 'async'} == {'ray'}
   # 4 processes × 1: N = 2 is a run of 2 of the processes, planned by launching those.
   found, excluded = candidates.enumerate_candidates(_config(), 4, local=1)
   assert {c.devices for c in found} == {1, 4}
@@ -214,6 +235,7 @@ def test_a_plan_across_processes_is_trained_as_it_was_made(tmp_path):
     path = tmp_path / f'{plan_choice.devices}_{processes}_{made}.json'
     plan = _plan_json(plan_choice, {'kind': 'loss', 'value': 0.5})
     plan['processes'], plan['choice']['devices'] = made, plan_choice.devices
+    plan['choice']['backend'] = plan_choice.backend
     path.write_text(json.dumps(plan))
     c = _config(**{'scheme': 'auto', 'plan.file': str(path), 'distributed.cluster': 'none'})
     if processes > 1:
@@ -223,7 +245,9 @@ def test_a_plan_across_processes_is_trained_as_it_was_made(tmp_path):
   planner._check_processes(*config(choice, 2))          # all devices, as made
   planner._check_processes(*config(alone, 1))           # one device, one process
   planner._check_processes(*config(choice, 1, made=1))  # a plan of one process: any launch
-  with pytest.raises(config_lib.ConfigError, match='chose one device .*run jaxpar.train as '
+  ray = candidates.Candidate('async', 'central', 2, 16, 'device', backend='ray')
+  planner._check_processes(*config(ray, 1))             # Downpour on Ray: one driver
+  with pytest.raises(config_lib.ConfigError, match='chose one process .*run jaxpar.train as '
                      'one process'):
     planner._check_processes(*config(alone, 2))
   with pytest.raises(config_lib.ConfigError, match='chose 2 devices over the 2 processes it '
@@ -251,7 +275,9 @@ def test_a_candidate_s_overrides_make_a_valid_config_of_its_method():
     cfg = planner.with_overrides(_config(), c.overrides())
     validation.validate(cfg)
     assert config_lib.num_devices(cfg) == c.devices
-    assert config_lib.global_batch(cfg) == c.batch and config_lib.method(cfg) == c.server
+    assert config_lib.global_batch(cfg) == c.batch
+    assert config_lib.method(cfg) == {'sync': c.server, 'bn_device': c.server,
+                                      'local_sgd': 'local_sgd', 'async': 'async'}[c.family]
 
 
 # =============================================================================== ranking
@@ -398,10 +424,11 @@ def test_ranking_picks_the_hand_worked_fastest():
   assert '| 1 (choice) | sync-split allreduce N=2 B=64 | 175 (175–175) |' in rank.table(ranked)
 
 
-def _ranged(devices, t, low, high, bn='', measured=True):
+def _ranged(devices, t, low, high, bn='', measured=True, basis=None):
   row = {'candidate': candidates.Candidate('sync-join', 'allreduce', devices, 16 * devices, bn),
          'T': [t, low, high]}
   row['label'] = row['candidate'].label
+  row['basis'] = basis or ('sync' if row['candidate'].exact else None)
   if measured:
     row['t_measured'] = [0.01]
   return row
@@ -429,6 +456,118 @@ def test_the_tie_rule_chooses_fewer_devices_where_the_ranges_overlap():
   assert rank.choose([four, per_device, two, pruned, one_slow, one], four)[0] is one_slow
   assert rank.choose([four, per_device], four) == (four, '')
   assert rank.choose([two, four], two) == (two, '')
+
+
+def test_the_tie_rule_chooses_bn_per_device_where_its_measured_range_overlaps():
+  # BN over all devices sends every BN layer's statistics each step; BN per device (PyTorch
+  # DDP's default) does not. With its K measured (basis 'bn_device') and its range reaching
+  # into the leader's, it is the cheaper choice; unmeasured (basis None) it never is.
+  leader = _ranged(2, 10.0, 9.0, 11.0, bn='all')
+  per_device = _ranged(2, 10.5, 9.5, 12.0, bn='device', basis='bn_device')
+  choice, why = rank.choose([leader, per_device], leader)
+  assert choice is per_device
+  assert why.startswith('sync-join allreduce N=2 B=32, BN per device chosen over sync-join '
+                        'allreduce N=2 B=32, BN all: BatchNorm per device instead of over all '
+                        'devices, +5% predicted time to the target')
+  assert why.endswith("so BatchNorm's exchange buys no certain gain")
+  assert rank.choose([leader, _ranged(2, 10.5, 9.5, 12.0, bn='device')], leader) == (leader, '')
+  # Apart (its low end above the leader's high end): the leader stays.
+  assert rank.choose([leader, _ranged(2, 13.0, 11.5, 14.0, bn='device', basis='bn_device')],
+                     leader) == (leader, '')
+  # Fewer devices come before no BN exchange.
+  one = _ranged(1, 10.8, 10.0, 11.5, bn='all')
+  assert rank.choose([leader, per_device, one], leader)[0] is one
+
+
+def test_each_family_s_steps_follow_its_own_run_by_hand():
+  """rank.steps on hand-worked numbers: K_b = 100 at b = 16, B_noise ∞ (K = K_b·b/B)."""
+  c = candidates.Candidate
+  sync = c('sync-join', 'allreduce', 2, 32, 'all')
+  assert rank.steps(sync, 100, 16, math.inf) == pytest.approx(50)
+  # BN per device: its sync-join run at N·b = 32 took 70 where BN over all takes 50 — every
+  # per-device row takes the batch model's K × 70/50 (at B = 64: 25 × 1.4 = 35).
+  methods = {'bn_device': {'K': 70.0, 'batch': 32, 'stopped': 'reached'}}
+  assert rank.steps(c('sync-join', 'allreduce', 2, 32, 'device'), 100, 16, math.inf,
+                    methods) == pytest.approx(70)
+  assert rank.steps(c('sync-split', 'central', 2, 64, 'device'), 100, 16, math.inf,
+                    methods) == pytest.approx(35)
+  assert rank.steps(sync, 100, 16, math.inf, methods) == pytest.approx(50)  # BN all: as was
+  # Local SGD: K_1 = the per-device row's 70 (its replicas keep their BN); τ = 8 took 84:
+  # c = (84/70 − 1)/7, so τ = 4 takes 70·(1 + 3c) = 76 and τ = 2 takes 72.
+  local = c('sync-join', 'allreduce', 2, 32, 'device', period=8)
+  methods['local_sgd'] = {'K': 84.0, 'period': 8, 'batch': 32, 'stopped': 'reached'}
+  methods = rank.reference(methods, local, 100, 16, math.inf)
+  assert methods['local_sgd']['K_1'] == pytest.approx(70)
+  for period, k in ((8, 84), (4, 76), (2, 72)):
+    assert rank.steps(dataclasses.replace(local, period=period), 100, 16, math.inf,
+                      methods) == pytest.approx(k)
+  # Downpour: the simulated run's updates, whatever the batch model says.
+  methods['async'] = {'K': 130.0, 'staleness': 1, 'stopped': 'reached'}
+  downpour = c('async', 'central', 2, 16, 'device', backend='threads')
+  assert rank.steps(downpour, 100, 16, math.inf, methods) == pytest.approx(130)
+  # Ranked: each row rests on its family's run; a run stopped short is a lower bound, never
+  # chosen; Downpour on Ray is not timed, never chosen.
+  rows = [{'candidate': x, 't_predicted': 0.01} for x in (
+      sync, local, downpour, dataclasses.replace(downpour, backend='ray'))]
+  ranked = {r['label']: r for r in rank.rank(rows, 100, 16, (math.inf,) * 3, None, (1, 1),
+                                             methods)}
+  basis = {label: r['basis'] for label, r in ranked.items()}
+  assert basis == {sync.label: 'sync', local.label: 'local_sgd', downpour.label: 'async',
+                   dataclasses.replace(downpour, backend='ray').label: None}
+  assert not rank.choosable(ranked[dataclasses.replace(downpour, backend='ray').label])
+  methods['local_sgd'] = {**methods['local_sgd'], 'stopped': 'max_steps'}
+  again = rank.rank([{'candidate': local, 't_predicted': 0.01}], 100, 16, (math.inf,) * 3,
+                    None, (1, 1), methods)[0]
+  assert again['basis'] is None and "K at least the local_sgd run's 84 steps" in again['notes'][0]
+  # Not measured at all: BN over all's K, said, never chosen.
+  alone = rank.rank([{'candidate': c('sync-join', 'allreduce', 2, 32, 'device'),
+                      't_predicted': 0.01}], 100, 16, (math.inf,) * 3)[0]
+  assert alone['K'][0] == pytest.approx(50) and alone['basis'] is None
+
+
+def test_the_batch_model_goes_through_both_measured_points():
+  """planner.batch_fit: K_b = 100 at b = 16 and K = 40 at B = 64 give K_min and B_noise with
+  K_min·(1 + B_noise/16) = 100 and K_min·(1 + B_noise/64) = 40: B_noise = 64, K_min = 20;
+  K(B) then passes through both. Faster than 1/B: perfect scaling (∞); a run short of the
+  target: None (the noise scale stays)."""
+  assert planner.batch_fit(100, 16, {'batch': 64, 'K': 40.0, 'stopped': 'reached'}) \
+      == pytest.approx(64)
+  assert rank.steps_at(100, 16, 64, 64) == pytest.approx(40)
+  assert rank.steps_at(100, 16, 64, 32) == pytest.approx(60)
+  assert planner.batch_fit(100, 16, {'batch': 64, 'K': 20.0, 'stopped': 'reached'}) == math.inf
+  assert planner.batch_fit(100, 16, {'batch': 64, 'K': 40.0, 'stopped': 'max_steps'}) is None
+  assert planner.batch_fit(100, 16, None) is None
+
+
+def test_local_sgd_s_average_is_costed_in_one_step_of_tau():
+  """A conditional's costliest branch counts in the share of steps that take it."""
+  from jaxpar.plan import hlo
+  every = hlo.Collective('all_reduce', (1000,), 'f32', group=2)
+  branch = hlo.Collective('all_reduce', (1000,), 'f32', group=2, branch=((0, 0),))
+  cost = lambda c: 1.0
+  assert hlo.step_total([every, branch], cost) == 2.0
+  assert hlo.step_total([every, branch], cost, taken=1 / 4) == 1.25
+
+
+def test_downpour_s_simulated_run_at_staleness_0_is_the_serial_run(data_dir):
+  """probe.stale_run at s = 0 trains the serial run's maths (its weights, batches, dropout
+  keys, optimizer): the same curve, to float rounding."""
+  from jaxpar.data import sources
+  from jaxpar.plan import probe
+  c = planner.with_overrides(_config(**{'dataset.data_dir': data_dir}),
+                             probe.one_device_overrides(_config(), 16))
+  c.model, c.image_size = 'squeezenet', 16
+  source = sources.open_source(c.dataset)
+  target = probe.Target('loss', 0.01)
+  kw = dict(eval_every=3, max_steps=6, deadline=math.inf, log=lambda _: None)
+  serial = probe.serial_run(c, source, target, noise_batches=0, time_saves=False, **kw)
+  stale = probe.stale_run(c, source, target, 0, **kw)
+  assert [s for s, _ in stale['curve']] == [s for s, _ in serial['curve']] == [0, 3, 6]
+  np.testing.assert_allclose([m for _, m in stale['curve']], [m for _, m in serial['curve']],
+                             rtol=2e-4)
+  # One version back is other maths: the curve moves.
+  later = probe.stale_run(c, source, target, 1, **kw)
+  assert later['staleness'] == 1 and later['curve'][-1][1] != stale['curve'][-1][1]
 
 
 def test_a_step_is_its_gradient_the_serial_step_s_other_work_its_inputs_and_its_calls():
@@ -715,12 +854,30 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   plan = planner.make(c, log=lines.append)
   assert plan['devices'] == 2 and plan['setting'].startswith('2 emulated CPU devices sharing')
   assert plan['host_memory'] == 'mapped'  # this process's (conftest), recorded for the run
-  assert len(plan['candidates']) == 14
-  assert plan['candidates'][plan['choice_rank'] - 1] == plan['choice'] and plan['choice']['exact']
-  # Ahead of the choice: rows it may not choose, or — by the tie rule, said — rows on more
-  # devices whose range it reaches into.
-  assert all(not r['exact'] or (plan['choice_reason'] and r['devices'] > plan['choice']['devices'])
-             for r in plan['candidates'][:plan['choice_rank'] - 1])
+  assert len(plan['candidates']) == 19
+  assert plan['candidates'][plan['choice_rank'] - 1] == plan['choice']
+  assert plan['choice']['choosable']
+  # Ahead of the choice: rows it may not choose, or — by the tie rule, said — rows that spend
+  # more (more devices, or BN's statistics across them) whose range it reaches into.
+  assert all(not r['choosable'] or (plan['choice_reason'] and (
+      r['devices'], r['bn'] == 'all') > (plan['choice']['devices'], plan['choice']['bn'] == 'all'))
+      for r in plan['candidates'][:plan['choice_rank'] - 1])
+  # Each family measured by its own run from the serial run's weights, to the target.
+  methods = plan['methods']
+  assert set(methods) == {'bn_device', 'local_sgd', 'async'}
+  assert methods['bn_device']['batch'] == 32 and methods['local_sgd']['period'] == 8
+  assert methods['async']['staleness'] == 1
+  for run in methods.values():
+    assert run['K'] == pytest.approx(steps_model.reached(run['curve'], 2.2))
+  # The batch model through two measured points: K_b at 16 and the one-device run at 64.
+  large = plan['serial']['large']
+  assert large['batch'] == 64 and large['stopped'] == 'reached'
+  assert plan['serial']['B_noise_how'] == 'fitted'
+  at_64 = next(r for r in plan['candidates'] if r['label'] == 'sync-split allreduce N=1 B=64, BN all')
+  assert at_64['K'][0] == pytest.approx(large['K'])
+  for r in plan['candidates']:
+    if r['family'] == 'local_sgd':
+      assert r['collectives'] is None or r['collectives'] > 0
   assert plan['serial']['K_how'] == 'reached' and plan['serial']['K'] <= 200
   # Two seeds (the default): K_b their mean, the spread their range about it.
   serial = plan['serial']
@@ -750,7 +907,7 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
     if r.get('pruned'):  # left uncosted: even without collectives beyond the close ones
       assert r['collectives'] is None and not r.get('t_measured') and r['T'][0] > best
       assert 'collectives not costed' in ' '.join(r['notes'])
-    else:
+    elif r['family'] != 'async':
       assert (r['collectives'] > 0) == (r['devices'] > 1)
   json.dumps(plan, allow_nan=False)  # standard JSON as written: no NaN, no Infinity
   assert any(line.startswith('Plan [') and 'candidates predicted' in line for line in lines)
@@ -809,13 +966,17 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
   assert plan['processes'] == 2 and plan['devices'] == 2
   assert plan['setting'] == '2 processes × 1 cpu device, 1 core each'
   assert plan['input_s']['cores'] == 1  # pinned: the inputs' CPU is the step's core's
-  assert len(plan['candidates']) == 14 and plan['choice']['exact']
+  assert len(plan['candidates']) == 19 and plan['choice']['choosable']
+  # BN per device and Local SGD run on both processes, Downpour simulated in the one-device
+  # process; Downpour across processes (Ray's actors) is ranked, never chosen.
+  assert set(plan['methods']) == {'bn_device', 'local_sgd', 'async'}
+  assert all(not r['choosable'] for r in plan['candidates'] if r['family'] == 'async')
   alone = [r for r in plan['candidates'] if r['devices'] == 1]
   assert len(alone) == 2 and all(len(r['t_measured']) == 3 and r['collectives'] == 0
                                  and not r.get('pruned') for r in alone)
   assert plan['choice'].get('t_measured')
   assert all(r['collectives'] > 0 for r in plan['candidates'] if r['devices'] == 2
-             and not r.get('pruned'))
+             and not r.get('pruned') and r['family'] != 'async')
   assert 'one-device measurements in a process of their own' in done.stdout
   second = (tmp_path / 'process_1.log').read_text()
   assert 'choice:' not in second and 'candidates predicted' in second
@@ -824,8 +985,39 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
 def test_the_regret_tool_trains_the_candidates_the_plan_may_choose():
   from analysis.accuracy import plan_regret
   plan = {'candidates': [{'exact': e} for e in (False, True, False, True, True)]}
-  assert plan_regret.ranks_of(['exact:2'], plan) == [2, 4]
+  assert plan_regret.ranks_of(['exact:2'], plan) == [2, 4]  # a plan written before 'choosable'
   assert plan_regret.ranks_of(['1', '3'], plan) == [1, 3]
+  # The rows it may choose, and each family's best-ranked row, chosen or not.
+  plan = {'candidates': [{'exact': False, 'choosable': True, 'family': 'bn_device'},
+                         {'exact': True, 'choosable': True, 'family': 'sync'},
+                         {'exact': False, 'choosable': False, 'family': 'async'},
+                         {'exact': False, 'choosable': True, 'family': 'local_sgd'},
+                         {'exact': False, 'choosable': True, 'family': 'local_sgd'}]}
+  assert plan_regret.ranks_of(['exact:2'], plan) == [1, 2]
+  assert plan_regret.ranks_of(['exact:1', 'family:local_sgd', 'family:async'], plan) == [1, 3, 4]
+  for row, n in zip(plan['candidates'], (2, 2, 2, 1, 1)):
+    row['devices'] = n
+  assert plan_regret.ranks_of(['devices:1', 'devices:2'], plan) == [1, 4]
+
+
+def test_a_regret_check_extended_by_a_row_keeps_the_rows_it_had():
+  """--extend: the rows an earlier result trained are kept, only the missing ones trained
+  (none here: nothing runs), and the regret is taken over all of them."""
+  from analysis.accuracy import plan_regret
+  rows = [{'label': f'row {i}', 'T': [t, t, t], 'K': [10, 10, 10], 'devices': 1}
+          for i, t in enumerate((2.0, 2.5, 3.0))]
+  plan = {'candidates': rows, 'choice_rank': 1, 'created': 'then', 'network': 'n',
+          'image_size': 16, 'setting': 's', 'target': {}, 'planning_s': 1.0}
+  runs = {0: [{'seed': 0, 'step': 10, 'seconds': 2.2}, {'seed': 1, 'step': 12, 'seconds': 2.4}],
+          2: [{'seed': 0, 'step': 10, 'seconds': 2.0}, {'seed': 1, 'step': 9, 'seconds': 2.0}]}
+  first = plan_regret.summary(plan, {0: runs[0]}, 2)
+  assert first['regret'] == 1.0
+  both = plan_regret.summary(plan, runs, 2, first)
+  assert both['regret'] == pytest.approx(2.3 / 2.0)
+  assert [r['rank'] for r in both['rows']] == [1, 3]
+  assert both['command'].startswith(first['command'] + '; then ')
+  again = plan_regret.run([], plan, [1, 3], 2, '', both)  # every row trained already
+  assert again['regret'] == both['regret'] and len(again['rows']) == 2
   # A plan made by link.launch records the command once, without each process's flags.
   command = ("python -m jaxpar.plan --config c.py '--config.mesh.shape=(2,)' "
              '--config.distributed.coordinator=10.0.0.1:5 --config.distributed.process_id=0')

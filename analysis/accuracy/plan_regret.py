@@ -53,14 +53,18 @@ def define_flags():
                                   'made for (with its --config.* overrides).', lock_config=False)
   flags.DEFINE_string('plan', None, 'The plan (`python -m jaxpar.plan --out`).')
   flags.DEFINE_list('ranks', ['1', '2', '3', '4', '5', '6'], "The plan's ranks to train (and "
-                    "its choice, always), or exact:K: its K best-ranked candidates that it can "
-                    'choose (computing the serial maths; per-device BatchNorm is not).')
+                    "its choice, always); exact:K: its K best-ranked candidates that it can "
+                    "choose; devices:N: the best-ranked one it can choose on N devices; "
+                    "family:F: the best-ranked row of family F (bn_device, local_sgd, async), "
+                    'chosen or not.')
   flags.DEFINE_integer('seeds', 2, 'Seeds of every row.')
   flags.DEFINE_string('out', None, 'The JSON file to write.')
   flags.DEFINE_integer('processes', 1, 'Processes of the plan and of its rows\' runs on all '
                        'devices (one device: one process).')
   flags.DEFINE_string('link', '', "The processes' emulated link (tc rate, e.g. 1gbit; "
                       "default: loopback).")
+  flags.DEFINE_string('extend', None, "An earlier result of this tool on the same plan and "
+                      "seeds: train only the rows it lacks and report the regret over all.")
   flags.DEFINE_bool('make_plan', False, 'Make the plan first (python -m jaxpar.plan as '
                     '--processes processes over --link, the target from --config.plan.*), '
                     'written to --plan.')
@@ -82,12 +86,25 @@ def config_args(argv: list) -> list:
 
 
 def ranks_of(given: list, plan: dict) -> list:
-  """--ranks: the numbers given, or for ['exact:K'] the ranks of the plan's first K
-  candidates computing the serial maths (the ones it may choose)."""
-  if len(given) == 1 and given[0].startswith('exact:'):
-    k = int(given[0].removeprefix('exact:'))
-    return [i + 1 for i, row in enumerate(plan['candidates']) if row['exact']][:k]
-  return [int(r) for r in given]
+  """--ranks: the numbers given; exact:K the ranks of the plan's first K candidates it may
+  choose (`choosable`; in a plan written before, those computing the serial maths); family:F
+  the rank of the best-ranked row of family F."""
+  rows = plan['candidates']
+  out = []
+  for item in given:
+    if item.startswith('devices:'):  # the best-ranked row it may choose on that many devices
+      n = int(item.removeprefix('devices:'))
+      out += [i + 1 for i, row in enumerate(rows) if row['devices'] == n
+              and row.get('choosable', row['exact'])][:1]
+    elif item.startswith('exact:'):
+      k = int(item.removeprefix('exact:'))
+      out += [i + 1 for i, row in enumerate(rows) if row.get('choosable', row['exact'])][:k]
+    elif item.startswith('family:'):
+      family = item.removeprefix('family:')
+      out += [i + 1 for i, row in enumerate(rows) if row.get('family') == family][:1]
+    else:
+      out.append(int(item))
+  return sorted(set(out))
 
 
 def train(configuration: list, plan_file: str, seed: int, workdir: str, processes: int = 1,
@@ -141,11 +158,15 @@ def make_plan(configuration: list, out: str, processes: int, rate: str) -> dict:
   return plan
 
 
-def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = '') -> dict:
-  from jaxpar.plan import probe
+def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = '',
+        earlier: dict | None = None) -> dict:
+  """Trains the rows at `ranks` (and the choice) `seeds` times, seed by seed with every row
+  in turn; with `earlier` (a result of this tool on the same plan and seeds) only the rows
+  it lacks, its rows kept: the regret over all of them."""
   chosen = plan.get('choice_rank', 1) - 1
   made = plan.get('processes', 1)
-  indices = sorted({chosen} | {r - 1 for r in ranks})
+  done = {r['rank'] - 1: r['runs'] for r in earlier['rows']} if earlier else {}
+  indices = sorted(({chosen} | {r - 1 for r in ranks}) - set(done))
   runs = {i: [] for i in indices}
   with tempfile.TemporaryDirectory() as scratch:
     # Seed by seed, every row in turn: a machine whose speed drifts moves every row alike.
@@ -156,13 +177,23 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = ''
         with open(path, 'w') as f:
           json.dump({**plan, 'choice': row}, f)
         # One device runs as one process; all devices as the processes the plan was made by.
-        processes = 0 if made == 1 else 1 if row['devices'] == 1 else made
+        processes = (0 if made == 1 else 1 if row['devices'] == 1 or row.get('backend') == 'ray'
+                     else made)
         outcome = train(configuration, path, seed, os.path.join(scratch, f'run_{i}_{seed}'),
                         processes, rate)
         runs[i].append({'seed': seed, 'step': outcome['step'], 'seconds': outcome['seconds']})
         print(f"{row['label']} seed {seed}: {outcome['summary']}", file=sys.stderr, flush=True)
+  return summary(plan, {**done, **runs}, seeds, earlier)
+
+
+def summary(plan: dict, runs: dict, seeds: int, earlier: dict | None = None) -> dict:
+  """The result of `run` from each trained row's runs ({index: [{'seed', 'step',
+  'seconds'}]}): measured K and T, errors, the regret and its interval."""
+  from jaxpar.plan import probe
+  chosen = plan.get('choice_rank', 1) - 1
+  command = 'python -m analysis.accuracy.plan_regret ' + shlex.join(sys.argv[1:])
   results = []
-  for i in indices:
+  for i in sorted(runs):
     row = plan['candidates'][i]
     reached = [r for r in runs[i] if r['seconds'] is not None]
     measured = (float(np.mean([r['seconds'] for r in reached])) if len(reached) == seeds
@@ -180,7 +211,8 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = ''
             if best and choice['measured_T'] is not None else None)
   return {'tool': 'analysis.accuracy.plan_regret',
           'created': datetime.datetime.now().isoformat(timespec='seconds'),
-          'command': 'python -m analysis.accuracy.plan_regret ' + shlex.join(sys.argv[1:]),
+          # Extended: the first command and each that added rows, in order.
+          'command': f"{earlier['command']}; then {command}" if earlier else command,
           'machine': probe.machine(), 'versions': probe.versions(),
           'network': plan['network'], 'image_size': plan['image_size'],
           'setting': plan['setting'], 'processes': plan.get('processes', 1),
@@ -268,7 +300,14 @@ def main(argv):
   ranks = ranks_of(FLAGS.ranks, plan)
   if any(not 1 <= r <= len(plan['candidates']) for r in ranks):
     raise app.UsageError(f"--ranks: the plan ranks 1..{len(plan['candidates'])}")
-  result = run(configuration, plan, ranks, FLAGS.seeds, FLAGS.link)
+  earlier = None
+  if FLAGS.extend:
+    with open(FLAGS.extend) as f:
+      earlier = json.load(f)
+    if earlier['plan_created'] != plan['created'] or earlier['seeds'] != FLAGS.seeds:
+      raise app.UsageError(f'--extend={FLAGS.extend}: made from another plan or with '
+                           f"{earlier['seeds']} seeds; extend it with its own plan and seeds")
+  result = run(configuration, plan, ranks, FLAGS.seeds, FLAGS.link, earlier)
   with open(FLAGS.out, 'w') as f:
     json.dump(result, f, indent=1)
   print(table(result))
@@ -296,21 +335,53 @@ def setting(plan: dict) -> str:
 
 def summary_table(pairs: list) -> str:
   """One row per (plan, regret) pair: what the plan chose and how it fared end to end."""
-  lines = ['| network | devices | target | candidates ranked | planning | choice | T predicted '
-           '| T measured (seeds) | best measured | regret | median T error (K) |',
-           '|---|---|---|---:|---:|---|---:|---:|---|---:|---:|']
+  lines = ['| network | devices | target | K(B) from | candidates ranked | planning | choice '
+           '| T predicted | T measured (seeds) | best measured | regret | median T error (K) |',
+           '|---|---|---|---|---:|---:|---|---:|---:|---|---:|---:|']
   for plan, result in pairs:
     choice, seconds = _choice(result)
     spread = f" ({min(seconds):.2f}–{max(seconds):.2f})" if len(seconds) > 1 else ''
     target = plan['target']
     lines.append(
         f"| {plan['network']} {plan['image_size']}² | {setting(plan)} | {target['kind']} "
-        f"{target['value']:g} | {len(plan['candidates'])} ({len(result['rows'])} trained × "
+        f"{target['value']:g} | {_batch_model(plan)} | {len(plan['candidates'])} "
+        f"({len(result['rows'])} trained × "
         f"{result['seeds']} seed{'s' if result['seeds'] > 1 else ''}) | "
         f"{plan['planning_s']:.0f} s | {choice['label']} | "
         f"{choice['predicted_T'][0]:.2f} s | {_cell(choice['measured_T'], '.2f')} s{spread} | "
         f"{result['best_measured']} | {_cell(result['regret'], '.2f')}{_interval(result)} | "
         f"{_cell(result['median_T_error'], '.0%')} ({_cell(result['median_K_error'], '.0%')}) |")
+  return '\n'.join(lines)
+
+
+def _batch_model(plan: dict) -> str:
+  """What the plan's K(B) rests on: two serial runs (b and the largest batch), the noise
+  scale read along one, or neither (perfect scaling)."""
+  how = plan['serial'].get('B_noise_how')
+  if how == 'fitted':
+    return f"runs at b = {plan['serial']['batch']} and {plan['serial']['large']['batch']}"
+  return 'perfect scaling' if plan['serial']['B_noise'][0] is None else 'noise scale'
+
+
+def family_table(pairs: list) -> str:
+  """Per (plan, regret) pair, every trained row beside synchronous SGD with BN over all
+  devices — BN per device, Local SGD, Downpour — and the best synchronous one: its K and T
+  predicted (with the range) and measured (the seeds' mean), and whether the plan could
+  choose it."""
+  lines = ['| network | K(B) from | row | family | K predicted (range) | K measured | K error | '
+           'T predicted | T measured | may be chosen |',
+           '|---|---|---|---|---:|---:|---:|---:|---:|---|']
+  for plan, result in pairs:
+    rows = {r['label']: r for r in plan['candidates']}
+    for r in result['rows']:
+      row = rows[r['label']]
+      k, t = r['predicted_K'], r['predicted_T']
+      lines.append(
+          f"| {plan['network']} {plan['image_size']}² | {_batch_model(plan)} | "
+          f"{r['label']}{' (choice)' if r['choice'] else ''} "
+          f"| {row.get('family', 'sync')} | {k[0]:.0f} ({k[1]:.0f}–{k[2]:.0f}) | "
+          f"{_cell(r['measured_K'], '.0f')} | {_cell(r['K_error'], '.0%')} | {t[0]:.2f} s | "
+          f"{_cell(r['measured_T'], '.2f')} s | {'yes' if row.get('choosable', row['exact']) else 'no'} |")
   return '\n'.join(lines)
 
 
@@ -345,6 +416,11 @@ def _b_noise(reading: list) -> str:
   return f'B_noise {reading[0]:.0f} ({reading[1]:.0f}–{reading[2]:.0f})'
 
 
+def _steps(run: dict) -> str:
+  return (f"{run['K']:.0f} steps" if run['stopped'] == 'reached'
+          else f"at least {run['K']:.0f} steps (stopped: {run['stopped']})")
+
+
 def report(plan: dict, result: dict) -> str:
   """The plan's ranked table and its end-to-end check, as one Markdown page."""
   from jaxpar.plan import planner
@@ -357,8 +433,20 @@ def report(plan: dict, result: dict) -> str:
            f"`{plan.get('command', 'python -m jaxpar.plan')}`.", '',
            f"Serial run at b = {plan['serial']['batch']}: K_b = {plan['serial']['K']:.0f} steps "
            f"({plan['serial']['K_how']}{_seeds_of(plan)}), {_b_noise(plan['serial']['B_noise'])} "
-           'near the target.', '', '## Ranked by predicted time to the target', '',
-           planner.table(plan), '']
+           'near the target.', '']
+  large = plan['serial'].get('large')
+  if large:
+    lines += [f"Serial run at B = {large['batch']}: {_steps(large)}; "
+              + ('the batch model through it and K_b (B_noise fitted).' if plan['serial'].get(
+                  'B_noise_how') == 'fitted' else 'short of the target: the noise scale kept.'),
+              '']
+  names = {'bn_device': 'BatchNorm per device, sync-join at B = {batch}',
+           'local_sgd': 'Local SGD at τ = {period}, B = {batch}',
+           'async': 'Downpour, simulated at staleness {staleness}'}
+  lines += [f"The methods' runs: " + '; '.join(
+      f"{names[family].format(**run)}: {_steps(run)}"
+      for family, run in plan['methods'].items()) + '.', ''] if plan.get('methods') else []
+  lines += ['## Ranked by predicted time to the target', '', planner.table(plan), '']
   lines += [f"- not ranked: {e['method']}: {e['reason']}" for e in plan['excluded']]
   _, seconds = _choice(result)
   spread = (f"; the choice's seeds differ by {math.log(max(seconds) / min(seconds)):.0%}"

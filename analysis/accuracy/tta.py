@@ -47,7 +47,7 @@ import tqdm  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis.accuracy import staleness  # noqa: E402
+from jaxpar.plan import staleness  # noqa: E402
 from jaxpar.plan import probe, steps_model  # noqa: E402
 
 FAMILIES = ('batch', 'staleness', 'async', 'period', 'capacity')

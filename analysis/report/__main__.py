@@ -144,6 +144,10 @@ PLANS_ACROSS_PROCESSES = ('squeezenet16_p2_loopback', 'squeezenet16_p2_1gbit',
 # Plans made with the defaults (two serial seeds, the tie rule, bounded by steps).
 PLANS_WITH_DEFAULTS = ('googlenet32_p2_loopback', 'squeezenet32_p2_loopback',
                        'resnet34_32_p2_loopback')
+# Every method ranked (BN per device, Local SGD, Downpour: their own runs) and the batch model
+# through two measured points; one plan made before the second point, kept to compare.
+PLANS_WITH_METHODS = ('methods/squeezenet32_p2_loopback', 'methods/googlenet32_p2_loopback')
+PLANS_BEFORE_THE_SECOND_POINT = ('methods/squeezenet32_p2_loopback_noise_scale',)
 
 
 def _far_targets():
@@ -159,6 +163,12 @@ def _plan(name):
 def _plan_summary(*names):
   from analysis.accuracy import plan_regret
   return plan_regret.summary_table(
+      [tuple(_load(f'plan/{n}.json', f'plan/{n}_regret.json')) for n in names])
+
+
+def _plan_families(*names):
+  from analysis.accuracy import plan_regret
+  return plan_regret.family_table(
       [tuple(_load(f'plan/{n}.json', f'plan/{n}_regret.json')) for n in names])
 
 
@@ -268,7 +278,8 @@ FILES = {
     'plan/resnet34_16.md': lambda: _plan('resnet34_16'),
     'plan/googlenet16.md': lambda: _plan('googlenet16'),
     **{f'plan/{name}.md': (lambda n=name: _plan(n))
-       for name in PLANS_ACROSS_PROCESSES + PLANS_WITH_DEFAULTS},
+       for name in PLANS_ACROSS_PROCESSES + PLANS_WITH_DEFAULTS + PLANS_WITH_METHODS
+       + PLANS_BEFORE_THE_SECOND_POINT},
     'thesis_report.md': lambda: _thesis('markdown'),
 }
 
@@ -339,6 +350,10 @@ TABLES = {
     'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
     'plan-regret-processes': lambda: _plan_summary(*PLANS_ACROSS_PROCESSES),
     'plan-regret-defaults': lambda: _plan_summary(*PLANS_WITH_DEFAULTS),
+    'plan-regret-methods': lambda: _plan_summary(*PLANS_WITH_METHODS,
+                                                 *PLANS_BEFORE_THE_SECOND_POINT),
+    'plan-methods-rows': lambda: _plan_families(*PLANS_WITH_METHODS,
+                                                *PLANS_BEFORE_THE_SECOND_POINT),
     'plan-far-targets': _far_targets,
 }
 

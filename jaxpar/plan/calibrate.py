@@ -137,9 +137,10 @@ class CallCosts:
                                        fit.alpha, fit.beta)
     return two * ring / pair
 
-  def step(self, found) -> float:
-    """Σ of `cost` over a step's collectives (of a conditional, the costliest branch)."""
-    return hlo.step_total(found, self.cost)
+  def step(self, found, taken: float = 1.0) -> float:
+    """Σ of `cost` over a step's collectives (of a conditional, the costliest branch, in
+    the share `taken` of the steps)."""
+    return hlo.step_total(found, self.cost, taken=taken)
 
 
 def from_calls(calls: dict) -> CallCosts:

@@ -211,9 +211,10 @@ def compiled_collectives(hlo_text: str) -> list:
   return found
 
 
-def step_total(found: list, cost, depth: int = 0) -> float:
+def step_total(found: list, cost, depth: int = 0, taken: float = 1.0) -> float:
   """Σ cost(c) over a step's collectives: every unconditional one, and of each
-  conditional the branch whose total is largest (see the module docstring)."""
+  conditional the branch whose total is largest (see the module docstring), × `taken`, the
+  share of steps that take it (Local SGD's average: 1/τ)."""
   total, branches = 0.0, {}
   for c in found:
     if len(c.branch) == depth:
@@ -222,7 +223,7 @@ def step_total(found: list, cost, depth: int = 0) -> float:
       case, index = c.branch[depth]
       branches.setdefault(case, {}).setdefault(index, []).append(c)
   for case in branches.values():
-    total += max(step_total(inside, cost, depth + 1) for inside in case.values())
+    total += taken * max(step_total(inside, cost, depth + 1) for inside in case.values())
   return total
 
 

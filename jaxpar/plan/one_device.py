@@ -43,7 +43,8 @@ def main(path: str) -> None:
   result = planner.measure_one_device(
       cfg, source, meta, probe.Target(**spec['target']), spec['batches'],
       [(label, tuples(overrides)) for label, overrides in spec['timed']],
-      time.perf_counter() + spec['seconds'], log=lambda line: print(line, flush=True))
+      time.perf_counter() + spec['seconds'], log=lambda line: print(line, flush=True),
+      devices=spec.get('devices', 1), large=spec.get('large', 0))
   with open(spec['out'], 'w') as f:
     json.dump(result, f)
 

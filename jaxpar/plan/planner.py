@@ -7,8 +7,14 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   (`other_seeds`): K_b their mean, K's range widened by their spread. A run
                   that stops short (max_steps, a budget) extrapolates K_b
                   (`steps_model.extrapolate`), said so; one on its initial plateau or
-                  stalled is one line (`steps_of`). t_grad and the calls' costs of an
+                  stalled is one line (`steps_of`). Then once at the largest batch a
+                  candidate of the serial maths computes (`large_run`): the batch model
+                  through both points (`batch_fit`). t_grad and the calls' costs of an
                   earlier plan here are reused (`plan/cache.py`).
+  1b. methods     each family of `plan.methods` to the target from the same weights:
+                  Downpour simulated at staleness N − 1 (`async_run`, with the serial
+                  run), BN per device and Local SGD at the largest period as their
+                  candidates on the run's devices (`method_runs`); `rank.steps`.
   2. t_grad       one device, every device batch a candidate computes; t_in, the input
                   pipeline's CPU a batch, at every batch a process makes
                   (`probe.input_seconds`).
@@ -95,6 +101,14 @@ def check(cfg) -> probe.Target:
     if not isinstance(p[field], int) or p[field] < 1:
       raise config_lib.ConfigError(f'config.plan.{field}={p[field]!r} is invalid: a positive '
                                    f'integer')
+  unknown = [m for m in p.methods if m not in candidates.METHODS]
+  if unknown:
+    raise config_lib.ConfigError(f'config.plan.methods={tuple(p.methods)!r}: {unknown} unknown; '
+                                 f'choose from {tuple(candidates.METHODS)} (or () for none)')
+  if not p.periods or any(not isinstance(t, int) or t < 2 for t in p.periods):
+    raise config_lib.ConfigError(f'config.plan.periods={tuple(p.periods)!r} is invalid: Local '
+                                 f'SGD periods τ of 2 or more, e.g. (2, 4, 8) (τ = 1 is '
+                                 f'synchronous SGD)')
   if p.noise_batches != 0 and (not isinstance(p.noise_batches, int) or p.noise_batches < 2):
     raise config_lib.ConfigError(f'config.plan.noise_batches={p.noise_batches!r} is invalid: '
                                  f'2 or more gradients per reading of B_noise (0: none)')
@@ -150,14 +164,16 @@ def make(cfg, log=logging.info) -> dict:
   singles = sorted(x for x in {c.device_batch for c in found if c.devices == 1} | {b}
                    if (x, 1) not in reused)
   timed_alone = [c for c in found if c.devices == 1] if processes > 1 else []
+  # The batch model's second point: the largest batch a candidate of the serial maths takes.
+  large = max(c.batch for c in found if c.exact)
   # The network's initial weights, made once: every state and gradient below starts there.
   variables = probe.initial_variables(one, meta)
   if processes > 1:
     alone = multihost.from_process_0('plan/one-device', lambda: one_device_in_child(
-        one, target, singles, timed_alone, serial_deadline, log))
+        one, target, singles, timed_alone, serial_deadline, log, available, large))
   else:
     alone = measure_one_device(one, source, meta, target, singles, [], serial_deadline, log,
-                               variables)
+                               variables, available, large)
   serial = alone['serial']
   k_b, how = steps_of(serial, target)
   check_k = judged(serial, target, how)
@@ -171,6 +187,28 @@ def make(cfg, log=logging.info) -> dict:
         + ': ' + ', '.join(f'{k:.0f}' for k in [serial['K']] + [s['K'] for s in serial['seeds']])
         + f' steps: K_b = {k_b:.0f} ({spread[0] * k_b:.0f}–{spread[1] * k_b:.0f}).')
   noise = rank.noise_near_target(serial['noise']) if serial['noise'] else (math.inf,) * 3
+  fitted = batch_fit(k_b, b, alone.get('large')) if how == 'reached' else None
+  if fitted is not None:  # two measured points: the model through both, not the noise scale
+    log(f"Plan: K at batch {alone['large']['batch']}: {alone['large']['K']:.0f} steps; the batch "
+        f'model through it and K_b: B_noise = {fitted:.1f} (the gradient noise scale read '
+        f'{noise[0]:.1f}).')
+    noise = (fitted,) * 3
+  # The other families' steps: Downpour's simulated with the serial run; BN per device and
+  # Local SGD each a run of its candidate on the run's devices (`method_runs`).
+  methods = {'async': alone['async']} if alone.get('async') else {}
+  # Within three quarters of a budget; across processes process 0's clock decides.
+  methods_deadline = started + 0.75 * p.budget_s if p.budget_s else math.inf
+  methods.update(method_runs(one, source, target, {**serial, 'K': serial['K'] and k_b}, found,
+                             lambda: agree(time.perf_counter() > methods_deadline), log,
+                             variables))
+  local = next((c for c in found if c.family == 'local_sgd'), None)
+  if local:
+    methods = rank.reference(methods, local, k_b, b, noise[0])
+  if methods:
+    log(f'Plan [{time.perf_counter() - started:.0f} s]: the methods\' steps: ' + ', '.join(
+        f"{family} {run['K']:.0f}" + ('' if run['stopped'] == 'reached'
+                                      else f" (at least: {run['stopped']})")
+        for family, run in methods.items()) + '.')
   t_one = float(np.median(serial['step_seconds'])) if serial['step_seconds'] else None
   saves = {'every': cfg.checkpoint_every, 'seconds': serial['save_seconds']}
   log(f'Plan [{time.perf_counter() - started:.0f} s]: K_b = {k_b:.0f} steps at b = {b} ({how}), '
@@ -214,7 +252,7 @@ def make(cfg, log=logging.info) -> dict:
     return (t_in[_rows(c, processes)] - t_in[b]) / cores if cores else 0.0
 
   # --------------------------------------------------------------- 3. the collectives' costs
-  costs, calls = None, None
+  costs, calls, param_bytes = None, None, 0
   if processes > 1 and cfg.distributed.collective_threads == 'idle':
     # The one-device process ran on process 0's cores: gloo's loop there went back to normal
     # priority (`multihost.IdleGlooLoops`), for 30 s or more after it ended. Idle again
@@ -230,7 +268,8 @@ def make(cfg, log=logging.info) -> dict:
     params = build.abstract_variables(one, build.model(
         one, meta['num_classes'], meta['channels'], make_mesh((1,), ('data',), jax.devices()[:1])),
         meta['channels'])['params']
-    sizes = sorted({4096, max(4096, nbytes(params) // 8 * 8)})
+    param_bytes = nbytes(params)
+    sizes = sorted({4096, max(4096, param_bytes // 8 * 8)})
     calls = entry.get('calls') if processes == 1 else None  # across processes: the link's
     calls = calls or agree(calibrate.time_calls(sizes, repeats=5, warmup=1))
     costs = calibrate.from_calls(calls)
@@ -253,6 +292,15 @@ def make(cfg, log=logging.info) -> dict:
 
   def cost(row):
     c = row['candidate']
+    if c.family == 'async':  # not one program: the workers' gradients, a pull and a push each
+      if c.backend == 'threads':  # its loop timed in phase 5 where close
+        cfg_c = with_overrides(one, c.overrides())
+        validation.validate(cfg_c)
+        calls_of[c] = probe.step_call(cfg_c, meta, source, variables, lower=False)[1]
+      row['collectives'] = 0
+      row['t_predicted'] = async_update(c, t_grad, overhead, costs, param_bytes)
+      row.pop('pruned', None)
+      return
     if c in alone_rows:  # one device of several processes: timed alone, no collectives
       collectives = []
     else:
@@ -262,16 +310,20 @@ def make(cfg, log=logging.info) -> dict:
                                              lower=c.exchange not in sent)
       collectives = sent.setdefault(c.exchange, lowered)
     row['collectives'] = len(collectives)
-    comm = costs.step(collectives) if costs and collectives else 0.0
+    # Local SGD's average is a conditional taken one step in τ.
+    comm = (costs.step(collectives, 1 / c.period if c.period else 1.0)
+            if costs and collectives else 0.0)
     row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, comm,
                                              inputs_of(c))
     row.pop('pruned', None)
 
-  rows = rank.predict(
-      found, lambda c: rank.steps_at(k_b, b, noise[0], c.batch),
-      lambda c: rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, 0.0,
-                                    inputs_of(c)), cost,
-      p.close)
+  def bound(c):  # the step without collectives
+    if c.family == 'async':
+      return async_update(c, t_grad, overhead, None, 0)
+    return rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, 0.0, inputs_of(c))
+
+  rows = rank.predict(found, lambda c: rank.steps(c, k_b, b, noise[0], methods), bound, cost,
+                      p.close)
   for row in rows:
     if row['candidate'] in alone_rows:  # timed already: costed (no collectives), not bound
       cost(row)
@@ -284,7 +336,7 @@ def make(cfg, log=logging.info) -> dict:
   def past_deadline():  # process 0's clock decides, as it decides what is timed
     return agree(time.perf_counter() > deadline)
 
-  rerank = lambda: rank.rank(rows, k_b, b, noise, saves, spread)
+  rerank = lambda: rank.rank(rows, k_b, b, noise, saves, spread, methods)
   ranked = time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
                                started)
   choice = _leader(ranked)
@@ -323,7 +375,11 @@ def make(cfg, log=logging.info) -> dict:
                  'B_noise': [x if math.isfinite(x) else None for x in noise],  # ∞: none
                  'stopped': serial['stopped'], 'progress': serial.get('progress'),
                  'metric': serial.get('metric'), 'seeds': serial.get('seeds', []),
-                 'K_spread': list(spread), 'K_backtest': check_k},
+                 'K_spread': list(spread), 'K_backtest': check_k,
+                 'large': alone.get('large'),
+                 'B_noise_how': 'fitted' if fitted is not None else
+                 'measured' if serial['noise'] else 'none'},
+      'methods': methods,
       't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()],
       'overhead_s': overhead,
       'input_s': {'rows': [{'rows': n, 'seconds': v} for n, v in t_in.items()], 'cores': cores},
@@ -413,14 +469,15 @@ class _Agree:
 
 # =============================================================================== one device
 def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
-                       variables=None) -> dict:
+                       variables=None, devices: int = 1, large: int = 0) -> dict:
   """Phase 1 and the one-device part of phase 2: the serial run of `one` (the one-device
   config, until the target, `plan.max_steps` or `deadline`), t_grad at each of `batches`
   on one device, and — for a plan across processes, whose one-device candidates run as
   a process of their own — the steps of `timed` ([(label, overrides)]) timed as phase 5
   does (windows in turn). JSON-ready: {'serial', 't_grad': {batch: s}, 'windows': {label:
-  [s, ...]}}. `variables`: the network's initial weights (`probe.initial_variables`), made
-  here without them."""
+  [s, ...]}, 'async': Downpour's run (`async_run`), 'large': the run at `large`
+  (`large_run`)}. `variables`: the network's initial weights (`probe.initial_variables`),
+  made here without them; `devices`: the run's N (its Downpour has N workers)."""
   from jaxpar import validation
   p = one.plan
   if variables is None:
@@ -430,6 +487,8 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
                             noise_batches=p.noise_batches, log=log, variables=variables,
                             eval_share=p.eval_share)
   serial['seeds'] = other_seeds(one, source, target, serial, deadline, log)
+  stale = async_run(one, source, target, serial, devices, deadline, log, variables)
+  at_large = large_run(one, source, target, serial, large, deadline, log, variables)
   t_grad = {}
   for batch in batches:
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': batch}), meta, batch, 1,
@@ -449,7 +508,8 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
   for label, call in calls.items():
     call.close()
     log(f'  one device: {label}: {np.median(windows[label]) * 1e3:.2f} ms a step.')
-  return {'serial': serial, 't_grad': t_grad, 'windows': windows}
+  return {'serial': serial, 't_grad': t_grad, 'windows': windows, 'async': stale,
+          'large': at_large}
 
 
 def other_seeds(one, source, target, serial: dict, deadline: float, log) -> list:
@@ -482,7 +542,103 @@ def seed_spread(serial: dict) -> tuple:
   return mean, (min(ks) / mean, max(ks) / mean)
 
 
-def one_device_in_child(one, target, batches, timed, deadline, log) -> dict:
+def _cap(serial: dict, p) -> int:
+  """The steps a method's run may take: twice the serial run's K, within `plan.max_steps`
+  (beyond: K taken as the cap, a lower bound, and the row not chosen)."""
+  return min(p.max_steps, math.ceil(2 * serial['K']))
+
+
+def _method_result(run: dict, cap: int, **setting) -> dict:
+  return {**setting, 'K': run['K'] if run['K'] is not None else float(cap),
+          'stopped': run['stopped'], 'curve': run['curve']}
+
+
+def large_run(one, source, target, serial: dict, batch: int, deadline: float, log,
+              variables=None) -> dict | None:
+  """The serial maths at the largest batch a candidate computes, on one device, to the
+  target: with K_b it fixes the batch model's two parameters (`batch_fit`). Evaluated
+  every as many steps as the serial run: a stall is judged over as many steps (GoogLeNet
+  at 32², B = 64, evaluated as often in examples — every 10 steps — left its plateau at
+  step 50 and bounced for the next 50: called stalled, while it reaches the target at
+  ~280). {'batch', 'K', 'stopped', 'curve'}; None without a larger batch, or where the
+  serial run did not reach the target."""
+  p = one.plan
+  b = one.per_device_batch
+  if not batch or batch <= b or serial['K'] is None:
+    return None
+  cap = _cap(serial, p)
+  log(f'Plan: serial run at batch {batch} on one device (the batch model\'s second point), '
+      f'at most {cap} steps.')
+  run = probe.serial_run(with_overrides(one, {'per_device_batch': batch}), source, target,
+                         eval_every=serial['metric']['every'],
+                         max_steps=cap, deadline=deadline, noise_batches=0, log=log,
+                         variables=variables, eval_share=p.eval_share, time_saves=False,
+                         name=f'batch {batch}')
+  return _method_result(run, cap, batch=batch)
+
+
+def batch_fit(k_b: float, b: int, large: dict | None) -> float | None:
+  """B_noise of the batch model through (b, K_b) and the large-batch run's (B, K)
+  (`steps_model.BATCH`, constrained: ∞ where K fell as fast as 1/B or faster, perfect
+  scaling; 0 where it did not fall); None without a large run that reached the target."""
+  if not large or large['stopped'] != 'reached':
+    return None
+  k_min, slope = steps_model.BATCH.fit([b, large['batch']], [k_b, large['K']])
+  if k_min <= 0:
+    return math.inf
+  return slope / k_min
+
+
+def async_run(one, source, target, serial: dict, devices: int, deadline: float, log,
+              variables=None) -> dict | None:
+  """Downpour's updates to the target with N = `devices` workers: `probe.stale_run` at
+  staleness N − 1 on one device, from the serial run's weights and batches ({'K',
+  'staleness', 'stopped', 'curve'}); None where `plan.methods` has no 'async', on one
+  device, or where the serial run did not reach the target (nothing to compare within
+  reach)."""
+  p = one.plan
+  if 'async' not in p.methods or devices < 2 or serial['K'] is None:
+    return None
+  cap = _cap(serial, p)
+  log(f'Plan: Downpour with {devices} workers: the serial run at staleness {devices - 1} '
+      f'(simulated on one device), at most {cap} steps.')
+  run = probe.stale_run(one, source, target, devices - 1, eval_every=serial['metric']['every'],
+                        max_steps=cap, deadline=deadline, log=log, variables=variables,
+                        eval_share=p.eval_share)
+  return _method_result(run, cap, staleness=devices - 1)
+
+
+def method_runs(one, source, target, serial: dict, found: list, deadline, log,
+                variables) -> dict:
+  """The families of `plan.methods` trained on the run's devices (every process's), each
+  from the serial run's initial weights and seed to the target: BN per device as the
+  sync-join candidate at N·b ({'K', 'batch'}), Local SGD at the largest of `plan.periods`
+  ({'K', 'period', 'batch'}); with 'stopped' and 'curve'. Those the candidates do not
+  have, and all where the serial run did not reach the target, are left out."""
+  p, out = one.plan, {}
+  if serial['K'] is None:
+    return out
+  cap = _cap(serial, p)
+  runs = {}
+  for c in found:
+    if c.family == 'bn_device' and c.scheme == 'sync-join' and c.server == 'allreduce':
+      runs.setdefault('bn_device', c)
+    if c.family == 'local_sgd' and c.period == max(p.periods):
+      runs.setdefault('local_sgd', c)
+  for family, c in runs.items():
+    log(f'Plan: {c.label} to the target (its steps: {family}), at most {cap} steps.')
+    cfg_c = with_overrides(one, c.overrides())
+    run = probe.serial_run(cfg_c, source, target, eval_every=serial['metric']['every'],
+                           max_steps=cap, deadline=deadline, noise_batches=0, log=log,
+                           variables=variables, eval_share=p.eval_share, time_saves=False,
+                           name=family)
+    out[family] = _method_result(run, cap, batch=c.batch,
+                                 **({'period': c.period} if c.period else {}))
+  return out
+
+
+def one_device_in_child(one, target, batches, timed, deadline, log, devices: int = 1,
+                        large: int = 0) -> dict:
   """`measure_one_device` in a process of its own (`python -m jaxpar.plan.one_device`, on
   this process's cores): in a run of several processes, data, evaluation and meshes are
   every process's, and a one-device run is a run of one process. Its progress goes to
@@ -496,7 +652,8 @@ def one_device_in_child(one, target, batches, timed, deadline, log) -> dict:
       one = with_overrides(one, {'host_memory': host_memory.applied() or one.host_memory})
       json.dump({'config': one.to_json(), 'target': target.to_dict(), 'batches': batches,
                  'timed': [[c.label, c.overrides()] for c in timed],
-                 'seconds': deadline - time.perf_counter(), 'out': out}, f)
+                 'seconds': deadline - time.perf_counter(), 'out': out,
+                 'devices': devices, 'large': large}, f)
     log(f'Plan: the one-device measurements in a process of their own ({len(timed)} '
         f'one-device candidates timed there).')
     done = subprocess.run([sys.executable, '-m', 'jaxpar.plan.one_device', spec],
@@ -508,22 +665,33 @@ def one_device_in_child(one, target, batches, timed, deadline, log) -> dict:
       return json.load(f)
 
 
+def async_update(c, t_grad: dict, overhead: float, costs, param_bytes: int) -> float:
+  """Downpour's seconds an update with N workers computing at once: each worker's step —
+  t_grad at b on N devices, the one-device step's other work, a pull of the weights and a
+  push of its gradient (each a permute of the weights at the calibrated per-call cost) —
+  over N, its pushes interleaved with the others' ([T] §3.2; the server's apply taken as
+  part of the step's other work)."""
+  send = 2 * costs.per_call('collective_permute', param_bytes) if costs and param_bytes else 0.0
+  return rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, send) / c.devices
+
+
 def _rows(c, processes: int) -> int:
   """The rows of a step's batch one process makes: one device is a run of one process."""
   return c.batch if c.devices == 1 else c.batch // processes
 
 
 def _leader(ranked: list) -> dict:
-  """The leader: the fastest candidate whose steps the plan predicts — one computing the
-  serial maths (`Candidate.exact`). Per-device BatchNorm is ranked, not chosen: its steps
-  are not modelled (ResNet34 at 16² took 198 steps where BN over all devices took 135)."""
-  return next(r for r in ranked if r['candidate'].exact)
+  """The leader: the fastest candidate the plan may choose (`rank.choosable`: its steps
+  predicted from what the plan measured, its step timed where it is close). A family whose
+  steps were not measured is ranked, not chosen (ResNet34 at 16² took 198 steps with BN per
+  device where BN over all devices took 135)."""
+  return next(r for r in ranked if rank.choosable(r))
 
 
 def _fastest_measured(ranked: list, timed_here=None):
-  """The fastest exact candidate whose step was measured, or None; with `timed_here` (calls
-  by candidate), of those that can be timed again here."""
-  return next((r for r in ranked if r['candidate'].exact and r.get('t_measured')
+  """The fastest candidate the plan may choose whose step was measured, or None; with
+  `timed_here` (calls by candidate), of those that can be timed again here."""
+  return next((r for r in ranked if rank.choosable(r) and r.get('t_measured')
                and (timed_here is None or r['candidate'] in timed_here)), None)
 
 
@@ -541,18 +709,18 @@ def costed_ahead_of(choice: dict, ranked: list, cost, rerank) -> list:
 
 def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
                         started) -> list:
-  """Phase 5: times the exact candidates predicted within `p.close` of the best (at most
+  """Phase 5: times the candidates it may choose predicted within `p.close` of the best (at most
   `p.measure_top`), side by side — windows taken in turn, so that a machine whose speed
   drifts (a shared host) moves every measured candidate alike — until the leader
   (`_leader`) is a measured one: candidates that measuring moves ahead are timed in turn
   with the fastest measured one that can be timed here. Only candidates that can be chosen
-  (`_leader`: computing the serial maths) are timed. A row without a call in `calls_of`
+  (`rank.choosable`) are timed. A row without a call in `calls_of`
   was timed already where it runs alone (a one-device candidate of a plan across
   processes, in its own process) and is never timed again. `rerank()` ranks `rows` (with
   their measurements); returns the last ranking."""
   ranked = rerank()
   best = _leader(ranked)['T'][0]
-  group = [r for r in ranked if r['candidate'].exact and r['T'][0] <= p.close * best
+  group = [r for r in ranked if rank.choosable(r) and r['T'][0] <= p.close * best
            and not r.get('t_measured')]
   group = group[:p.measure_top] or [r for r in [_leader(ranked)] if not r.get('t_measured')]
   while True:  # each round measures at least one exact candidate not yet measured: it ends
@@ -566,7 +734,7 @@ def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, l
           'is the fastest measured one.')
       return ranked
     while True:  # measuring moved the field within a pruned bound: cost it, rank again
-      ahead = [r for r in ranked if r['candidate'].exact and not r.get('t_measured')
+      ahead = [r for r in ranked if rank.choosable(r) and not r.get('t_measured')
                and (measured is None or r['T'][0] < measured['T'][0])]
       ahead = ahead[:max(1, p.measure_top - 1)]
       if not any(r.get('pruned') for r in ahead):
@@ -605,7 +773,9 @@ def _measure(group, calls_of, p, past_deadline, agree, log, started) -> list:
 def _row_json(row: dict) -> dict:
   c = row['candidate']
   out = {'label': c.label, 'scheme': c.scheme, 'server': c.server, 'devices': c.devices,
-         'batch': c.batch, 'bn': c.bn, 'exact': c.exact, 'overrides': c.overrides(),
+         'batch': c.batch, 'bn': c.bn, 'period': c.period, 'backend': c.backend,
+         'family': c.family, 'exact': c.exact, 'basis': row.get('basis'),
+         'choosable': rank.choosable(row), 'overrides': c.overrides(),
          'K': row['K'], 't_predicted': row['t_predicted'], 't_step': row['t_step'],
          'saves': row['saves'], 'T': row['T'], 'notes': row['notes'],
          'collectives': row['collectives']}
@@ -725,9 +895,11 @@ def _check_processes(cfg, plan: dict) -> None:
   if made == 1:
     return
   devices, run = plan['choice']['devices'], multihost.process_count_of(**cfg.distributed)
+  if plan['choice'].get('backend') == 'ray':  # Downpour's workers are Ray's actors
+    devices = 1
   if devices == 1 and run > 1:
     raise config_lib.ConfigError(
-        f"config.plan.file={cfg.plan.file!r} chose one device ({plan['choice']['label']}): run "
+        f"config.plan.file={cfg.plan.file!r} chose one process ({plan['choice']['label']}): run "
         f'jaxpar.train as one process (without launch/local.sh or config.distributed)')
   if devices > 1 and run != made:
     raise config_lib.ConfigError(

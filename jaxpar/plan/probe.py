@@ -131,17 +131,18 @@ def initial_variables(cfg, meta) -> dict:
 
 def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
                deadline: float, noise_batches: int, log=print, variables=None,
-               eval_share: float = 0.0, time_saves: bool = True) -> dict:
-  """Trains `cfg` (a one-device config, `one_device_overrides`) from its initial weights
-  (`variables`, made already, or made here: `initial_variables`) until the target,
-  `max_steps`, `deadline` (time.perf_counter()) or a curve that has stalled
-  (`steps_model.progress`; an initial plateau goes on): {'curve': [(step, metric)], 'K':
-  steps to the target or None, 'step_seconds': the mean step time of each window between
-  evaluations (steps dispatched as training does, evaluations excluded, the first step's
-  compilation too), 'noise': [{'step', 'b_noise', 'g2', 's'}], 'stopped': why ('reached',
-  'max_steps', 'time', 'stalled'), 'progress': the curve's last verdict, 'save_seconds':
-  what a checkpoint save costs it (`save_seconds`, after the run; None without
-  `time_saves`), 'metric': how the target's metric was measured (`_MetricCost`)}.
+               eval_share: float = 0.0, time_saves: bool = True, name: str = 'serial') -> dict:
+  """Trains `cfg` (a one-device config, `one_device_overrides`; or a candidate's on its
+  mesh's devices, every process's) from its initial weights (`variables`, made already, or
+  made here: `initial_variables`) until the target, `max_steps`, `deadline`
+  (time.perf_counter(), or a callable: past it) or a curve that has stalled
+  (`steps_model.progress`; an initial plateau goes on): {'curve': [(step, metric)], 'K': steps to the target or None,
+  'step_seconds': the mean step time of each window between evaluations (steps dispatched
+  as training does, evaluations excluded, the first step's compilation too), 'noise':
+  [{'step', 'b_noise', 'g2', 's'}], 'stopped': why ('reached', 'max_steps', 'time',
+  'stalled'), 'progress': the curve's last verdict, 'save_seconds': what a checkpoint save
+  costs it (`save_seconds`, after the run; None without `time_saves`), 'metric': how the
+  target's metric was measured (`_MetricCost`)}.
 
   With `eval_share`, the metric costs at most that share of the training between
   evaluations: timed on the whole split at the first evaluation after step 0, then taken on
@@ -149,11 +150,10 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   time) — and where one batch costs more, evaluations spaced further apart."""
   from jaxpar import build
   from jaxpar import config as config_lib
-  from jaxpar.evaluation import evaluate
   from jaxpar.mesh import make_mesh
-  from jaxpar.step import make_eval_step
 
-  mesh = make_mesh((1,), ('data',), jax.devices()[:1])
+  mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes,
+                   jax.devices()[:config_lib.num_devices(cfg)], cfg.bn_group_size)
   model = build.model(cfg, source.num_classes, source.channels, mesh)
   method = build.strategy(cfg, mesh, model)
   tx, _ = build.optimizer(cfg, model, source.channels, method, config_lib.global_batch(cfg),
@@ -161,18 +161,89 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   rng_init, rng_dropout = build.seed_keys(cfg.seed)
   state = build.initial_state(cfg, model, tx, method, source.channels, mesh, rng_init,
                               variables=variables)
-  eval_step = make_eval_step(model, mesh)
   noise = noise_probe(cfg, model, source, noise_batches) if noise_batches >= 2 else None
+  loop = build.loop(cfg, model, tx, mesh, method, source, state, max_steps, rng_dropout)
+  run = _to_target(cfg, source, target, model, mesh, loop, state, method.variables,
+                   eval_every=eval_every, max_steps=max_steps, deadline=deadline, noise=noise,
+                   log=log, eval_share=eval_share, name=name)
+  # After the run: its steps go on, not on its curve.
+  run['save_seconds'] = save_seconds(run.pop('state'), loop) if time_saves else None
+  loop.close()
+  return run
+
+
+def stale_run(cfg, source, target: Target, staleness: int, *, eval_every: int,
+              max_steps: int, deadline: float, log=print, variables=None,
+              eval_share: float = 0.0) -> dict:
+  """Downpour's steps to the target as `serial_run` measures the serial run's (its dict,
+  without saves or B_noise): the one-device config `cfg` trained by the staleness
+  simulator (`staleness.Delayed`) with every update's gradient taken `staleness` versions
+  back — N equally fast workers settle at s = N − 1 ([T] §3.2) — from the same initial
+  weights, batches, dropout keys and optimizer (at s = 0 the serial run's maths)."""
+  from jaxpar import build, optim
+  from jaxpar import config as config_lib
+  from jaxpar.mesh import make_mesh
+  from jaxpar.plan.staleness import Delayed
+  from jaxpar.step import gradients
+
+  mesh = make_mesh((1,), ('data',), jax.devices()[:1])
+  model = build.model(cfg, source.num_classes, source.channels, mesh)
+  one = model.clone(bn_axis_name=None)
+  rng_init, rng_dropout = build.seed_keys(cfg.seed)
+  if variables is None:
+    variables = initial_variables(cfg, {'num_classes': source.num_classes,
+                                        'channels': source.channels})
+  batch = config_lib.global_batch(cfg)
+  tx = optim.make_optimizer(cfg.optimizer, optim.learning_rate(cfg.optimizer, batch, max_steps))
+
+  def grad_fn(params, batch_stats, item):
+    data, key = item
+    grads, batch_stats, metrics = gradients(one, params, batch_stats, data, key)
+    return grads, batch_stats, metrics['loss']
+
+  step = Delayed(grad_fn, tx, staleness + 1)
+  stream = build.train_batches(cfg, source, batch, 0)
+
+  class Loop:  # `build.loop`'s shape: one update a call
+    k = 0
+
+    def __call__(self, state):
+      state, loss = step(state, (next(stream), jax.random.fold_in(rng_dropout, self.k)),
+                         staleness)
+      self.k += 1
+      return state, loss
+
+    def close(self):
+      pass
+
+  state = step.init(variables['params'], variables.get('batch_stats', {}))
+  run = _to_target(cfg, source, target, model, mesh, Loop(), state,
+                   lambda s: {'params': s['params'], 'batch_stats': s['aux']},
+                   eval_every=eval_every, max_steps=max_steps, deadline=deadline, noise=None,
+                   log=log, eval_share=eval_share, name=f'staleness {staleness}')
+  run.pop('state')
+  return {**run, 'staleness': staleness}
+
+
+def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
+               eval_every, max_steps, deadline, noise, log, eval_share, name) -> dict:
+  """`loop(state)` → (state, metrics) called until the target (`serial_run`'s dict, with
+  the last 'state' and without 'save_seconds')."""
+  from jaxpar.evaluation import evaluate
+  from jaxpar.step import make_eval_step
+
+  eval_step = make_eval_step(model, mesh)
   cost = _MetricCost(source, target, cfg.eval_batch, eval_every, eval_share)
+  # Across processes a callable, so that every process stops at the same evaluation.
+  past = deadline if callable(deadline) else lambda: time.perf_counter() > deadline
 
   def measured(state):
     start = time.perf_counter()
-    evaluation = evaluate(eval_step, method.variables(state), mesh, source, cfg,
+    evaluation = evaluate(eval_step, variables_of(state), mesh, source, cfg,
                           split=target.split, examples=cost.examples)
     cost.evaluated(time.perf_counter() - start, target.standard_error(evaluation))
     return target.metric(evaluation)
 
-  loop = build.loop(cfg, model, tx, mesh, method, source, state, max_steps, rng_dropout)
   curve, seconds, track, stopped = [(0, measured(state))], [], [], 'max_steps'
   mark, since, verdict = None, 0, 'plateau'
   for step in range(1, max_steps + 1):
@@ -188,29 +259,26 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
         cost.trained(seconds[-1] * since)
       curve.append((step, measured(state)))
       if noise:
-        track.append({'step': step, **noise(method.variables(state))})
+        track.append({'step': step, **noise(variables_of(state))})
       verdict = steps_model.progress(curve, target.chance(source.num_classes))
-      log(f'  serial step {step}: {target.kind} metric {curve[-1][1]:.4f}'
+      log(f'  {name} step {step}: {target.kind} metric {curve[-1][1]:.4f}'
           + (f", B_noise {_reading(track[-1]['b_noise'])}" if track else '')
           + (' (initial plateau)' if verdict == 'plateau' else ''))
       if len(seconds) == 1 and cost.settle(seconds[0]):
-        log(f'  serial run: {cost.describe()}.')
+        log(f'  {name} run: {cost.describe()}.')
       if curve[-1][1] <= target.threshold:
         stopped = 'reached'
         break
       if verdict == 'stalled':
         stopped = 'stalled'
         break
-      if time.perf_counter() > deadline:
+      if past():
         stopped = 'time'
         break
       mark, since = time.perf_counter(), 0
-  # After the run: its steps go on, not on its curve.
-  saves = save_seconds(state, loop) if time_saves else None
-  loop.close()
   return {'curve': curve, 'K': steps_model.reached(curve, target.threshold),
           'step_seconds': seconds, 'noise': track, 'stopped': stopped, 'progress': verdict,
-          'save_seconds': saves, 'metric': cost.to_dict()}
+          'metric': cost.to_dict(), 'state': state}
 
 
 class _MetricCost:
@@ -444,8 +512,9 @@ def step_call(cfg, meta, source, variables, lower: bool = True):
     if 'step' not in box:
       box['model'], box['strategy'], box['tx'], box['shapes'] = build.for_timing(
           cfg, meta['num_classes'], meta['channels'], mesh, abstract=True, variables=variables)
-      box['step'] = make_train_step(box['model'], box['tx'], mesh, box['strategy'],
-                                    cfg.grad_accum_steps)
+      # Downpour is no one program: its loop (`build.loop`) runs the workers' pushes.
+      box['step'] = None if cfg.scheme == 'async' else make_train_step(
+          box['model'], box['tx'], mesh, box['strategy'], cfg.grad_accum_steps)
     return box
 
   collectives = None

@@ -7,10 +7,26 @@ reaches the target in K_b steps; with the gradient noise scale B_noise measured 
 
     K(B) = K_min·(1 + B_noise/B),   K_min = K_b / (1 + B_noise/b)
 
-so K(B) = K_b·(1 + B_noise/B)/(1 + B_noise/b). B_noise is read near the target (where the
-run spends its last steps); the spread of those readings gives K's range. A B_noise that
-cannot be read (|G|² not above its noise) is taken as ∞: K = K_b·b/B, perfect scaling, the
-optimistic bound — said in the row.
+so K(B) = K_b·(1 + B_noise/B)/(1 + B_noise/b). Where a second serial run at the largest
+batch reached the target, B_noise is the one that draws K(B) through both runs
+(`planner.batch_fit`); else it is read near the target (where the run spends its last
+steps), the spread of those readings giving K's range. A B_noise that cannot be read (|G|²
+not above its noise) is taken as ∞: K = K_b·b/B, perfect scaling, the optimistic bound —
+said in the row.
+
+The other families' K (`steps`), each from a run the plan makes (`planner.method_runs`):
+
+  bn_device  the sync-join candidate at N·b with BN per device run to the target: K_dev;
+             every per-device row at B takes K(B) × K_dev / K(N·b) (the batch model's
+             curve, moved to the measured point).
+  local_sgd  the period model (`steps_model.PERIOD`), K(τ) = K_1·(1 + c·(τ − 1)), fitted on
+             K_1 — the sync-join row at N·b with the replicas' BN (per device, the run
+             above) — and a run at the largest τ; the other periods interpolated.
+  async      Downpour's updates to the target at staleness N − 1, simulated on one device
+             (`probe.stale_run`): its K is that run's.
+
+A family the plan did not measure keeps BN-over-all's K (per-device BN) and is not chosen;
+a run stopped short of the target gives a lower bound on K (said in the row, not chosen).
 
 Step time t_step ([T] eq. 4.4's t_grad plus the step's communication, the parts model of
 `analysis.steptime.compare` without the trace): predicted as t_grad(device batch) + the
@@ -29,9 +45,12 @@ before its K-th step, each t_save (`probe.save_seconds` after the serial run: it
 after a save while orbax writes in the background, less the same steps without one). The
 same for every candidate of a config; it weighs more on those that need more steps.
 """
+import dataclasses
 import math
 
 import numpy as np
+
+from jaxpar.plan import steps_model
 
 
 def steps_at(k_b: float, b: float, b_noise: float, batch: float) -> float:
@@ -51,6 +70,42 @@ def noise_near_target(track: list, share: float = 1 / 3) -> tuple:
   if not finite:
     return math.inf, math.inf, math.inf
   return float(np.median(finite)), float(min(finite)), float(max(finite))
+
+
+def steps(c, k_b: float, b: int, b_noise: float, methods: dict | None = None) -> float:
+  """Candidate `c`'s K at the given B_noise: the batch model for the serial maths, each other
+  family from its run in `methods` ({family: {'K', 'batch'?, 'period'?}}, the module
+  docstring); a family not in `methods` as BN over all devices at its batch."""
+  methods = methods or {}
+  sync = steps_at(k_b, b, b_noise, c.batch)
+  if c.family == 'async':
+    return methods['async']['K'] if 'async' in methods else sync
+  if c.bn == 'device' and 'bn_device' in methods:
+    run = methods['bn_device']
+    sync *= run['K'] / steps_at(k_b, b, b_noise, run['batch'])
+  if c.family != 'local_sgd' or 'local_sgd' not in methods:
+    return sync
+  run = methods['local_sgd']  # with 'K_1' (`reference`): c is fitted there
+  k_1 = steps(dataclasses.replace(c, period=0), k_b, b, b_noise, methods)
+  fitted = steps_model.PERIOD.fit([1, run['period']], [run['K_1'], run['K']])
+  return steps_model.PERIOD.predict(fitted, c.period) * k_1 / run['K_1']
+
+
+def reference(methods: dict, candidate, k_b: float, b: int, b_noise: float) -> dict:
+  """`methods` with Local SGD's K_1 — the K of `candidate` (the local-sgd run's own) at
+  τ = 1, sync-join with its BN grouping, at the B_noise the plan reads (`noise_near_target`'s
+  median) — where its run was measured."""
+  if 'local_sgd' not in methods:
+    return methods
+  k_1 = steps(dataclasses.replace(candidate, period=0), k_b, b, b_noise, methods)
+  return {**methods, 'local_sgd': {**methods['local_sgd'], 'K_1': k_1}}
+
+
+def choosable(row: dict) -> bool:
+  """A row the plan may choose: its K modelled from what the plan measured (the serial
+  maths, or a family's own run that reached the target: `rank`'s 'basis'), and its step
+  one that phase 5 can time (Downpour on Ray's actors is not: ranked by its prediction)."""
+  return row.get('basis') is not None
 
 
 def predicted_step(t_grad: float, overhead: float, comm: float, inputs: float = 0.0) -> float:
@@ -91,18 +146,21 @@ def time_to_target(k: list, t_step: list, saves: dict | None) -> list:
 
 
 def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None,
-         spread: tuple = (1.0, 1.0)) -> list:
+         spread: tuple = (1.0, 1.0), methods: dict | None = None) -> list:
   """Adds to each row ({'candidate': Candidate, 't_predicted', 't_measured'?: [seconds]})
-  its 'label', steps 'K' [mid, low, high] (the range: B_noise's, widened by the seeds'
-  `spread` of K_b, (low, high) as factors of it), step time 't_step' [mid, low, high]
-  (measured if it was, else predicted), 'saves' (checkpoints before the K-th step, `saves`:
-  {'every', 'seconds'}), 'T' [mid, low, high] and 'notes'; returns the rows by T, fastest
-  first."""
+  its 'label', steps 'K' [mid, low, high] (`steps`; the range: B_noise's, widened by the
+  seeds' `spread` of K_b, (low, high) as factors of it), its 'basis' (the family whose
+  measured K it rests on, None where it has none: `choosable`), step time 't_step' [mid,
+  low, high] (measured if it was, else predicted), 'saves' (checkpoints before the K-th
+  step, `saves`: {'every', 'seconds'}), 'T' [mid, low, high] and 'notes'; returns the rows
+  by T, fastest first. `methods`: the families' runs (`planner.method_runs`), Local SGD's
+  with its reference K_1 (`reference`)."""
   b_noise, low, high = noise
+  methods = methods or {}
   for row in rows:
     c = row['candidate']
     row['label'] = c.label
-    ks = [steps_at(k_b, b, x, c.batch) for x in (b_noise, low, high)]
+    ks = [steps(c, k_b, b, x, methods) for x in (b_noise, low, high)]
     row['K'] = [ks[0], min(ks) * spread[0], max(ks) * spread[1]]
     measured = row.get('t_measured')
     if measured:
@@ -112,41 +170,79 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     row['t_step'] = t
     row['saves'] = saves_before(row['K'][0], saves)
     row['T'] = time_to_target(row['K'], t, saves)
-    notes = []
-    if not c.exact:
-      notes.append('BN per device changes the maths: K taken as with BN over all devices; '
-                   'ranked, never chosen')
-    if not math.isfinite(b_noise) and c.batch != b:
+    notes, row['basis'] = [], 'sync'
+    own = [f for f in ('bn_device', 'local_sgd', 'async') if f == c.family
+           or (f == 'bn_device' and c.bn == 'device' and c.devices > 1)]
+    for family in own:
+      run = methods.get(family)
+      if run is None:
+        row['basis'] = None
+        notes.append({'bn_device': 'BN per device changes the maths: K taken as with BN over '
+                                   'all devices; ranked, never chosen',
+                      'local_sgd': "Local SGD's period not measured: K taken as τ = 1's; "
+                                   'ranked, never chosen',
+                      'async': "Downpour's staleness not measured: K taken as the serial "
+                               "maths'; ranked, never chosen"}[family])
+      elif run['stopped'] != 'reached':
+        row['basis'] = None
+        notes.append(f"K at least the {family} run's {run['K']:.0f} steps (it stopped: "
+                     f"{run['stopped']}); ranked, never chosen")
+      elif row['basis'] is not None:
+        row['basis'] = family
+    if c.family == 'async':
+      if row['basis'] is not None:
+        notes.append(f"K: updates at staleness {methods['async']['staleness']}, simulated")
+      if c.backend == 'ray':
+        notes.append("Downpour on Ray's actors is not timed by the plan: its step predicted "
+                     "without Ray's own cost of a call (a lower bound); ranked, not chosen")
+        row['basis'] = None
+    elif c.family == 'local_sgd' and row['basis'] is not None:
+      run = methods['local_sgd']
+      notes.append(f"K(τ) = K_1·(1 + c·(τ − 1)), K_1 {run['K_1']:.0f}, τ = {run['period']}: "
+                   f"{run['K']:.0f} steps measured")
+    if not math.isfinite(b_noise) and c.batch != b and c.family != 'async':
       notes.append('B_noise not measurable: K at perfect scaling (optimistic)')
     if row.get('pruned'):
       notes.append('collectives not costed: T is at least this bound, beyond the close ones')
-    elif not measured:
+    elif not measured and not (c.family == 'async' and c.backend == 'ray'):
       notes.append('step time predicted, not measured')
     row['notes'] = notes
   return sorted(rows, key=lambda r: r['T'][0])
 
 
+def cheaper(c, than) -> bool:
+  """Whether candidate `c` spends less than `than`: fewer devices, or as many without
+  BatchNorm's statistics sent across them (per device, where `than` has them over all)."""
+  def spend(x):
+    return x.devices, x.devices > 1 and x.bn == 'all'
+  return spend(c) < spend(than)
+
+
 def choose(ranked: list, leader: dict) -> tuple:
-  """The choice and why: `leader` (the fastest row the plan may choose) — unless a row on
-  fewer devices, costed and computing the serial maths, predicts a time to the target whose
-  range reaches into the leader's (its low end at or below the leader's high end): the
-  difference is inside the plan's own uncertainty, and the devices it would spend buy
-  nothing certain. Then the one on fewest devices of those (the fastest of equals), and the
-  reason names both rows, the margin and the ranges. Returns (row, reason; '' for the
-  leader)."""
-  n = leader['candidate'].devices
-  close = [r for r in ranked if r['candidate'].exact and not r.get('pruned')
-           and r['candidate'].devices < n and r['T'][1] <= leader['T'][2]]
+  """The choice and why: `leader` (the fastest row the plan may choose) — unless a cheaper
+  row (`cheaper`: fewer devices, or no cross-device BatchNorm) that the plan may choose
+  (`choosable`), costed, predicts a time to the target whose range reaches into the
+  leader's (its low end at or below the leader's high end): the difference is inside the
+  plan's own uncertainty, and what the leader would spend buys nothing certain. Then the
+  cheapest of those (the fastest of equals), and the reason names both rows, the margin
+  and the ranges. Returns (row, reason; '' for the leader)."""
+  close = [r for r in ranked if choosable(r) and not r.get('pruned')
+           and cheaper(r['candidate'], leader['candidate']) and r['T'][1] <= leader['T'][2]]
   if not close:
     return leader, ''
-  row = min(close, key=lambda r: (r['candidate'].devices, r['T'][0]))
-  m = row['candidate'].devices
+  row = min(close, key=lambda r: (r['candidate'].devices,
+                                  r['candidate'].devices > 1 and r['candidate'].bn == 'all',
+                                  r['T'][0]))
+  n, m = leader['candidate'].devices, row['candidate'].devices
+  spent = (f"{m} device{'s' if m > 1 else ''} instead of {n}" if m < n
+           else 'BatchNorm per device instead of over all devices')
   margin = row['T'][0] / leader['T'][0] - 1
-  return row, (f"{row['label']} chosen over {leader['label']}: {m} device{'s' if m > 1 else ''} "
-               f"instead of {n}, {margin:+.0%} predicted time to the target "
-               f"({row['T'][0]:.2f} s, range {row['T'][1]:.2f}–{row['T'][2]:.2f}, against "
-               f"{leader['T'][0]:.2f} s, {leader['T'][1]:.2f}–{leader['T'][2]:.2f}): the ranges "
-               f"overlap, so the extra devices buy no certain gain")
+  return row, (f"{row['label']} chosen over {leader['label']}: {spent}, {margin:+.0%} "
+               f"predicted time to the target ({row['T'][0]:.2f} s, range {row['T'][1]:.2f}–"
+               f"{row['T'][2]:.2f}, against {leader['T'][0]:.2f} s, {leader['T'][1]:.2f}–"
+               f"{leader['T'][2]:.2f}): the ranges overlap, so "
+               + ('the extra devices buy' if m < n else "BatchNorm's exchange buys")
+               + ' no certain gain')
 
 
 def table(rows: list, choice: int = 1) -> str:

@@ -27,6 +27,32 @@ import optax
 GradFn = Callable[[Any, Any, Any], tuple[Any, Any, Any]]
 
 
+class Delayed:
+  """One update at a time: `state = Delayed(grad_fn, tx, keep).init(params, aux)`, then
+  `state, loss = step(state, batch, s)` applies the gradient of the weights (and aux) s
+  versions old (clipped at version 0) to the newest weights; `keep` ≥ the largest s + 1
+  versions are kept. `state['params']`, `state['aux']`: the newest."""
+
+  def __init__(self, grad_fn: GradFn, tx: optax.GradientTransformation, keep: int):
+    self.grad_fn, self.update = jax.jit(grad_fn), jax.jit(_update(tx))
+    self.tx, self.keep = tx, keep
+
+  def init(self, params, aux) -> dict:
+    # versions k − len + 1 … k, newest last
+    return {'params': params, 'aux': aux, 'opt_state': self.tx.init(params),
+            'history': collections.deque([(params, aux)])}
+
+  def __call__(self, state: dict, batch, s: int):
+    history = state['history']
+    old_params, old_aux = history[max(0, len(history) - 1 - s)]
+    grads, aux, loss = self.grad_fn(old_params, old_aux, batch)
+    params, opt_state = self.update(state['params'], state['opt_state'], grads)
+    history.append((params, aux))
+    if len(history) > self.keep:
+      history.popleft()
+    return {'params': params, 'aux': aux, 'opt_state': opt_state, 'history': history}, loss
+
+
 def train(grad_fn: GradFn, tx: optax.GradientTransformation, params, aux,
           batches: Iterable, delays, steps: int, on_step: Callable | None = None):
   """`steps` updates from `batches`, update k using the gradient at the weights (and aux)
@@ -38,23 +64,16 @@ def train(grad_fn: GradFn, tx: optax.GradientTransformation, params, aux,
     raise ValueError(f'{len(delays)} delays for {steps} updates')
   if min(delays, default=0) < 0:
     raise ValueError(f'staleness must be ≥ 0, got {min(delays)}')
-  keep = max(delays, default=0) + 1  # the versions an update may reach back to
-  grad_fn, update = jax.jit(grad_fn), jax.jit(_update(tx))
-  opt_state = tx.init(params)
-  history = collections.deque([(params, aux)])  # versions k − len + 1 … k, newest last
+  step = Delayed(grad_fn, tx, max(delays, default=0) + 1)
+  state = step.init(params, aux)
   losses = []
   batches = iter(batches)
   for k, s in enumerate(delays):
-    old_params, old_aux = history[max(0, len(history) - 1 - s)]
-    grads, aux, loss = grad_fn(old_params, old_aux, next(batches))
-    params, opt_state = update(params, opt_state, grads)
-    history.append((params, aux))
-    if len(history) > keep:
-      history.popleft()
+    state, loss = step(state, next(batches), s)
     losses.append(float(loss))
     if on_step is not None:
-      on_step(k + 1, params, aux)
-  return params, aux, losses
+      on_step(k + 1, state['params'], state['aux'])
+  return state['params'], state['aux'], losses
 
 
 def _update(tx):
