@@ -85,6 +85,12 @@ def config_args(argv: list) -> list:
   return out
 
 
+def _may_choose(row: dict) -> bool:
+  """A plan row its plan may choose (`rank.choosable`); in a plan written before that was
+  recorded, one computing the serial maths."""
+  return row.get('choosable', row['exact'])
+
+
 def ranks_of(given: list, plan: dict) -> list:
   """--ranks: the numbers given; exact:K the ranks of the plan's first K candidates it may
   choose (`choosable`; in a plan written before, those computing the serial maths); family:F
@@ -95,10 +101,10 @@ def ranks_of(given: list, plan: dict) -> list:
     if item.startswith('devices:'):  # the best-ranked row it may choose on that many devices
       n = int(item.removeprefix('devices:'))
       out += [i + 1 for i, row in enumerate(rows) if row['devices'] == n
-              and row.get('choosable', row['exact'])][:1]
+              and _may_choose(row)][:1]
     elif item.startswith('exact:'):
       k = int(item.removeprefix('exact:'))
-      out += [i + 1 for i, row in enumerate(rows) if row.get('choosable', row['exact'])][:k]
+      out += [i + 1 for i, row in enumerate(rows) if _may_choose(row)][:k]
     elif item.startswith('family:'):
       family = item.removeprefix('family:')
       out += [i + 1 for i, row in enumerate(rows) if row.get('family') == family][:1]
@@ -381,7 +387,7 @@ def family_table(pairs: list) -> str:
           f"{r['label']}{' (choice)' if r['choice'] else ''} "
           f"| {row.get('family', 'sync')} | {k[0]:.0f} ({k[1]:.0f}–{k[2]:.0f}) | "
           f"{_cell(r['measured_K'], '.0f')} | {_cell(r['K_error'], '.0%')} | {t[0]:.2f} s | "
-          f"{_cell(r['measured_T'], '.2f')} s | {'yes' if row.get('choosable', row['exact']) else 'no'} |")
+          f"{_cell(r['measured_T'], '.2f')} s | {'yes' if _may_choose(row) else 'no'} |")
   return '\n'.join(lines)
 
 

@@ -47,8 +47,7 @@ import tqdm  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxpar.plan import staleness  # noqa: E402
-from jaxpar.plan import probe, steps_model  # noqa: E402
+from jaxpar.plan import probe, staleness, steps_model  # noqa: E402
 
 FAMILIES = ('batch', 'staleness', 'async', 'period', 'capacity')
 FLAGS = flags.FLAGS
@@ -248,23 +247,9 @@ def run_case(cfg, case: dict, source, target: float, eval_every: int, noise_batc
 
 def _simulate(cfg, model, variables, rng, source, s, eval_every, curve, train_loss, target):
   """The staleness family: `staleness.train` on one device from `variables`, at the
-  config's optimizer, dropout keyed as the train step keys it (`rng` folded with the
-  update's number): at s = 0 exactly the serial run."""
-  from jaxpar import build, optim
-  from jaxpar import config as config_lib
-  from jaxpar.step import gradients
-
-  one = model.clone(bn_axis_name=None)
-  schedule = optim.learning_rate(cfg.optimizer, config_lib.global_batch(cfg), cfg.total_steps)
-  tx = optim.make_optimizer(cfg.optimizer, schedule)
-
-  def grad_fn(params, batch_stats, item):
-    batch, key = item
-    grads, batch_stats, metrics = gradients(one, params, batch_stats, batch, key)
-    return grads, batch_stats, metrics['loss']
-
-  stream = build.train_batches(cfg, source, config_lib.global_batch(cfg), 0)
-  items = ((batch, jax.random.fold_in(rng, k)) for k, batch in enumerate(stream))
+  config's optimizer, dropout keyed as the train step keys it (`probe.delayed_inputs`): at
+  s = 0 exactly the serial run."""
+  grad_fn, tx, items = probe.delayed_inputs(cfg, model, source, cfg.total_steps, rng)
   box = {'variables': variables}
 
   class Reached(Exception):

@@ -131,9 +131,9 @@ def enumerate_candidates(cfg, available: int, local: int | None = None) -> tuple
   config's global_batch (sync-split) and per_device_batch (sync-join); on all of them, the
   methods of `plan.methods`: Local SGD at each of `plan.periods`, Downpour on either
   server; and [{'method', 'reason'}] for what is not ranked (a sync-split whose G does not
-  divide over N; a family of `METHODS` left out; hierarchical Local SGD; `EXCLUDED`). Across processes (`local`: each one's devices) N is one
-  device (a run of one process) or all of them: a run on some of the processes is planned
-  by launching that many."""
+  divide over N; a family of `METHODS` left out; hierarchical Local SGD; `EXCLUDED`).
+  Across processes (`local`: each one's devices) N is one device (a run of one process) or
+  all of them: a run on some of the processes is planned by launching that many."""
   has_bn = cfg.model == 'resnet34' or bool(cfg.batch_norm)
   found, excluded, seen = [], [], set()
   counts = device_counts(available)

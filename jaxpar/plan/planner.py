@@ -520,7 +520,7 @@ def other_seeds(one, source, target, serial: dict, deadline: float, log) -> list
   p = one.plan
   if serial['K'] is None or p.seeds < 2:
     return []
-  cap = min(p.max_steps, math.ceil(2 * serial['K']))
+  cap = _cap(serial, p)
   out = []
   for i in range(1, p.seeds):
     seed = one.seed + i
@@ -543,8 +543,8 @@ def seed_spread(serial: dict) -> tuple:
 
 
 def _cap(serial: dict, p) -> int:
-  """The steps a method's run may take: twice the serial run's K, within `plan.max_steps`
-  (beyond: K taken as the cap, a lower bound, and the row not chosen)."""
+  """The steps a further run may take (another seed, a method, the large batch): twice the
+  serial run's K, within `plan.max_steps` (beyond: K taken as the cap, a lower bound)."""
   return min(p.max_steps, math.ceil(2 * serial['K']))
 
 

@@ -136,8 +136,8 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   mesh's devices, every process's) from its initial weights (`variables`, made already, or
   made here: `initial_variables`) until the target, `max_steps`, `deadline`
   (time.perf_counter(), or a callable: past it) or a curve that has stalled
-  (`steps_model.progress`; an initial plateau goes on): {'curve': [(step, metric)], 'K': steps to the target or None,
-  'step_seconds': the mean step time of each window between evaluations (steps dispatched
+  (`steps_model.progress`; an initial plateau goes on): {'curve': [(step, metric)], 'K':
+  steps to the target or None, 'step_seconds': the mean step time of each window between evaluations (steps dispatched
   as training does, evaluations excluded, the first step's compilation too), 'noise':
   [{'step', 'b_noise', 'g2', 's'}], 'stopped': why ('reached', 'max_steps', 'time',
   'stalled'), 'progress': the curve's last verdict, 'save_seconds': what a checkpoint save
@@ -180,38 +180,22 @@ def stale_run(cfg, source, target: Target, staleness: int, *, eval_every: int,
   simulator (`staleness.Delayed`) with every update's gradient taken `staleness` versions
   back — N equally fast workers settle at s = N − 1 ([T] §3.2) — from the same initial
   weights, batches, dropout keys and optimizer (at s = 0 the serial run's maths)."""
-  from jaxpar import build, optim
-  from jaxpar import config as config_lib
+  from jaxpar import build
   from jaxpar.mesh import make_mesh
   from jaxpar.plan.staleness import Delayed
-  from jaxpar.step import gradients
 
   mesh = make_mesh((1,), ('data',), jax.devices()[:1])
   model = build.model(cfg, source.num_classes, source.channels, mesh)
-  one = model.clone(bn_axis_name=None)
-  rng_init, rng_dropout = build.seed_keys(cfg.seed)
+  _, rng_dropout = build.seed_keys(cfg.seed)
   if variables is None:
     variables = initial_variables(cfg, {'num_classes': source.num_classes,
                                         'channels': source.channels})
-  batch = config_lib.global_batch(cfg)
-  tx = optim.make_optimizer(cfg.optimizer, optim.learning_rate(cfg.optimizer, batch, max_steps))
-
-  def grad_fn(params, batch_stats, item):
-    data, key = item
-    grads, batch_stats, metrics = gradients(one, params, batch_stats, data, key)
-    return grads, batch_stats, metrics['loss']
-
+  grad_fn, tx, items = delayed_inputs(cfg, model, source, max_steps, rng_dropout)
   step = Delayed(grad_fn, tx, staleness + 1)
-  stream = build.train_batches(cfg, source, batch, 0)
 
   class Loop:  # `build.loop`'s shape: one update a call
-    k = 0
-
     def __call__(self, state):
-      state, loss = step(state, (next(stream), jax.random.fold_in(rng_dropout, self.k)),
-                         staleness)
-      self.k += 1
-      return state, loss
+      return step(state, next(items), staleness)
 
     def close(self):
       pass
@@ -223,6 +207,30 @@ def stale_run(cfg, source, target: Target, staleness: int, *, eval_every: int,
                    log=log, eval_share=eval_share, name=f'staleness {staleness}')
   run.pop('state')
   return {**run, 'staleness': staleness}
+
+
+def delayed_inputs(cfg, model, source, steps: int, rng) -> tuple:
+  """What the staleness simulator (`staleness.Delayed`, `staleness.train`) trains one device
+  with, as the serial run does: (grad_fn(params, batch_stats, (batch, key)) → (gradients,
+  batch_stats, loss) of `model` without cross-device BN, the config's optimizer and rate
+  over `steps`, the training stream's (batch, key) items — dropout keyed as the train step
+  keys it, `rng` folded with the update's number)."""
+  from jaxpar import build, optim
+  from jaxpar import config as config_lib
+  from jaxpar.step import gradients
+
+  one = model.clone(bn_axis_name=None)
+  batch = config_lib.global_batch(cfg)
+  tx = optim.make_optimizer(cfg.optimizer, optim.learning_rate(cfg.optimizer, batch, steps))
+
+  def grad_fn(params, batch_stats, item):
+    data, key = item
+    grads, batch_stats, metrics = gradients(one, params, batch_stats, data, key)
+    return grads, batch_stats, metrics['loss']
+
+  items = ((data, jax.random.fold_in(rng, k))
+           for k, data in enumerate(build.train_batches(cfg, source, batch, 0)))
+  return grad_fn, tx, items
 
 
 def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
