@@ -4,8 +4,10 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -479,6 +481,49 @@ def test_the_tie_rule_chooses_bn_per_device_where_its_measured_range_overlaps():
   assert rank.choose([leader, per_device, one], leader)[0] is one
 
 
+def test_the_tie_rule_takes_the_cheapest_row_up_to_the_slowest_tied_one():
+  # BN per device at 12.0 s (10.5–14.0) reaches into the leader's 9.0–11.0; one device at
+  # 11.5 s (11.2–11.8) does not, yet is predicted faster than that tied row: it is chosen,
+  # so that no row ahead of the choice spends as little.
+  leader = _ranged(2, 10.0, 9.0, 11.0, bn='all')
+  one = _ranged(1, 11.5, 11.2, 11.8)
+  per_device = _ranged(2, 12.0, 10.5, 14.0, bn='device', basis='bn_device')
+  choice, why = rank.choose([leader, one, per_device], leader)
+  assert choice is one
+  assert why.endswith("sync-join allreduce N=2 B=32, BN per device's range (10.50–14.00) "
+                      "reaches into the leader's and it is predicted slower still, so the "
+                      'extra devices buy no certain gain')
+  # Behind every tied row, it is not.
+  late = _ranged(1, 12.5, 12.2, 12.8)
+  assert rank.choose([leader, per_device, late], leader)[0] is per_device
+
+
+def test_rows_left_at_their_bound_ahead_of_the_tie_s_choice_are_costed_and_it_chooses_again():
+  """The tie rule's choice can lie behind a row left at its bound (not costed) that spends
+  as little: `planner.tie_rule` costs the rows ahead of each choice and chooses again, until
+  every row ahead of it is ranked by a prediction."""
+  leader = _ranged(2, 10.0, 9.0, 11.0, bn='all')
+  tied = _ranged(2, 10.6, 9.2, 12.0, bn='device', basis='bn_device')
+
+  def rows_with(costed_at):
+    bound = {**_ranged(2, 10.2, 10.2, 10.2, bn='device', basis='local_sgd', measured=False),
+             'pruned': True}
+    bound['candidate'] = candidates.Candidate('local-sgd', 'allreduce', 2, 32, 'device', period=4)
+    rows = [leader, bound, tied]
+    def cost(row):
+      row.pop('pruned')
+      row['T'] = list(costed_at)
+    rerank = lambda: sorted(rows, key=lambda r: r['T'][0])
+    return bound, rank.choose(rows, leader)[0], planner.tie_rule(leader, rerank(), cost, rerank)
+  # Costed, it stays ahead and reaches into the leader's range: chosen in the tied row's stead.
+  bound, first, (ranked, choice, why) = rows_with((10.4, 9.9, 10.9))
+  assert first is tied and choice is bound and not bound.get('pruned')
+  assert ranked == [leader, bound, tied] and why.startswith(bound['label'] + ' chosen over')
+  # Costed, it moves behind: the tied row stays the choice, nothing ahead of it at a bound.
+  bound, _, (ranked, choice, _) = rows_with((12.5, 12.0, 13.0))
+  assert choice is tied and ranked == [leader, tied, bound]
+
+
 def test_each_family_s_steps_follow_its_own_run_by_hand():
   """rank.steps on hand-worked numbers: K_b = 100 at b = 16, B_noise ∞ (K = K_b·b/B)."""
   c = candidates.Candidate
@@ -523,6 +568,11 @@ def test_each_family_s_steps_follow_its_own_run_by_hand():
   alone = rank.rank([{'candidate': c('sync-join', 'allreduce', 2, 32, 'device'),
                       't_predicted': 0.01}], 100, 16, (math.inf,) * 3)[0]
   assert alone['K'][0] == pytest.approx(50) and alone['basis'] is None
+  assert 'B_noise not measurable: K at perfect scaling (optimistic)' in alone['notes']
+  # B_noise ∞ fitted through two measured runs is a measurement, said so.
+  fitted = rank.rank([{'candidate': sync, 't_predicted': 0.01}], 100, 16, (math.inf,) * 3,
+                     fitted=True)[0]
+  assert 'B_noise ∞ through the two measured runs: K at perfect scaling' in fitted['notes']
 
 
 def test_the_batch_model_goes_through_both_measured_points():
@@ -537,6 +587,34 @@ def test_the_batch_model_goes_through_both_measured_points():
   assert planner.batch_fit(100, 16, {'batch': 64, 'K': 20.0, 'stopped': 'reached'}) == math.inf
   assert planner.batch_fit(100, 16, {'batch': 64, 'K': 40.0, 'stopped': 'max_steps'}) is None
   assert planner.batch_fit(100, 16, None) is None
+
+
+def test_a_large_batch_run_short_of_the_target_bounds_b_noise_and_its_rows():
+  """planner.batch_bound: a run at B = 64 that stopped at step 60 short of the target takes
+  K(64) ≥ 60: through (16, 100) and (64, 60), B_noise ≤ 128/7 (3·(1 + B/16) = 5·(1 + B/64)).
+  Stopped at 200
+  (≥ K_b; VGG16E at 32² sat at ln 10 for 1,000 steps at 64), B_noise ≤ 0 and no B_noise
+  reaches 200: the rows of the serial maths at 64 take at least 200 steps, never chosen."""
+  short = {'batch': 64, 'K': 200.0, 'stopped': 'max_steps', 'curve': [(0, 2.3), (60, 2.2)]}
+  noise, batch, steps = planner.batch_bound(100, 16, short)
+  assert (noise, batch, steps) == (pytest.approx(128 / 7), 64, 60)
+  assert rank.steps_at(100, 16, noise, 64) == pytest.approx(60)
+  assert planner.batch_bound(100, 16, {**short, 'stopped': 'reached'}) is None
+  assert planner.batch_bound(100, 16, None) is None
+  stuck = {**short, 'curve': [(0, 2.3), (200, 2.3)]}
+  assert planner.batch_bound(100, 16, stuck)[0] == 0
+  c = candidates.Candidate
+  rows = [{'candidate': x, 't_predicted': 0.01} for x in (
+      c('sync-split', 'allreduce', 1, 64, 'all'), c('sync-join', 'allreduce', 2, 32, 'all'),
+      c('sync-split', 'allreduce', 2, 64, 'device'))]
+  ranked = {r['label']: r for r in rank.rank(rows, 100, 16, (0.0,) * 3, beyond=(64, 200.0))}
+  at_64 = ranked['sync-split allreduce N=1 B=64, BN all']
+  assert at_64['K'] == [200.0, 200.0, 200.0] and not rank.choosable(at_64)
+  assert 'K at least the 200 steps a run at batch 64 took short of the target' in at_64['notes'][0]
+  at_32 = ranked['sync-join allreduce N=2 B=32, BN all']  # B_noise 0: K_b, chosen as may be
+  assert at_32['K'][0] == pytest.approx(100) and rank.choosable(at_32)
+  # Another maths (BN per device) keeps its own family's K.
+  assert ranked['sync-split allreduce N=2 B=64, BN per device']['K'][0] == pytest.approx(100)
 
 
 def test_local_sgd_s_average_is_costed_in_one_step_of_tau():
@@ -957,7 +1035,8 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
        '--config.mesh.shape=(2,)', '--config.global_batch=64', '--config.per_device_batch=16',
        f'--config.dataset.data_dir={data_dir}', '--config.plan.eval_every=5',
        '--config.plan.max_steps=200', '--config.plan.measure_top=2',
-       '--config.plan.measure_steps=3', '--target_loss=2.2', '--budget_s=600',
+       '--config.plan.measure_steps=3', '--config.plan.seeds=1',
+       "--config.plan.methods=('local_sgd', 'async')", '--target_loss=2.2', '--budget_s=600',
        f'--out={out}'],
       capture_output=True, text=True, env={**process_env(), 'PYTHON': sys.executable},
       cwd=ROOT, timeout=900)
@@ -966,10 +1045,14 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
   assert plan['processes'] == 2 and plan['devices'] == 2
   assert plan['setting'] == '2 processes × 1 cpu device, 1 core each'
   assert plan['input_s']['cores'] == 1  # pinned: the inputs' CPU is the step's core's
-  assert len(plan['candidates']) == 19 and plan['choice']['choosable']
-  # BN per device and Local SGD run on both processes, Downpour simulated in the one-device
-  # process; Downpour across processes (Ray's actors) is ranked, never chosen.
-  assert set(plan['methods']) == {'bn_device', 'local_sgd', 'async'}
+  # Local SGD runs on both processes — each evaluating the examples process 0's timing chose —
+  # and Downpour is simulated in the one-device process (BN per device, SPMD as Local SGD, and
+  # the seeds' spread are the emulated test's: not ranked here); Downpour across processes
+  # (Ray's actors) is ranked, never chosen.
+  assert len(plan['candidates']) == 13 and plan['choice']['choosable']
+  assert set(plan['methods']) == {'local_sgd', 'async'} and not plan['serial']['seeds']
+  assert plan['methods']['local_sgd']['stopped'] == 'reached'
+  assert not any(r['family'] == 'bn_device' for r in plan['candidates'])
   assert all(not r['choosable'] for r in plan['candidates'] if r['family'] == 'async')
   alone = [r for r in plan['candidates'] if r['devices'] == 1]
   assert len(alone) == 2 and all(len(r['t_measured']) == 3 and r['collectives'] == 0
@@ -980,6 +1063,9 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
   assert 'one-device measurements in a process of their own' in done.stdout
   second = (tmp_path / 'process_1.log').read_text()
   assert 'choice:' not in second and 'candidates predicted' in second
+  subsets = [re.findall(r'local_sgd run: the metric on the first (\d+) ', log)
+             for log in ((tmp_path / 'process_0.log').read_text(), second)]
+  assert subsets[0] == subsets[1]  # process 0's timing chose the examples of both
 
 
 def test_the_regret_tool_trains_the_candidates_the_plan_may_choose():
@@ -1018,6 +1104,28 @@ def test_a_regret_check_extended_by_a_row_keeps_the_rows_it_had():
   assert both['command'].startswith(first['command'] + '; then ')
   again = plan_regret.run([], plan, [1, 3], 2, '', both)  # every row trained already
   assert again['regret'] == both['regret'] and len(again['rows']) == 2
+  # Stopped after a seed: the seeds every row has; extended to 3 seeds, only seed 2 of each
+  # row (and every seed of a new row) trained, each written after its seed.
+  assert plan_regret.summary(plan, runs, 1)['regret'] == pytest.approx(2.2 / 2.0)
+  trained = []
+
+  def train(configuration, path, seed, workdir, processes, rate):
+    with open(path) as f:
+      label = json.load(f)['choice']['label']
+    trained.append((label, seed))
+    return {'step': 10, 'seconds': {'row 0': 2.0, 'row 1': 1.9, 'row 2': 2.1}[label],
+            'summary': ''}
+  import unittest.mock
+  with unittest.mock.patch.object(plan_regret, 'train', train), \
+      tempfile.TemporaryDirectory() as folder:
+    out = os.path.join(folder, 'r.json')
+    three = plan_regret.run([], plan, [2], 3, '', both, out)
+    written = json.loads(open(out).read())
+  assert sorted(trained) == [('row 0', 2), ('row 1', 0), ('row 1', 1), ('row 1', 2),
+                             ('row 2', 2)]
+  assert written['seeds'] == 2 and three['seeds'] == 3  # the last seed: returned, not written
+  assert [len(r['runs']) for r in three['rows']] == [3, 3, 3]
+  assert three['best_measured'] == 'row 1'
   # A plan made by link.launch records the command once, without each process's flags.
   command = ("python -m jaxpar.plan --config c.py '--config.mesh.shape=(2,)' "
              '--config.distributed.coordinator=10.0.0.1:5 --config.distributed.process_id=0')

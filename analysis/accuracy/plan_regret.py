@@ -63,8 +63,10 @@ def define_flags():
                        'devices (one device: one process).')
   flags.DEFINE_string('link', '', "The processes' emulated link (tc rate, e.g. 1gbit; "
                       "default: loopback).")
-  flags.DEFINE_string('extend', None, "An earlier result of this tool on the same plan and "
-                      "seeds: train only the rows it lacks and report the regret over all.")
+  flags.DEFINE_string('extend', None, "An earlier result of this tool on the same plan, with "
+                      "as many seeds or fewer (one --out wrote after a seed, when a check "
+                      "stopped part way): train only the rows and seeds it lacks and report "
+                      "the regret over all.")
   flags.DEFINE_bool('make_plan', False, 'Make the plan first (python -m jaxpar.plan as '
                     '--processes processes over --link, the target from --config.plan.*), '
                     'written to --plan.')
@@ -165,19 +167,24 @@ def make_plan(configuration: list, out: str, processes: int, rate: str) -> dict:
 
 
 def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = '',
-        earlier: dict | None = None) -> dict:
+        earlier: dict | None = None, out: str | None = None) -> dict:
   """Trains the rows at `ranks` (and the choice) `seeds` times, seed by seed with every row
-  in turn; with `earlier` (a result of this tool on the same plan and seeds) only the rows
-  it lacks, its rows kept: the regret over all of them."""
+  in turn; with `earlier` (a result of this tool on the same plan, with as many seeds or
+  fewer) only the runs it lacks — rows it does not have, and seeds its rows have not — its
+  runs kept: the regret over all of them. With `out`, the result so far is written there
+  after each seed (`summary` of the seeds every row has): a check stopped part way is
+  extended from it (`--extend`)."""
   chosen = plan.get('choice_rank', 1) - 1
   made = plan.get('processes', 1)
   done = {r['rank'] - 1: r['runs'] for r in earlier['rows']} if earlier else {}
-  indices = sorted(({chosen} | {r - 1 for r in ranks}) - set(done))
-  runs = {i: [] for i in indices}
+  indices = sorted({chosen} | {r - 1 for r in ranks} | set(done))
+  runs = {i: list(done.get(i, [])) for i in indices}
   with tempfile.TemporaryDirectory() as scratch:
     # Seed by seed, every row in turn: a machine whose speed drifts moves every row alike.
     for seed in range(seeds):
       for i in indices:
+        if any(r['seed'] == seed for r in runs[i]):
+          continue
         row = plan['candidates'][i]
         path = os.path.join(scratch, f'plan_{i}.json')
         with open(path, 'w') as f:
@@ -189,7 +196,10 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = ''
                         processes, rate)
         runs[i].append({'seed': seed, 'step': outcome['step'], 'seconds': outcome['seconds']})
         print(f"{row['label']} seed {seed}: {outcome['summary']}", file=sys.stderr, flush=True)
-  return summary(plan, {**done, **runs}, seeds, earlier)
+      if out and seed + 1 < seeds:
+        with open(out, 'w') as f:
+          json.dump(summary(plan, runs, seed + 1, earlier), f, indent=1)
+  return summary(plan, runs, seeds, earlier)
 
 
 def summary(plan: dict, runs: dict, seeds: int, earlier: dict | None = None) -> dict:
@@ -201,7 +211,8 @@ def summary(plan: dict, runs: dict, seeds: int, earlier: dict | None = None) -> 
   results = []
   for i in sorted(runs):
     row = plan['candidates'][i]
-    reached = [r for r in runs[i] if r['seconds'] is not None]
+    kept = sorted((r for r in runs[i] if r['seed'] < seeds), key=lambda r: r['seed'])
+    reached = [r for r in kept if r['seconds'] is not None]
     measured = (float(np.mean([r['seconds'] for r in reached])) if len(reached) == seeds
                 else None)
     steps = float(np.mean([r['step'] for r in reached])) if len(reached) == seeds else None
@@ -209,7 +220,7 @@ def summary(plan: dict, runs: dict, seeds: int, earlier: dict | None = None) -> 
                     'predicted_T': row['T'],
                     'predicted_K': row['K'], 'measured_T': measured, 'measured_K': steps,
                     'T_error': _error(row['T'][0], measured),
-                    'K_error': _error(row['K'][0], steps), 'runs': runs[i]})
+                    'K_error': _error(row['K'][0], steps), 'runs': kept})
   done = [r for r in results if r['measured_T'] is not None]
   best = min(done, key=lambda r: r['measured_T']) if done else None
   choice = next(r for r in results if r['choice'])
@@ -310,10 +321,11 @@ def main(argv):
   if FLAGS.extend:
     with open(FLAGS.extend) as f:
       earlier = json.load(f)
-    if earlier['plan_created'] != plan['created'] or earlier['seeds'] != FLAGS.seeds:
+    if earlier['plan_created'] != plan['created'] or earlier['seeds'] > FLAGS.seeds:
       raise app.UsageError(f'--extend={FLAGS.extend}: made from another plan or with '
-                           f"{earlier['seeds']} seeds; extend it with its own plan and seeds")
-  result = run(configuration, plan, ranks, FLAGS.seeds, FLAGS.link, earlier)
+                           f"{earlier['seeds']} seeds; extend it with its own plan and "
+                           'as many --seeds or more')
+  result = run(configuration, plan, ranks, FLAGS.seeds, FLAGS.link, earlier, FLAGS.out)
   with open(FLAGS.out, 'w') as f:
     json.dump(result, f, indent=1)
   print(table(result))

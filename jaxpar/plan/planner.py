@@ -27,7 +27,8 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   `measure_top`) trained for `measure_windows` windows of `measure_steps`
                   steps on the real input, as the run will (`probe.step_call`); re-ranked
                   with the measured times. The choice: the fastest, or by the tie rule
-                  a row on fewer devices whose range reaches into its (`rank.choose`).
+                  a row that spends less (fewer devices, or no cross-device BatchNorm)
+                  whose range reaches into its (`rank.choose`, `tie_rule`).
 
 In one process everything runs on its devices (real accelerators or emulated CPU devices,
 `mesh.emulate_cpu_devices`). Launched as several processes, as their training will be, every
@@ -193,6 +194,12 @@ def make(cfg, log=logging.info) -> dict:
         f'model through it and K_b: B_noise = {fitted:.1f} (the gradient noise scale read '
         f'{noise[0]:.1f}).')
     noise = (fitted,) * 3
+  short = batch_bound(k_b, b, alone.get('large')) if how == 'reached' else None
+  if short:  # a run at B short of the target: K(B) at least its steps, B_noise at most so
+    log(f"Plan: the run at batch {short[1]} stopped ({alone['large']['stopped']}) at step "
+        f"{short[2]:.0f} short of the target: K there at least that, B_noise at most "
+        f"{short[0]:.1f} (the gradient noise scale read {noise[0]:.1f}).")
+    noise = tuple(min(x, short[0]) for x in noise)
   # The other families' steps: Downpour's simulated with the serial run; BN per device and
   # Local SGD each a run of its candidate on the run's devices (`method_runs`).
   methods = {'async': alone['async']} if alone.get('async') else {}
@@ -200,7 +207,7 @@ def make(cfg, log=logging.info) -> dict:
   methods_deadline = started + 0.75 * p.budget_s if p.budget_s else math.inf
   methods.update(method_runs(one, source, target, {**serial, 'K': serial['K'] and k_b}, found,
                              lambda: agree(time.perf_counter() > methods_deadline), log,
-                             variables))
+                             variables, agree))
   local = next((c for c in found if c.family == 'local_sgd'), None)
   if local:
     methods = rank.reference(methods, local, k_b, b, noise[0])
@@ -336,22 +343,21 @@ def make(cfg, log=logging.info) -> dict:
   def past_deadline():  # process 0's clock decides, as it decides what is timed
     return agree(time.perf_counter() > deadline)
 
-  rerank = lambda: rank.rank(rows, k_b, b, noise, saves, spread, methods)
+  rerank = lambda: rank.rank(rows, k_b, b, noise, saves, spread, methods,
+                             fitted=fitted is not None, beyond=short and short[1:])
   ranked = time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
                                started)
   choice = _leader(ranked)
   if not choice.get('t_measured'):  # the budget stopped measuring: the fastest measured
     choice = _fastest_measured(ranked) or choice
-  ranked = costed_ahead_of(choice, ranked, cost, rerank)
-  # The tie rule: a row on fewer devices whose range reaches the fastest one's is chosen
+  # The tie rule: a row that spends less whose range reaches the fastest one's is chosen
   # (`rank.choose`), its step timed first where it was not and can be here.
   leader = choice
-  choice, why = rank.choose(ranked, leader)
+  ranked, choice, why = tie_rule(leader, ranked, cost, rerank)
   if why and not choice.get('t_measured') and choice['candidate'] in calls_of \
       and not past_deadline():
     _measure([choice], calls_of, p, past_deadline, agree, log, started)
-    ranked = rerank()
-    choice, why = rank.choose(ranked, leader)
+    ranked, choice, why = tie_rule(leader, rerank(), cost, rerank)
   if why:
     log(f'Plan: {why}.')
   calls_of.clear()
@@ -378,7 +384,7 @@ def make(cfg, log=logging.info) -> dict:
                  'K_spread': list(spread), 'K_backtest': check_k,
                  'large': alone.get('large'),
                  'B_noise_how': 'fitted' if fitted is not None else
-                 'measured' if serial['noise'] else 'none'},
+                 'bounded' if short else 'measured' if serial['noise'] else 'none'},
       'methods': methods,
       't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()],
       'overhead_s': overhead,
@@ -580,10 +586,27 @@ def large_run(one, source, target, serial: dict, batch: int, deadline: float, lo
 def batch_fit(k_b: float, b: int, large: dict | None) -> float | None:
   """B_noise of the batch model through (b, K_b) and the large-batch run's (B, K)
   (`steps_model.BATCH`, constrained: ∞ where K fell as fast as 1/B or faster, perfect
-  scaling; 0 where it did not fall); None without a large run that reached the target."""
+  scaling; 0 where it did not fall); None without a large run that reached the target
+  (`batch_bound` reads one that stopped short)."""
   if not large or large['stopped'] != 'reached':
     return None
-  k_min, slope = steps_model.BATCH.fit([b, large['batch']], [k_b, large['K']])
+  return _through(k_b, b, large['batch'], large['K'])
+
+
+def batch_bound(k_b: float, b: int, large: dict | None) -> tuple | None:
+  """A large-batch run that stopped short of the target took at least its last evaluated
+  step S at B: K(B) ≥ S. K(B) falls as B_noise grows (B > b), so B_noise is at most the fit
+  through (B, S) — the noise scale's readings are capped there — and where S ≥ K_b the
+  model (which never takes more steps at a larger batch) cannot reach S at all: the rows at
+  B and beyond are lower bounds. (B_noise's bound, B, S); None without such a run."""
+  if not large or large['stopped'] == 'reached' or not large.get('curve'):
+    return None
+  steps = float(large['curve'][-1][0])
+  return _through(k_b, b, large['batch'], steps), large['batch'], steps
+
+
+def _through(k_b: float, b: int, batch: int, k: float) -> float:
+  k_min, slope = steps_model.BATCH.fit([b, batch], [k_b, k])
   if k_min <= 0:
     return math.inf
   return slope / k_min
@@ -609,12 +632,13 @@ def async_run(one, source, target, serial: dict, devices: int, deadline: float, 
 
 
 def method_runs(one, source, target, serial: dict, found: list, deadline, log,
-                variables) -> dict:
+                variables, agree=None) -> dict:
   """The families of `plan.methods` trained on the run's devices (every process's), each
   from the serial run's initial weights and seed to the target: BN per device as the
   sync-join candidate at N·b ({'K', 'batch'}), Local SGD at the largest of `plan.periods`
   ({'K', 'period', 'batch'}); with 'stopped' and 'curve'. Those the candidates do not
-  have, and all where the serial run did not reach the target, are left out."""
+  have, and all where the serial run did not reach the target, are left out. `agree`:
+  process 0's value in every process (`_Agree`), for the runs' metric subsets."""
   p, out = one.plan, {}
   if serial['K'] is None:
     return out
@@ -631,7 +655,7 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
     run = probe.serial_run(cfg_c, source, target, eval_every=serial['metric']['every'],
                            max_steps=cap, deadline=deadline, noise_batches=0, log=log,
                            variables=variables, eval_share=p.eval_share, time_saves=False,
-                           name=family)
+                           name=family, agree=agree)
     out[family] = _method_result(run, cap, batch=c.batch,
                                  **({'period': c.period} if c.period else {}))
   return out
@@ -705,6 +729,18 @@ def costed_ahead_of(choice: dict, ranked: list, cost, rerank) -> list:
   for row in uncosted:
     cost(row)
   return rerank() if uncosted else ranked
+
+
+def tie_rule(leader: dict, ranked: list, cost, rerank) -> tuple:
+  """`rank.choose` with every row ranked ahead of its choice ranked by a prediction
+  (`costed_ahead_of`, again after each choice that costing moved: costing only moves rows
+  back, so it ends). Returns (ranking, choice, reason)."""
+  while True:
+    choice, why = rank.choose(ranked, leader)
+    costed = costed_ahead_of(choice, ranked, cost, rerank)
+    if costed is ranked:
+      return ranked, choice, why
+    ranked = costed
 
 
 def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,

@@ -131,7 +131,8 @@ def initial_variables(cfg, meta) -> dict:
 
 def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
                deadline: float, noise_batches: int, log=print, variables=None,
-               eval_share: float = 0.0, time_saves: bool = True, name: str = 'serial') -> dict:
+               eval_share: float = 0.0, time_saves: bool = True, name: str = 'serial',
+               agree=None) -> dict:
   """Trains `cfg` (a one-device config, `one_device_overrides`; or a candidate's on its
   mesh's devices, every process's) from its initial weights (`variables`, made already, or
   made here: `initial_variables`) until the target, `max_steps`, `deadline`
@@ -147,7 +148,9 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   With `eval_share`, the metric costs at most that share of the training between
   evaluations: timed on the whole split at the first evaluation after step 0, then taken on
   the split's first examples (whole evaluation batches, at least one; the same examples every
-  time) — and where one batch costs more, evaluations spaced further apart."""
+  time) — and where one batch costs more, evaluations spaced further apart. `agree`: on
+  the devices of several processes, process 0's value of a measurement in every process
+  (`planner._Agree`), so that every process evaluates the same examples at the same steps."""
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
@@ -165,7 +168,7 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   loop = build.loop(cfg, model, tx, mesh, method, source, state, max_steps, rng_dropout)
   run = _to_target(cfg, source, target, model, mesh, loop, state, method.variables,
                    eval_every=eval_every, max_steps=max_steps, deadline=deadline, noise=noise,
-                   log=log, eval_share=eval_share, name=name)
+                   log=log, eval_share=eval_share, name=name, agree=agree)
   # After the run: its steps go on, not on its curve.
   run['save_seconds'] = save_seconds(run.pop('state'), loop) if time_saves else None
   loop.close()
@@ -234,9 +237,11 @@ def delayed_inputs(cfg, model, source, steps: int, rng) -> tuple:
 
 
 def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
-               eval_every, max_steps, deadline, noise, log, eval_share, name) -> dict:
+               eval_every, max_steps, deadline, noise, log, eval_share, name,
+               agree=None) -> dict:
   """`loop(state)` → (state, metrics) called until the target (`serial_run`'s dict, with
-  the last 'state' and without 'save_seconds')."""
+  the last 'state' and without 'save_seconds'); the metric's subset and spacing from
+  `agree`'s (process 0's) timings where given."""
   from jaxpar.evaluation import evaluate
   from jaxpar.step import make_eval_step
 
@@ -272,8 +277,11 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
       log(f'  {name} step {step}: {target.kind} metric {curve[-1][1]:.4f}'
           + (f", B_noise {_reading(track[-1]['b_noise'])}" if track else '')
           + (' (initial plateau)' if verdict == 'plateau' else ''))
-      if len(seconds) == 1 and cost.settle(seconds[0]):
-        log(f'  {name} run: {cost.describe()}.')
+      if len(seconds) == 1:  # the subset, every process's alike
+        if agree:
+          cost.eval_seconds[-1], seconds[0] = agree((cost.eval_seconds[-1], seconds[0]))
+        if cost.settle(seconds[0]):
+          log(f'  {name} run: {cost.describe()}.')
       if curve[-1][1] <= target.threshold:
         stopped = 'reached'
         break

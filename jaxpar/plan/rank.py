@@ -146,7 +146,8 @@ def time_to_target(k: list, t_step: list, saves: dict | None) -> list:
 
 
 def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None,
-         spread: tuple = (1.0, 1.0), methods: dict | None = None) -> list:
+         spread: tuple = (1.0, 1.0), methods: dict | None = None,
+         fitted: bool = False, beyond: tuple | None = None) -> list:
   """Adds to each row ({'candidate': Candidate, 't_predicted', 't_measured'?: [seconds]})
   its 'label', steps 'K' [mid, low, high] (`steps`; the range: B_noise's, widened by the
   seeds' `spread` of K_b, (low, high) as factors of it), its 'basis' (the family whose
@@ -154,7 +155,11 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
   low, high] (measured if it was, else predicted), 'saves' (checkpoints before the K-th
   step, `saves`: {'every', 'seconds'}), 'T' [mid, low, high] and 'notes'; returns the rows
   by T, fastest first. `methods`: the families' runs (`planner.method_runs`), Local SGD's
-  with its reference K_1 (`reference`)."""
+  with its reference K_1 (`reference`); `fitted`: `noise` is the batch model's fit through
+  two measured runs (`planner.batch_fit`), not the gradient noise scale's reading;
+  `beyond`: (B, S), a run at batch B that stopped short of the target at step S
+  (`planner.batch_bound`): rows of the serial maths at B or more take at least S steps, a
+  lower bound, never chosen."""
   b_noise, low, high = noise
   methods = methods or {}
   for row in rows:
@@ -162,6 +167,10 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     row['label'] = c.label
     ks = [steps(c, k_b, b, x, methods) for x in (b_noise, low, high)]
     row['K'] = [ks[0], min(ks) * spread[0], max(ks) * spread[1]]
+    short = beyond is not None and c.batch >= beyond[0] and c.family == 'sync'
+
+    if short:
+      row['K'] = [max(k, beyond[1]) for k in row['K']]
     measured = row.get('t_measured')
     if measured:
       t = [float(np.median(measured)), float(min(measured)), float(max(measured))]
@@ -189,6 +198,10 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
                      f"{run['stopped']}); ranked, never chosen")
       elif row['basis'] is not None:
         row['basis'] = family
+    if short:
+      row['basis'] = None
+      notes.append(f'K at least the {beyond[1]:.0f} steps a run at batch {beyond[0]} took '
+                   'short of the target; ranked, never chosen')
     if c.family == 'async':
       if row['basis'] is not None:
         notes.append(f"K: updates at staleness {methods['async']['staleness']}, simulated")
@@ -201,7 +214,8 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
       notes.append(f"K(τ) = K_1·(1 + c·(τ − 1)), K_1 {run['K_1']:.0f}, τ = {run['period']}: "
                    f"{run['K']:.0f} steps measured")
     if not math.isfinite(b_noise) and c.batch != b and c.family != 'async':
-      notes.append('B_noise not measurable: K at perfect scaling (optimistic)')
+      notes.append('B_noise ∞ through the two measured runs: K at perfect scaling' if fitted
+                   else 'B_noise not measurable: K at perfect scaling (optimistic)')
     if row.get('pruned'):
       notes.append('collectives not costed: T is at least this bound, beyond the close ones')
     elif not measured and not (c.family == 'async' and c.backend == 'ray'):
@@ -210,11 +224,15 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
   return sorted(rows, key=lambda r: r['T'][0])
 
 
+def spend(c) -> tuple:
+  """What candidate `c` spends, to compare: its devices, then whether BatchNorm's statistics
+  are sent across them (over all devices, where there are several)."""
+  return c.devices, c.devices > 1 and c.bn == 'all'
+
+
 def cheaper(c, than) -> bool:
-  """Whether candidate `c` spends less than `than`: fewer devices, or as many without
-  BatchNorm's statistics sent across them (per device, where `than` has them over all)."""
-  def spend(x):
-    return x.devices, x.devices > 1 and x.bn == 'all'
+  """Whether candidate `c` spends less than `than` (`spend`): fewer devices, or as many
+  without BatchNorm's statistics sent across them."""
   return spend(c) < spend(than)
 
 
@@ -223,24 +241,30 @@ def choose(ranked: list, leader: dict) -> tuple:
   row (`cheaper`: fewer devices, or no cross-device BatchNorm) that the plan may choose
   (`choosable`), costed, predicts a time to the target whose range reaches into the
   leader's (its low end at or below the leader's high end): the difference is inside the
-  plan's own uncertainty, and what the leader would spend buys nothing certain. Then the
-  cheapest of those (the fastest of equals), and the reason names both rows, the margin
-  and the ranges. Returns (row, reason; '' for the leader)."""
-  close = [r for r in ranked if choosable(r) and not r.get('pruned')
-           and cheaper(r['candidate'], leader['candidate']) and r['T'][1] <= leader['T'][2]]
+  plan's own uncertainty, and what the leader would spend buys nothing certain. Every
+  costed row the plan may choose ranked up to the slowest such row is then as good a
+  choice as a tied one; of those, one that spends least (`spend`), the fastest of equals —
+  so that no row ahead of the choice spends as little. The reason names the rows, the
+  margin and the ranges. Returns (row, reason; '' for the leader)."""
+  costed = [r for r in ranked if choosable(r) and not r.get('pruned')]
+  close = [r for r in costed if cheaper(r['candidate'], leader['candidate'])
+           and r['T'][1] <= leader['T'][2]]
   if not close:
     return leader, ''
-  row = min(close, key=lambda r: (r['candidate'].devices,
-                                  r['candidate'].devices > 1 and r['candidate'].bn == 'all',
-                                  r['T'][0]))
+  at = {id(r): i for i, r in enumerate(costed)}
+  last = max(close, key=lambda r: at[id(r)])  # the slowest row the tie reaches
+  row = min(costed[:at[id(last)] + 1], key=lambda r: (spend(r['candidate']), r['T'][0]))
   n, m = leader['candidate'].devices, row['candidate'].devices
   spent = (f"{m} device{'s' if m > 1 else ''} instead of {n}" if m < n
            else 'BatchNorm per device instead of over all devices')
   margin = row['T'][0] / leader['T'][0] - 1
+  overlap = ('the ranges overlap' if any(r is row for r in close) else
+             f"{last['label']}'s range ({last['T'][1]:.2f}–{last['T'][2]:.2f}) reaches into "
+             "the leader's and it is predicted slower still")
   return row, (f"{row['label']} chosen over {leader['label']}: {spent}, {margin:+.0%} "
                f"predicted time to the target ({row['T'][0]:.2f} s, range {row['T'][1]:.2f}–"
                f"{row['T'][2]:.2f}, against {leader['T'][0]:.2f} s, {leader['T'][1]:.2f}–"
-               f"{leader['T'][2]:.2f}): the ranges overlap, so "
+               f"{leader['T'][2]:.2f}): {overlap}, so "
                + ('the extra devices buy' if m < n else "BatchNorm's exchange buys")
                + ' no certain gain')
 
