@@ -593,7 +593,7 @@ def test_a_large_batch_run_short_of_the_target_bounds_b_noise_and_its_rows():
   """planner.batch_bound: a run at B = 64 that stopped at step 60 short of the target takes
   K(64) ≥ 60: through (16, 100) and (64, 60), B_noise ≤ 128/7 (3·(1 + B/16) = 5·(1 + B/64)).
   Stopped at 200
-  (≥ K_b; VGG16E at 32² sat at ln 10 for 1,000 steps at 64), B_noise ≤ 0 and no B_noise
+  (≥ K_b; VGG16E at 32² sat at ln 10 for 960 steps at 64), B_noise ≤ 0 and no B_noise
   reaches 200: the rows of the serial maths at 64 take at least 200 steps, never chosen."""
   short = {'batch': 64, 'K': 200.0, 'stopped': 'max_steps', 'curve': [(0, 2.3), (60, 2.2)]}
   noise, batch, steps = planner.batch_bound(100, 16, short)
