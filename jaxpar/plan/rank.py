@@ -10,9 +10,11 @@ reaches the target in K_b steps; with the gradient noise scale B_noise measured 
 so K(B) = K_b·(1 + B_noise/B)/(1 + B_noise/b). Where a second serial run at the largest
 batch reached the target, B_noise is the one that draws K(B) through both runs
 (`planner.batch_fit`); else it is read near the target (where the run spends its last
-steps), the spread of those readings giving K's range. A B_noise that cannot be read (|G|²
-not above its noise) is taken as ∞: K = K_b·b/B, perfect scaling, the optimistic bound —
-said in the row.
+steps), the spread of those readings giving K's range — capped, where the run at the
+largest batch stopped short at step S, by the fit through (B, S), the rows of the serial
+maths at B and beyond then taking at least S steps (`planner.batch_bound`). A B_noise
+that cannot be read (|G|² not above its noise) is taken as ∞: K = K_b·b/B, perfect
+scaling, the optimistic bound — said in the row.
 
 The other families' K (`steps`), each from a run the plan makes (`planner.method_runs`):
 
@@ -168,7 +170,6 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     ks = [steps(c, k_b, b, x, methods) for x in (b_noise, low, high)]
     row['K'] = [ks[0], min(ks) * spread[0], max(ks) * spread[1]]
     short = beyond is not None and c.batch >= beyond[0] and c.family == 'sync'
-
     if short:
       row['K'] = [max(k, beyond[1]) for k in row['K']]
     measured = row.get('t_measured')
