@@ -271,7 +271,7 @@ def _abstract_params(cfg, model, channels):
 def train_batches(cfg, source, global_batch: int, start: int):
   """This process's share of the training stream from global example `start`, as numpy."""
   return pipeline.train_batches(
-      source, batch=global_batch // jax.process_count(), start=start // jax.process_count(),
+      source, batch=global_batch // jax.process_count(), start=source.stream_start(start),
       seed=cfg.seed, image_size=cfg.image_size, augment=cfg.augment.kind,
       crop_padding=cfg.augment.crop_padding, flip=cfg.augment.flip,
       shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache)
@@ -280,9 +280,11 @@ def train_batches(cfg, source, global_batch: int, start: int):
 def worker_batches(cfg, worker: int, position: int):
   """Asynchronous worker `worker`'s shard (`worker` of N) of the training stream, from its
   batch `position` on, as numpy: what a Ray worker reads where it runs."""
-  source = sources.open_source(cfg.dataset, shard=(worker, config_lib.num_devices(cfg)))
+  workers = config_lib.num_devices(cfg)
+  source = sources.open_source(cfg.dataset, shard=(worker, workers))
   return pipeline.train_batches(
-      source, batch=cfg.per_device_batch, start=position * cfg.per_device_batch,
+      source, batch=cfg.per_device_batch,
+      start=source.stream_start(position * cfg.per_device_batch * workers),
       seed=cfg.seed, image_size=cfg.image_size, augment=cfg.augment.kind,
       crop_padding=cfg.augment.crop_padding, flip=cfg.augment.flip,
       shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache)

@@ -78,7 +78,12 @@ def defaults() -> ml_collections.ConfigDict:
   c.dataset.synthetic.size = 32
   c.dataset.synthetic.train_examples = 1024
   c.dataset.synthetic.test_examples = 256
-  c.dataset.cache = True             # cache decoded train examples in memory
+  c.dataset.cache = True             # keep the train split's records in memory (TFDS: encoded)
+  # global: every process reads the train split in one order and keeps its part of each
+  # global batch, so the examples at a step do not depend on the number of processes (a
+  # run resumes on another number exactly); per_process: each reads its own 1/P of the
+  # split (less reading on many hosts; the order then depends on P). data/sources.py.
+  c.dataset.order = 'global'
   # Evaluation batches (decoded, resized, float32) kept in host memory after an
   # evaluation's first pass and replayed by the next ones where a split's fit in this many
   # MiB per process (0: read every time): the digits' 1,437 training images at 16²: 1.5 MiB.

@@ -115,6 +115,9 @@ def validate(c) -> None:
             f"tfds.list_builders() such as 'cifar10', '{sources.IMAGE_FOLDER}' with "
             f"config.dataset.path, or '{sources.SYNTHETIC}' (random images)")
 
+  if c.dataset.order not in sources.ORDERS:
+    _fail('dataset.order', c.dataset.order, f'expected one of {sources.ORDERS}')
+
   if isinstance(c.image_size, int) and c.image_size < MIN_IMAGE_SIZE[c.model]:
     _fail('image_size', c.image_size, f'{c.model} needs at least {MIN_IMAGE_SIZE[c.model]}')
 

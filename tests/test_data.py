@@ -16,10 +16,10 @@ from jaxpar.config import ConfigError  # noqa: E402
 from jaxpar.data import pipeline, sources  # noqa: E402
 
 
-def _digits(data_dir):
+def _digits(data_dir, shard=None):
   c = ml_collections.ConfigDict(dict(name='sklearn_digits', data_dir=data_dir,
-                                     train_split='train', test_split='test'))
-  return sources.open_source(c)
+                                     train_split='train', test_split='test', order='global'))
+  return sources.open_source(c, shard=shard)
 
 
 TRAIN = dict(image_size=16, augment='pad_crop', crop_padding=2, flip=True, shuffle_buffer=10_000,
@@ -136,7 +136,8 @@ def test_image_folder(tmp_path):
       image = rng.integers(0, 255, (rng.integers(10, 30), rng.integers(10, 30), 3), np.uint8)
       tf.io.write_file(str(tmp_path / cls / f'{i}.png'), tf.io.encode_png(image))
   (tmp_path / 'notes.txt').write_text('not a class')
-  c = ml_collections.ConfigDict(dict(name='image_folder', path=str(tmp_path), test_percent=25))
+  c = ml_collections.ConfigDict(dict(name='image_folder', path=str(tmp_path), test_percent=25,
+                                     order='global'))
   source = sources.open_source(c)
   assert source.num_classes == 3 and source.channels == 3
   assert source.num_train + source.num_test == 60
@@ -167,7 +168,7 @@ def test_unprepared_dataset_is_a_config_error(tmp_path):
   """A dataset whose files are downloaded by hand says which (no reachability check)."""
   c = ml_collections.ConfigDict(dict(name='imagenet2012', data_dir=str(tmp_path),
                                      train_split='train', test_split='validation',
-                                     download=True))
+                                     download=True, order='global'))
   with pytest.raises(ConfigError) as e:
     sources.open_source(c)
   message = str(e.value)
@@ -215,7 +216,8 @@ def test_unreadable_files_are_skipped_named_once_and_counted(tmp_path, caplog, m
   good = (root / 'ant' / '0.jpg').read_bytes()
   (root / 'ant' / 'truncated.jpg').write_bytes(good[:len(good) // 2])
   (root / 'bee' / 'notes.jpg').write_text('not an image')
-  c = ml_collections.ConfigDict(dict(name='image_folder', path=str(root), test_percent=30))
+  c = ml_collections.ConfigDict(dict(name='image_folder', path=str(root), test_percent=30,
+                                     order='global'))
   with caplog.at_level('WARNING'):
     source = sources.open_source(c)
   assert sorted(source.unreadable) == ['ant/truncated.jpg', 'bee/notes.jpg']
@@ -276,12 +278,49 @@ def test_synthetic_images_are_fixed_by_split_and_index_and_shared_out_whole():
   assert again == [ex['image'] for ex in train]  # every epoch the same examples
   test = [ex['image'] for ex in whole.test().as_numpy_iterator()]
   assert not set(test) & set(again)  # the splits are drawn apart
-  # Two processes' shares: disjoint, together the whole split, each counted.
-  shares = [sources.open_source(c, shard=(k, 2)) for k in range(2)]
-  assert [s.num_train for s in shares] == [5, 5]
-  assert all(s.num_train_global == 10 for s in shares)
+  # Two processes' shares: the test split's disjoint and together whole; the train split
+  # read whole by each ('global' order), or shared out alike ('per_process').
+  for order, reads in (('global', [10, 10]), ('per_process', [5, 5])):
+    c.order = order
+    shares = [sources.open_source(c, shard=(k, 2)) for k in range(2)]
+    assert [s.num_train for s in shares] == reads and [s.num_test for s in shares] == [2, 1]
+    assert all(s.num_train_global == 10 for s in shares)
+    split = [ex['image'] for s in shares for ex in s.test().as_numpy_iterator()]
+    assert sorted(split) == sorted(test)
   split = [ex['image'] for s in shares for ex in s.train().as_numpy_iterator()]
   assert sorted(split) == sorted(again)
+
+
+@pytest.mark.parametrize('processes, start', [(2, 0), (3, 0), (2, 50)])
+def test_the_global_order_gives_every_process_count_the_same_examples_at_a_step(
+    data_dir, processes, start):
+  """In 'global' order the processes' batches at each step, side by side, are one process's
+  global batch — images, augmentation and labels — from a start on a global batch's edge or
+  not, and across an epoch's end (1,437 examples)."""
+  batch, steps = 4 * processes, 1437 // (4 * processes) + 2
+  one = list(itertools.islice(pipeline.train_batches(_digits(data_dir, (0, 1)), batch=batch,
+                                                     start=start, seed=5, **TRAIN), steps))
+  parts = []
+  for k in range(processes):
+    source = _digits(data_dir, (k, processes))
+    assert source.train_part == (k, processes) and source.stream_start(start) == start
+    parts.append(list(itertools.islice(pipeline.train_batches(
+        source, batch=4, start=start, seed=5, **TRAIN), steps)))
+  for step, whole in enumerate(one):
+    for key in ('image', 'label'):
+      np.testing.assert_array_equal(np.concatenate([p[step][key] for p in parts]), whole[key])
+
+
+def test_the_per_process_order_reads_a_share_each_from_its_part_of_the_count():
+  c = _synthetic(classes=5, channels=1, size=12, train_examples=40, test_examples=3)
+  c.order = 'per_process'
+  shares = [sources.open_source(c, shard=(k, 2)) for k in range(2)]
+  assert all(s.train_part == (0, 1) and s.stream_start(24) == 12 for s in shares)
+  streams = [pipeline.train_batches(s, batch=4, start=s.stream_start(0), seed=0, **TRAIN)
+             for s in shares]
+  seen = [np.concatenate([next(st)['image'] for _ in range(5)]) for st in streams]
+  # Each process's epoch is its own 20 examples: none of one process's in the other's.
+  assert not {x.tobytes() for x in seen[0]} & {x.tobytes() for x in seen[1]}
 
 
 def test_synthetic_images_train_through_the_pipeline():

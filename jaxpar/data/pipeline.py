@@ -102,9 +102,12 @@ def eval_image(data, size, kind, channels):
 def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
                   augment: str, crop_padding: int, flip: bool, shuffle_buffer: int,
                   cache: bool):
-  """Yields numpy batches of this process's share, beginning at example `start`."""
+  """Yields numpy batches of `batch` examples, this process's part of the stream of the
+  records it reads (`source.train_part`: its `batch` of each `batch × count` from `start`),
+  beginning at position `start` of that stream (`source.stream_start` of the run's example
+  count)."""
   tf = tf_import.tensorflow()
-  base = source.train()
+  base = source.train_records()
   if cache:
     base = base.cache()
   buffer = min(shuffle_buffer, source.num_train)
@@ -112,8 +115,13 @@ def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
   ds = tf.data.Dataset.range(epoch, np.iinfo(np.int64).max).flat_map(
       lambda e: base.shuffle(buffer, seed=seed + e, reshuffle_each_iteration=False))
   ds = ds.skip(offset).enumerate(start)
+  index, count = source.train_part
+  if count > 1:  # this process's rows of each global batch, before anything is loaded
+    ds = ds.filter(lambda position, _: (position - start) % (batch * count) // batch == index)
+  load = source.load or (lambda record: record)
 
-  def prepare(position, ex):
+  def prepare(position, record):
+    ex = load(record)
     image = _augment(ex['image'], tf.stack([tf.constant(seed, tf.int64), position]),
                      image_size, augment, crop_padding, flip, source.channels)
     return {'image': image, 'label': ex['label']}

@@ -1,10 +1,24 @@
 """Where examples come from: a TFDS dataset by name, an image folder by path, or random
 images (`synthetic`, for benchmarks: PyTorch's `--dummy`/`FakeData`).
 
-A source yields this process's (or an asynchronous worker's) share of a split, in a fixed order, as
-{'image': the encoded image (JPEG, PNG, …) as a string, 'label': int64};
-`pipeline.py` decodes (for JPEG, only the crop window), shuffles, augments and
-batches. TensorFlow and TFDS are imported where a split is read or prepared, not with the
+A source yields a split in a fixed order as records, which `load` turns into examples
+{'image': the encoded image (JPEG, PNG, …) as a string, 'label': int64}: a TFDS record is
+its example; an image folder's is (path, label), read by `load`; a synthetic one is its
+index, drawn by `load`. `pipeline.py` shuffles the records, keeps those of this process,
+loads, decodes (for JPEG, only the crop window), augments and batches them.
+
+Which records a process reads (`dataset.order`):
+- 'global' (default): every process reads the whole train split, in the one order the
+  run's seed gives, and keeps its part of each global batch (`Source.train_part`): the
+  examples at a step, and each one's augmentation, are those of one process on the same
+  global batch, whatever the number of processes — a run resumed on another number of
+  processes continues as it would have. Each process reads every record (not decodes
+  it): a TFDS dataset's bytes P times over, an image folder's paths.
+- 'per_process': each process reads its own 1/P of the split (`tfds.even_splits`, as
+  `split_for_jax_process`; every P-th file of a folder), shuffled on its own: reading
+  stays 1/P a process (many hosts on a large dataset); the examples at a step depend on
+  the number of processes.
+The test split is always shared out (an evaluation sees every example once). TensorFlow and TFDS are imported where a split is read or prepared, not with the
 module: opening a source (its classes and channels) needs neither for an image folder
 or synthetic images, so the benchmarks run where TensorFlow is not installed.
 """
@@ -38,28 +52,51 @@ IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
 class Source:
   num_classes: int
   channels: int             # of the decoded images
-  num_train: int            # examples of the train split in this process's share
+  num_train: int            # records of the train split this process reads
   num_test: int             # examples of the test split in this process's share
   num_train_global: int     # ... and of each split in all processes' shares together
   num_test_global: int
-  train: Callable[[], 'tf.data.Dataset']
-  test: Callable[[], 'tf.data.Dataset']
+  train_records: Callable[[], 'tf.data.Dataset']
+  test: Callable[[], 'tf.data.Dataset']   # examples
   unreadable: tuple = ()    # files left out because they could not be decoded
+  load: Callable = None     # a train record -> its example (None: the record is one)
+  # (index, count): the part of each global batch this process keeps of the records it
+  # reads ('global' order: its share; 'per_process': (0, 1), all of its own records) ...
+  train_part: tuple = (0, 1)
+  # ... and the share of the train split those records are ('global': (0, 1), the whole).
+  train_shard: tuple = (0, 1)
   # Evaluation batches kept in memory after a first pass (`evaluation.evaluate`,
   # `dataset.eval_cache_mb`): {(split, batch, batches, image_size, augment): [batch, ...],
   # or None where they do not fit (read at every evaluation; said once)}.
   kept: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
+  def train(self):
+    """The train records this process reads, as examples."""
+    records = self.train_records()
+    return records.map(self.load) if self.load else records
+
+  def stream_start(self, start: int) -> int:
+    """The position in this process's stream of records of the run's example `start`."""
+    return start // self.train_shard[1]
+
+
+ORDERS = ('global', 'per_process')
+
 
 def open_source(dataset_config, shard=None) -> Source:
   """The dataset's share (index, count) `shard`; by default this process's share of the
-  processes of the run (`jax.process_index()` of `jax.process_count()`)."""
+  processes of the run (`jax.process_index()` of `jax.process_count()`). The train split
+  is read whole, this share kept of each global batch, in `dataset.order='global'`."""
   shard = shard or (jax.process_index(), jax.process_count())
+  whole = dataset_config.order == 'global'
+  train_shard, part = ((0, 1), shard) if whole else (shard, (0, 1))
   if dataset_config.name == IMAGE_FOLDER:
-    return _image_folder(dataset_config.path, dataset_config.test_percent, shard)
-  if dataset_config.name == SYNTHETIC:
-    return _synthetic(dataset_config.synthetic, shard)
-  return _tfds(dataset_config, shard)
+    source = _image_folder(dataset_config.path, dataset_config.test_percent, shard, train_shard)
+  elif dataset_config.name == SYNTHETIC:
+    source = _synthetic(dataset_config.synthetic, shard, train_shard)
+  else:
+    source = _tfds(dataset_config, shard, train_shard)
+  return dataclasses.replace(source, train_part=part, train_shard=train_shard)
 
 
 def classes_and_channels(dataset_config):
@@ -189,7 +226,7 @@ def _prepare(cfg):
   return builder
 
 
-def _tfds(cfg, shard) -> Source:
+def _tfds(cfg, shard, train_shard) -> Source:
   tfds = tfds_registered()
   # Process 0 first (a no-op without a joined run), then the others, each host's one at a
   # time: two processes building into one data_dir at once failed (FileExistsError, or an
@@ -202,7 +239,7 @@ def _tfds(cfg, shard) -> Source:
     raise ConfigError(f'config.dataset.name={cfg.name!r} is invalid: its {image_key!r} feature '
                       f'is not an encoded image (tfds.features.Image); use an image dataset')
 
-  def split(name):
+  def split(name, shard):
     own = tfds.even_splits(name, n=shard[1], drop_remainder=False)[shard[0]]  # as split_for_jax_process
 
     def dataset():
@@ -211,8 +248,8 @@ def _tfds(cfg, shard) -> Source:
       return ds.map(lambda ex: {'image': ex[image_key], 'label': ex[label_key]})
     return dataset, builder.info.splits[own].num_examples
 
-  train, num_train = split(cfg.train_split)
-  test, num_test = split(cfg.test_split)
+  train, num_train = split(cfg.train_split, train_shard)
+  test, num_test = split(cfg.test_split, shard)
   splits = builder.info.splits
   return Source(builder.info.features[label_key].num_classes,
                 builder.info.features[image_key].shape[-1], num_train, num_test,
@@ -220,7 +257,7 @@ def _tfds(cfg, shard) -> Source:
                 train, test)
 
 
-def _image_folder(root: str, test_percent: int, shard) -> Source:
+def _image_folder(root: str, test_percent: int, shard, train_shard) -> Source:
   """Caltech-256 layout: `root/<class>/<image>`, classes in sorted order.
 
   The test split is the files whose path hashes (crc32) below `test_percent`
@@ -259,47 +296,53 @@ def _image_folder(root: str, test_percent: int, shard) -> Source:
           f'{test_percent} sends the {len(listed) - len(unreadable)} readable of {len(listed)} '
           f'image files elsewhere; {len(unreadable)} skipped as undecodable): add images or '
           f'{fix}')
-  index, count = shard
-  shard = {k: v[index::count] for k, v in files.items()}
+  train = files['train'][train_shard[0]::train_shard[1]]
+  test = files['test'][shard[0]::shard[1]]
 
-  def reader(items):
+  def records(items):
     def dataset():
       tf = tf_import.tensorflow()
       paths, labels = zip(*items) if items else ((), ())
-      ds = tf.data.Dataset.from_tensor_slices((list(paths), tf.constant(labels, tf.int64)))
-      return ds.map(lambda p, y: {'image': tf.io.read_file(p), 'label': y},
-                    num_parallel_calls=tf.data.AUTOTUNE)
+      return tf.data.Dataset.from_tensor_slices({'path': list(paths),
+                                                 'label': tf.constant(labels, tf.int64)})
     return dataset
 
-  return Source(len(classes), 3, len(shard['train']), len(shard['test']), len(files['train']),
-                len(files['test']), reader(shard['train']), reader(shard['test']),
-                tuple(unreadable))
+  def load(record):
+    tf = tf_import.tensorflow()
+    return {'image': tf.io.read_file(record['path']), 'label': record['label']}
+
+  def test_examples():
+    tf = tf_import.tensorflow()
+    return records(test)().map(load, num_parallel_calls=tf.data.AUTOTUNE)
+
+  return Source(len(classes), 3, len(train), len(test), len(files['train']), len(files['test']),
+                records(train), test_examples, tuple(unreadable), load)
 
 
-def _synthetic(cfg, shard) -> Source:
+def _synthetic(cfg, shard, train_shard) -> Source:
   """`cfg.train_examples` and `cfg.test_examples` random `cfg.size`² images (uniform pixels,
   PNG-encoded as a stored dataset's are) with uniform labels among `cfg.classes`, each drawn
-  from its split and index alone: every process's share, and every epoch, sees the same
-  examples. For timing the input pipeline and the step without a dataset."""
-  index, count = shard
-
-  def split(seed: int, total: int):
-    def dataset():
+  from its split and index alone (the record): every process's share, and every epoch, sees
+  the same examples. For timing the input pipeline and the step without a dataset."""
+  def draw(seed):
+    def example(i):
       tf = tf_import.tensorflow()
+      key = tf.stack([tf.constant(seed, tf.int64), i])
+      pixels = tf.random.stateless_uniform((cfg.size, cfg.size, cfg.channels), key,
+                                           maxval=256, dtype=tf.int32)
+      label = tf.random.stateless_uniform((), key[::-1], maxval=cfg.classes, dtype=tf.int64)
+      return {'image': tf.io.encode_png(tf.cast(pixels, tf.uint8)), 'label': label}
+    return example
 
-      def example(i):
-        key = tf.stack([tf.constant(seed, tf.int64), i])
-        pixels = tf.random.stateless_uniform((cfg.size, cfg.size, cfg.channels), key,
-                                             maxval=256, dtype=tf.int32)
-        label = tf.random.stateless_uniform((), key[::-1], maxval=cfg.classes, dtype=tf.int64)
-        return {'image': tf.io.encode_png(tf.cast(pixels, tf.uint8)), 'label': label}
-      return tf.data.Dataset.range(index, total, count).map(example)
-    return dataset, len(range(index, total, count))
+  def indices(total, shard):
+    def dataset():
+      return tf_import.tensorflow().data.Dataset.range(shard[0], total, shard[1])
+    return dataset, len(range(shard[0], total, shard[1]))
 
-  train, num_train = split(0, cfg.train_examples)
-  test, num_test = split(1, cfg.test_examples)
+  train, num_train = indices(cfg.train_examples, train_shard)
+  test, num_test = indices(cfg.test_examples, shard)
   return Source(cfg.classes, cfg.channels, num_train, num_test, cfg.train_examples,
-                cfg.test_examples, train, test)
+                cfg.test_examples, train, lambda: test().map(draw(1)), load=draw(0))
 
 
 def _unreadable_files(root: str, relpaths: list) -> list:
