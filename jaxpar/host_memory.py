@@ -10,7 +10,7 @@ the temporaries again, one minor page fault a page: 8,342 faults a step for that
 SqueezeNet step (+10 ms of 43), 19,500 for ResNet34's (+25 ms of 92), measured on this
 project's 2-core machines (docs/performance.md). Whether a method pays depended on
 whether its temporaries crossed 32 MiB: gossip's and Local SGD's sync-join steps did,
-all-reduce's (32.03 MB) did not — the "sync-join residual" of #19.
+all-reduce's (32.03 MB) did not — the "sync-join residual".
 
 `keep_freed_memory('keep')` tells glibc (mallopt) to serve every thread from the main heap
 (M_ARENA_MAX = 1: it grows without a size limit), to map directly only above 2 GiB

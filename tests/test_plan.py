@@ -749,6 +749,18 @@ def test_predicting_costs_only_the_candidates_a_bound_cannot_rule_out():
   cost(pruned[0])  # measuring moved the field: costed after all, an ordinary row
   rank.rank(rows, 100, 16, (100, 100, 100))
   assert pruned[0]['notes'] == ['step time predicted, not measured']
+  # The budget spent after the first: the others keep their bounds, said so; the one beyond
+  # the close ones keeps its own reason.
+  costed.clear()
+  rows = rank.predict(found, lambda c: 100, lambda c: bound[c.devices], cost, 2.0,
+                      spent=lambda: bool(costed))
+  assert costed == [1]
+  assert [(r['candidate'].devices, r.get('pruned')) for r in rows] == [
+      (1, None), (2, 'budget'), (4, 'budget'), (8, 'bound')]
+  assert rows[1]['t_predicted'] == 0.012 and rows[1]['collectives'] is None
+  rank.rank(rows, 100, 16, (100, 100, 100))
+  assert 'the budget was spent' in ' '.join(rows[1]['notes'])
+  assert 'beyond the close ones' in ' '.join(rows[3]['notes'])
 
 
 def test_measuring_times_what_moves_ahead_beside_the_fastest_measured_that_runs_here():
@@ -966,6 +978,8 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   assert serial['K_spread'] == pytest.approx([min(ks) / np.mean(ks), max(ks) / np.mean(ks)])
   assert serial['metric']['of'] == 1437 and 0 < serial['metric']['standard_error'] < 1
   assert plan['planning_per_training'] == pytest.approx(plan['planning_s'] / plan['choice']['T'][0])
+  assert list(plan['phases_s']) == ['serial', 'methods', 't_grad', 'calls', 'predict', 'measure']
+  assert sum(plan['phases_s'].values()) == pytest.approx(plan['planning_s'], abs=1e-3)
   # What a second plan here would reuse: every t_grad and the calls' costs, as measured.
   from jaxpar import user_cache
   from jaxpar.plan import cache, probe

@@ -8,7 +8,7 @@ Ray actors (`config.async_sgd.backend='ray'`), each its own process:
   worker w   (one per device: N = prod(mesh.shape), a GPU each with `gpus_per_worker`;
              `cpus_per_worker` CPUs, by default the cluster's / N: Ray sets its
              OMP_NUM_THREADS to them, the team of oneDNN's convolutions in it)
-             reads *its own shard* w of N of the training data where it runs, and for
+             reads its part w of N of the training data where it runs, and for
              every batch pulls the weights, computes the gradient with the step's loss
              (`step.gradients`) and pushes it, part by part;
   server p   holds a part of the weights and that part's optimizer state, and applies

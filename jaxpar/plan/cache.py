@@ -15,7 +15,7 @@ on.
         (loopback, a rate-limited link, two hosts), so it is measured every time.
 
 A cached value is an earlier measurement on the same machine: the timing noise from one
-sitting to the next enters the plan with it (the plan says which values it reused). Entries
+run to the next enters the plan with it (the plan says which values it reused). Entries
 can be deleted; `config.plan.cache=False` neither reads nor writes them.
 """
 import datetime

@@ -22,7 +22,8 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   (`calibrate.time_calls`, 4 KB and the network's weights).
   4. predict      each candidate's step from its lowered program (`rank`), K(B) from the
                   batch model, T = K·t_step + the checkpoint saves before step K (each
-                  timed after the serial run: `probe.save_seconds`).
+                  timed after the serial run: `probe.save_seconds`); past a budget the
+                  rows not costed yet keep their bounds (`rank.predict`).
   5. measure      the candidates within `close` of the best predicted T (at most
                   `measure_top`) trained for `measure_windows` windows of `measure_steps`
                   steps on the real input, as the run will (`probe.step_call`); re-ranked
@@ -37,6 +38,7 @@ candidates' steps) in a process of its own on process 0's cores (`one_device_in_
 rest on all devices together, each decision on process 0's numbers (`_Agree`); the run then
 reads the plan (`plan.file`).
 """
+import collections
 import copy
 import datetime
 import json
@@ -132,6 +134,11 @@ def make(cfg, log=logging.info) -> dict:
   serial_deadline = started + p.budget_s / 2 if p.budget_s else math.inf
   agree = _Agree()
   processes = jax.process_count()
+  phases, marked = {}, [started]
+
+  def mark(phase):  # the seconds since the last phase ended: where planning went
+    phases[phase] = time.perf_counter() - marked[0]
+    marked[0] = time.perf_counter()
   source = sources.open_source(cfg.dataset)
   meta = {'num_classes': source.num_classes, 'channels': source.channels}
   # The devices the run would use (its mesh), of those this process sees; across processes
@@ -200,6 +207,7 @@ def make(cfg, log=logging.info) -> dict:
         f"{short[2]:.0f} short of the target: K there at least that, B_noise at most "
         f"{short[0]:.1f} (the gradient noise scale read {noise[0]:.1f}).")
     noise = tuple(min(x, short[0]) for x in noise)
+  mark('serial')
   # The other families' steps: Downpour's simulated with the serial run; BN per device and
   # Local SGD each a run of its candidate on the run's devices (`method_runs`).
   methods = {'async': alone['async']} if alone.get('async') else {}
@@ -208,6 +216,7 @@ def make(cfg, log=logging.info) -> dict:
   methods.update(method_runs(one, source, target, {**serial, 'K': serial['K'] and k_b}, found,
                              lambda: agree(time.perf_counter() > methods_deadline), log,
                              variables, agree))
+  mark('methods')
   local = next((c for c in found if c.family == 'local_sgd'), None)
   if local:
     methods = rank.reference(methods, local, k_b, b, noise[0])
@@ -258,6 +267,8 @@ def make(cfg, log=logging.info) -> dict:
   def inputs_of(c) -> float:
     return (t_in[_rows(c, processes)] - t_in[b]) / cores if cores else 0.0
 
+  mark('t_grad')
+
   # --------------------------------------------------------------- 3. the collectives' costs
   costs, calls, param_bytes = None, None, 0
   if processes > 1 and cfg.distributed.collective_threads == 'idle':
@@ -283,6 +294,7 @@ def make(cfg, log=logging.info) -> dict:
     log(f'Plan [{time.perf_counter() - started:.0f} s]: per-call costs ' + ', '.join(
         f"{kind} {pts[-1][0]:,} B {pts[-1][1] * 1e3:.3f} ms" for kind, pts in costs.points.items()))
 
+  mark('calls')
   if keyed and jax.process_index() == 0:
     plan_cache.store(user_cache.folder('plan'), keyed, t_grad,
                      calls if processes == 1 else None)
@@ -330,14 +342,16 @@ def make(cfg, log=logging.info) -> dict:
     return rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, 0.0, inputs_of(c))
 
   rows = rank.predict(found, lambda c: rank.steps(c, k_b, b, noise[0], methods), bound, cost,
-                      p.close)
+                      p.close, lambda: agree(time.perf_counter() > deadline))
   for row in rows:
     if row['candidate'] in alone_rows:  # timed already: costed (no collectives), not bound
       cost(row)
       row['t_measured'] = alone_rows[row['candidate']]
+  by = collections.Counter(r.get('pruned') for r in rows)
   log(f'Plan [{time.perf_counter() - started:.0f} s]: {len(rows)} candidates predicted, '
-      f"{sum(1 for r in rows if r.get('pruned'))} of them by a bound without their "
-      f'collectives (beyond {p.close:g} × the best).')
+      f"{by['bound']} of them by a bound without their collectives (beyond {p.close:g} × the "
+      f'best)' + (f", {by['budget']} so as the budget was spent" if by['budget'] else '') + '.')
+  mark('predict')
 
   # --------------------------------------------------------------- 5. time the close ones
   def past_deadline():  # process 0's clock decides, as it decides what is timed
@@ -361,7 +375,10 @@ def make(cfg, log=logging.info) -> dict:
   if why:
     log(f'Plan: {why}.')
   calls_of.clear()
+  mark('measure')
   elapsed = time.perf_counter() - started
+  log('Plan: planning took ' + ', '.join(f'{k} {v:.0f} s' for k, v in phases.items())
+      + f' = {elapsed:.0f} s' + (f' (budget {p.budget_s:g} s).' if p.budget_s else '.'))
   # The one-device step at b is its own prediction's input: not judged.
   errors = [abs(math.log(r['t_predicted'] / np.median(r['t_measured']))) for r in ranked
             if r.get('t_measured') and (r['candidate'].devices, r['candidate'].batch) != (1, b)]
@@ -374,6 +391,7 @@ def make(cfg, log=logging.info) -> dict:
       'host_memory': host_memory.applied(),
       'setting': _setting(available),
       'target': target.to_dict(), 'budget_s': p.budget_s, 'planning_s': elapsed,
+      'phases_s': phases,  # the phases' seconds, in order (the module docstring's 1-5)
       # What planning cost, as a share of the training it plans.
       'planning_per_training': elapsed / choice['T'][0] if choice['T'][0] > 0 else None,
       'serial': {'batch': b, 'K': k_b, 'K_how': how, 'curve': serial['curve'],
@@ -817,8 +835,8 @@ def _row_json(row: dict) -> dict:
          'collectives': row['collectives']}
   if row.get('t_measured'):
     out['t_measured'] = list(row['t_measured'])
-  if row.get('pruned'):  # its collectives not costed: T is a lower bound
-    out['pruned'] = True
+  if row.get('pruned'):  # its collectives not costed: T is a lower bound ('bound', 'budget')
+    out['pruned'] = row['pruned']
   return out
 
 

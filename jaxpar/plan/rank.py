@@ -117,17 +117,21 @@ def predicted_step(t_grad: float, overhead: float, comm: float, inputs: float = 
   return t_grad + max(max(overhead, 0.0) + inputs, 0.0) + comm
 
 
-def predict(candidates, steps, step_bound, cost, close: float) -> list:
+def predict(candidates, steps, step_bound, cost, close: float, spent=lambda: False) -> list:
   """Rows ({'candidate', 't_predicted', 'collectives'}) for every candidate, costed in order
   of the bound T ≥ steps(c) · step_bound(c) (its step without collectives): `cost(row)` adds
   a row's collectives and predicted step time, unless the bound is already beyond `close` ×
   the best predicted T so far — such a row can be neither the choice nor among the timed
-  ones, and keeps the bound ('pruned', no collectives) until `cost` is called on it."""
+  ones, and keeps the bound ('pruned': 'bound', no collectives) until `cost` is called on it.
+  Once `spent()` (the plan's budget), the rows not costed yet keep their bounds alike
+  ('pruned': 'budget'); the first is always costed."""
   rows, best = [], math.inf
   for c in sorted(candidates, key=lambda c: steps(c) * step_bound(c)):
     row = {'candidate': c}
     if steps(c) * step_bound(c) > close * best:
-      row.update(pruned=True, collectives=None, t_predicted=step_bound(c))
+      row.update(pruned='bound', collectives=None, t_predicted=step_bound(c))
+    elif rows and spent():
+      row.update(pruned='budget', collectives=None, t_predicted=step_bound(c))
     else:
       cost(row)
       best = min(best, steps(c) * row['t_predicted'])
@@ -217,7 +221,9 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     if not math.isfinite(b_noise) and c.batch != b and c.family != 'async':
       notes.append('B_noise ∞ through the two measured runs: K at perfect scaling' if fitted
                    else 'B_noise not measurable: K at perfect scaling (optimistic)')
-    if row.get('pruned'):
+    if row.get('pruned') == 'budget':
+      notes.append('collectives not costed: the budget was spent; T is at least this bound')
+    elif row.get('pruned'):
       notes.append('collectives not costed: T is at least this bound, beyond the close ones')
     elif not measured and not (c.family == 'async' and c.backend == 'ray'):
       notes.append('step time predicted, not measured')
