@@ -415,9 +415,10 @@ def test_end_to_end_prediction_time_and_summary_by_hand():
 @pytest.mark.slow
 def test_end_to_end_trains_on_two_processes_from_the_emulated_runs_start(tmp_path, data_dir):
   """A case's run across 2 real processes starts where `tta.run_case` on 2 emulated devices
-  starts (the same initial weights: the same loss before step 1), on a clock that grows.
-  Their examples differ after that: each process reads its own shard of the training set,
-  as on a cluster (the sync maths across processes: test_multiprocess)."""
+  starts (the same initial weights: the same loss before step 1, on the training split's
+  examples shared out among the processes), on a clock that grows. (After that the examples
+  are the same too, dataset.order='global', but at SqueezeNet-BN's rate the losses part by
+  the sums' rounding: test_multiprocess.)"""
   from analysis.accuracy import end_to_end
   from jaxpar.data import sources
   config = os.path.join(ROOT, 'configs', 'squeezenet.py')

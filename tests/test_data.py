@@ -311,6 +311,18 @@ def test_the_global_order_gives_every_process_count_the_same_examples_at_a_step(
       np.testing.assert_array_equal(np.concatenate([p[step][key] for p in parts]), whole[key])
 
 
+def test_an_evaluation_s_shares_of_the_train_split_are_disjoint_and_their_firsts_the_split_s(
+    data_dir):
+  """Evaluating the train split (`analysis.accuracy`'s target) on P processes: each its share,
+  the shares together the split once, the first n of each the split's first n·P."""
+  whole = [int(e['label']) for e in _digits(data_dir, (0, 1)).share('train')]
+  shares = [[int(e['label']) for e in _digits(data_dir, (k, 3)).share('train')]
+            for k in range(3)]
+  assert sorted(sum(shares, [])) == sorted(whole) and len(whole) == 1437
+  firsts = [x for row in zip(*(s[:10] for s in shares)) for x in row]
+  assert firsts == whole[:30]
+
+
 def test_the_per_process_order_reads_a_share_each_from_its_part_of_the_count():
   c = _synthetic(classes=5, channels=1, size=12, train_examples=40, test_examples=3)
   c.order = 'per_process'

@@ -139,7 +139,7 @@ def eval_batches(source, *, batch: int, num_batches: int, image_size: int, augme
   rows carry mask 0 (and every process runs the same number of batches, so collectives stay
   matched)."""
   tf = tf_import.tensorflow()
-  ds = getattr(source, split)()
+  ds = source.share(split)
   ds = ds.take(take) if take else ds
   ds = ds.map(
       lambda ex: {'image': eval_image(ex['image'], image_size, augment, source.channels),

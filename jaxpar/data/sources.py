@@ -75,6 +75,18 @@ class Source:
     records = self.train_records()
     return records.map(self.load) if self.load else records
 
+  def share(self, split: str):
+    """This process's share of `split` ('test' or 'train') as examples, for an evaluation:
+    the shares of all processes are disjoint and together the split; the first n of each
+    are the split's first n·P ('global' order: every P-th record from this process's index,
+    as the test split of an image folder or synthetic images is shared)."""
+    if split == 'test':
+      return self.test()
+    index, count = self.train_part
+    records = self.train_records()
+    records = records.shard(count, index) if count > 1 else records
+    return records.map(self.load) if self.load else records
+
   def stream_start(self, start: int) -> int:
     """The position in this process's stream of records of the run's example `start`."""
     return start // self.train_shard[1]
