@@ -18,7 +18,10 @@ Which records a process reads (`dataset.order`):
   `split_for_jax_process`; every P-th file of a folder), shuffled on its own: reading
   stays 1/P a process (many hosts on a large dataset); the examples at a step depend on
   the number of processes.
-The test split is always shared out (an evaluation sees every example once). TensorFlow and TFDS are imported where a split is read or prepared, not with the
+The test split is always shared out, and so is the train split for an evaluation
+(`Source.share`: an evaluation sees every example once).
+
+TensorFlow and TFDS are imported where a split is read or prepared, not with the
 module: opening a source (its classes and channels) needs neither for an image folder
 or synthetic images, so the benchmarks run where TensorFlow is not installed.
 """
