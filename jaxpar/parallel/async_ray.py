@@ -73,19 +73,16 @@ def ray_forks():
     yield
 
 
-# Ray started by `start` for this process alone (no cluster, not initialised by the caller):
-# the run that started it stops it when its workers are done (`RayDownpour.close`), before
-# its last line, rather than at the interpreter's exit (1.4-2 s idle, 6 s on a busy host —
-# past the 5 s in which a stopped run must be gone).
-_STARTED_HERE = []
-
-
-def start(address: str, workers: int) -> None:
+def start(address: str, workers: int) -> bool:
   """Connects to the Ray cluster at `address` (or $RAY_ADDRESS), or starts a local Ray for
-  this run: as many logical CPUs as the workers need (they share the cores, as threads)."""
+  this run: as many logical CPUs as the workers need (they share the cores, as threads).
+  True where it started Ray for this process alone (no cluster, not initialised before):
+  the run then stops it when its workers are done (`RayDownpour.close`), before its last
+  line, rather than at the interpreter's exit (1.4-2 s idle, 6 s on a busy host — past the
+  5 s in which a stopped run must be gone)."""
   ray = ray_module()
   if ray.is_initialized():
-    return
+    return False
   address = address or os.environ.get('RAY_ADDRESS') or None
   local = {} if address else {'num_cpus': max(workers + 1, os.cpu_count() or 1)}
   token = os.environ.get('RAY_AUTH_TOKEN') or os.path.exists(
@@ -99,13 +96,12 @@ def start(address: str, workers: int) -> None:
   with ray_forks():
     ray.init(address=address, include_dashboard=False, logging_level='warning',
              log_to_driver=True, **local)
-  if not address:
-    _STARTED_HERE.append(True)
   resources = ray.cluster_resources()
   logging.info('Ray %s: %s, %d CPUs, %d GPUs on %d nodes.',
                'cluster at ' + address if address else 'started locally',
                ray.__version__, resources.get('CPU', 0), resources.get('GPU', 0),
                len(ray.nodes()))
+  return not address
 
 
 def _numpy(tree):
@@ -207,6 +203,7 @@ class RayDownpour:
                                                                  cpus_per_worker, address)
     self.host_memory, self.compile_cache = host_memory, compile_cache
     self.ledger = None
+    self.owns_ray = False  # `start` started Ray for this run: `close` stops it
     self.actors, self.servers = {}, []
     self.in_flight = {}   # the reference of a worker's `compute` summary -> (worker, its refs)
     self.applying = []    # references of the servers' `apply` results not yet checked
@@ -294,8 +291,8 @@ class RayDownpour:
     for actor in list(self.actors.values()) + self.servers:
       ray.kill(actor, no_restart=True)
     self.actors, self.servers, self.in_flight = {}, [], {}
-    if _STARTED_HERE:
-      _STARTED_HERE.clear()
+    if self.owns_ray:
+      self.owns_ray = False
       ray.shutdown()
     if self.log:
       logging.info('Staleness over %d updates: %s.', len(self.log),
@@ -309,7 +306,7 @@ class RayDownpour:
   # ---------------------------------------------------------------- start, pull, loss
   def _start(self, state):
     ray = ray_module()
-    start(self.address, self.workers)
+    self.owns_ray = start(self.address, self.workers)
     resources = ray.cluster_resources()
     cluster_cpus = int(resources.get('CPU', 0))
     cpus = self.cpus_per_worker or max(1, cluster_cpus // self.workers)
