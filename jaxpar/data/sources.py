@@ -75,8 +75,7 @@ class Source:
 
   def train(self):
     """The train records this process reads, as examples."""
-    records = self.train_records()
-    return records.map(self.load) if self.load else records
+    return self._loaded(self.train_records())
 
   def share(self, split: str):
     """This process's share of `split` ('test' or 'train') as examples, for an evaluation:
@@ -87,7 +86,9 @@ class Source:
       return self.test()
     index, count = self.train_part
     records = self.train_records()
-    records = records.shard(count, index) if count > 1 else records
+    return self._loaded(records.shard(count, index) if count > 1 else records)
+
+  def _loaded(self, records):
     return records.map(self.load) if self.load else records
 
   def stream_start(self, start: int) -> int:

@@ -341,8 +341,11 @@ def make(cfg, log=logging.info) -> dict:
       return async_update(c, t_grad, overhead, None, 0)
     return rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, 0.0, inputs_of(c))
 
+  def past_deadline():  # process 0's clock decides, as it decides what is costed and timed
+    return agree(time.perf_counter() > deadline)
+
   rows = rank.predict(found, lambda c: rank.steps(c, k_b, b, noise[0], methods), bound, cost,
-                      p.close, lambda: agree(time.perf_counter() > deadline))
+                      p.close, past_deadline)
   for row in rows:
     if row['candidate'] in alone_rows:  # timed already: costed (no collectives), not bound
       cost(row)
@@ -354,9 +357,6 @@ def make(cfg, log=logging.info) -> dict:
   mark('predict')
 
   # --------------------------------------------------------------- 5. time the close ones
-  def past_deadline():  # process 0's clock decides, as it decides what is timed
-    return agree(time.perf_counter() > deadline)
-
   rerank = lambda: rank.rank(rows, k_b, b, noise, saves, spread, methods,
                              fitted=fitted is not None, beyond=short and short[1:])
   ranked = time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
