@@ -199,15 +199,18 @@ class ReplicatedParams:
 
 
 def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Strategy,
-                    micro_batches: int = 1) -> Callable:
+                    micro_batches: int = 1, gradients_of: Callable = None) -> Callable:
   """Returns jitted `step(state, batch, rng) -> (state, metrics)`.
 
   `batch` = {'image', 'label'} sharded over the data axes; `rng` a key shared by
   all devices, into which each device folds the step and its own index, so
   dropout draws a different mask on every device and every step. `micro_batches`:
   each device's share is taken in that many pieces (`gradients`), the strategy
-  combining and applying their mean once.
+  combining and applying their mean once. `gradients_of`: what takes the gradients
+  (`gradients`' arguments and results); `jaxpar.plan` times the step without them
+  (`probe.update_call`).
   """
+  gradients_of = gradients_of or gradients
   axes = data_axes(mesh)
 
   def local_step(state, batch, rng):
@@ -216,8 +219,9 @@ def make_train_step(model, tx: optax.GradientTransformation, mesh, strategy: Str
       rng = jax.random.fold_in(rng, lax.axis_index(axes))
     params, batch_stats = strategy.local_variables(state)
     scaling = state.loss_scale
-    grads, batch_stats, metrics = gradients(model, params, batch_stats, batch, rng,
-                                            micro_batches, None if scaling is None else scaling.scale)
+    grads, batch_stats, metrics = gradients_of(model, params, batch_stats, batch, rng,
+                                               micro_batches,
+                                               None if scaling is None else scaling.scale)
     params, batch_stats, opt_state, report = strategy.update(tx, grads, batch_stats, state)
     if scaling is not None:  # a step with a non-finite gradient anywhere changes nothing
       finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))

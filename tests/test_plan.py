@@ -763,6 +763,50 @@ def test_predicting_costs_only_the_candidates_a_bound_cannot_rule_out():
   assert 'beyond the close ones' in ' '.join(rows[3]['notes'])
 
 
+def test_the_update_program_is_the_step_with_its_gradients_stood_in_for():
+  """`probe.update_call`: the candidate's step without the network — on 2 devices it sends
+  the gradients' bytes (the weights') and BatchNorm's running statistics, nothing of the
+  forward and backward passes' BatchNorm; on one device of this process it sends nothing;
+  each call runs its steps (the state advances)."""
+  import jax
+  from jaxpar.plan import probe
+  from jaxpar.parallel.collectives import nbytes
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',), 'scheme': 'sync-split'})
+  meta = {'num_classes': 10, 'channels': 1}
+  variables = probe.initial_variables(c, meta)
+  collectives, call = probe.update_call(c, meta, variables, repeats=2)
+  call()
+  reduced = sum(x.size * 4 for x in collectives if x.op == 'all_reduce' and x.size > 1)
+  weights = nbytes(variables['params'])
+  assert weights <= reduced < weights + nbytes(variables['batch_stats']) + 64
+  one = planner.with_overrides(c, {'mesh.shape': (1,), 'global_batch': 32})
+  collectives, call = probe.update_call(one, meta, variables, jax.local_devices()[:1])
+  call()
+  assert collectives == []
+
+
+def test_past_the_budget_t_grad_is_scaled_from_the_nearest_measured_batch():
+  """Phase 2 past the budget (`planner.estimate_t_grad`), by hand: on as many devices where
+  measured (nearest batch in log, in proportion), else from one device — as alone for one
+  device a process, ⌈devices a process / cores⌉ times for emulated devices; the note."""
+  measured = {(16, 1): 0.080, (64, 1): 0.300, (8, 2): 0.050}
+  assert planner.estimate_t_grad(measured, (16, 2), 1, 2) == pytest.approx(0.050 * 16 / 8)
+  assert planner.estimate_t_grad(measured, (24, 4), 1, 2) == pytest.approx(0.080 * 1.5 * 2)
+  assert planner.estimate_t_grad(measured, (48, 4), 1, 2) == pytest.approx(0.300 * 48 / 64 * 2)
+  assert planner.estimate_t_grad(measured, (24, 4), 1, 3) == pytest.approx(0.120 * 2)  # ⌈4/3⌉
+  assert planner.estimate_t_grad(measured, (24, 4), 4, 1) == pytest.approx(0.120)  # 1 a process
+  assert planner.estimate_t_grad(measured, (24, 4), 1, None) == pytest.approx(0.120)  # not CPU
+  with pytest.raises(ValueError, match='no t_grad measured'):
+    planner.estimate_t_grad({(8, 2): 0.05}, (16, 4), 1, 2)
+  c = candidates.Candidate('sync-join', 'allreduce', 4, 128, '')
+  row = {'candidate': c, 't_predicted': 0.2, 't_grad_estimated': True}
+  rank.rank([row], 100, 32, (100, 100, 100))
+  assert 'scaled from the nearest measured one: the budget was spent' in ' '.join(row['notes'])
+  row['t_measured'] = [0.21]
+  rank.rank([row], 100, 32, (100, 100, 100))
+  assert 'the budget was spent' not in ' '.join(row['notes'])
+
+
 def test_measuring_times_what_moves_ahead_beside_the_fastest_measured_that_runs_here():
   """Phase 5 (`planner.time_the_close_ones`), all at batch 64 (one K): the two close ones
   measured slower than predicted, an unmeasured one leads; it is timed in turn with the
@@ -978,7 +1022,14 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   assert serial['K_spread'] == pytest.approx([min(ks) / np.mean(ks), max(ks) / np.mean(ks)])
   assert serial['metric']['of'] == 1437 and 0 < serial['metric']['standard_error'] < 1
   assert plan['planning_per_training'] == pytest.approx(plan['planning_s'] / plan['choice']['T'][0])
-  assert list(plan['phases_s']) == ['serial', 'methods', 't_grad', 'calls', 'predict', 'measure']
+  assert list(plan['phases_s']) == ['serial', 'methods', 't_grad', 'calls', 'work', 'predict', 'measure']
+  # Each 2-device program's own work beside its gradients (one per server and period),
+  # timed; never below 0, and in the prediction of its rows' steps.
+  work = {(r['server'], r['period']): r for r in plan['strategy_work']}
+  servers = {r['server'] for r in plan['candidates'] if r['devices'] == 2 and r['family'] != 'async'}
+  periods = {r['period'] for r in plan['candidates'] if r['family'] == 'local_sgd'}
+  assert set(work) == {(s, 0) for s in servers} | {('allreduce', t) for t in periods}
+  assert all(r['program_s'] > 0 and r['seconds'] >= 0 and r['devices'] == 2 for r in work.values())
   assert sum(plan['phases_s'].values()) == pytest.approx(plan['planning_s'], abs=1e-3)
   # What a second plan here would reuse: every t_grad and the calls' costs, as measured.
   from jaxpar import user_cache

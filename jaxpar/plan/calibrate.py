@@ -175,6 +175,9 @@ def timed(fn, repeats: int, warmup: int) -> list:
 
 CALIBRATED = ('collective_permute', ONE_WAY, 'all_reduce', 'all_gather',
               'reduce_scatter', SCALAR)
+# The least calibration that costs every program (a plan past its budget): the other kinds
+# fall back to all-reduce's cost (`CallCosts.cost`).
+LEAST = ('collective_permute', 'all_reduce', SCALAR)
 CHAINS = (1, 2, 8, 32)
 CHAIN_BUDGET = 0.3  # seconds: the next chain is timed only while its k·t(1) stays under this
 

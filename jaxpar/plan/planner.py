@@ -20,6 +20,10 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   (`probe.input_seconds`).
   3. calls        each collective kind's per-call cost on two of the devices
                   (`calibrate.time_calls`, 4 KB and the network's weights).
+  3b. work        each synchronous program on several devices with its gradients stood in
+                  for (`probe.update_call`): what its strategy does beside the gradients
+                  and collectives (packing, the update, conditionals) beyond the one-device
+                  program's (`strategy_work`), added to its rows' steps.
   4. predict      each candidate's step from its lowered program (`rank`), K(B) from the
                   batch model, T = K·t_step + the checkpoint saves before step K (each
                   timed after the serial run: `probe.save_seconds`); past a budget the
@@ -235,14 +239,29 @@ def make(cfg, log=logging.info) -> dict:
   # --------------------------------------------------------------- 2. t_grad per device batch
   # On N devices at once where a candidate computes on N (emulated CPU devices share cores;
   # across processes each process computes on its own devices at once).
+  def past_deadline():  # process 0's clock decides, as it decides what is costed and timed
+    return agree(time.perf_counter() > deadline)
+
   needed = {(c.device_batch, c.devices) for c in found} | {(b, 1)}
   t_grad = {k: v for k, v in reused.items() if k in needed}
   t_grad.update({(int(batch), 1): seconds for batch, seconds in alone['t_grad'].items()})
+  estimated = set()  # past the budget: t_grad scaled from the nearest measured one
   for key in sorted(k for k in needed if k[1] > 1 and k not in t_grad):
+    if past_deadline():
+      estimated.add(key)
+      continue
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': key[0]}), meta,
                                key[0], key[1] // processes, variables)
     multihost.barrier(f'plan/t_grad/{key}')
     t_grad[key] = agree(float(np.median(calibrate.timed(call, p.measure_steps, 2))))
+  cores = len(os.sched_getaffinity(0)) if jax.default_backend() == 'cpu' else None
+  measured_t_grad = dict(t_grad)
+  for key in estimated:
+    t_grad[key] = estimate_t_grad(measured_t_grad, key, processes, cores)
+  if estimated:
+    log(f'Plan: the budget was spent: t_grad at {len(estimated)} device batches scaled from '
+        f'the nearest measured one (' + ', '.join(f'b={k[0]} on {k[1]}' for k in
+                                                sorted(estimated)) + ').')
   overhead = (t_one - t_grad[b, 1]) if t_one else 0.0
   log(f'Plan [{time.perf_counter() - started:.0f} s]: t_grad ' + ', '.join(
       f'b={k[0]} on {k[1]}: {v * 1e3:.2f} ms' for k, v in t_grad.items())
@@ -252,9 +271,8 @@ def make(cfg, log=logging.info) -> dict:
   # each such batch (a step at B/P rows pays t_in(B/P) − t_in(b) beyond the one-device
   # step at b), on the CPU backend spread over this process's cores (`inputs_of`); not on an
   # accelerator, whose steps the host's batch-making overlaps.
-  cores, t_in = None, {}
-  if jax.default_backend() == 'cpu':
-    cores = len(os.sched_getaffinity(0))
+  t_in = {}
+  if cores:
     t_in = {n: agree(probe.input_seconds(one, source, n))
             for n in sorted({b} | {_rows(c, processes) for c in found})}
     log(f'Plan [{time.perf_counter() - started:.0f} s]: input pipeline, CPU a batch: '
@@ -270,7 +288,7 @@ def make(cfg, log=logging.info) -> dict:
   mark('t_grad')
 
   # --------------------------------------------------------------- 3. the collectives' costs
-  costs, calls, param_bytes = None, None, 0
+  costs, calls, param_bytes, partial_calls = None, None, 0, False
   if processes > 1 and cfg.distributed.collective_threads == 'idle':
     # The one-device process ran on process 0's cores: gloo's loop there went back to normal
     # priority (`multihost.IdleGlooLoops`), for 30 s or more after it ended. Idle again
@@ -289,15 +307,34 @@ def make(cfg, log=logging.info) -> dict:
     param_bytes = nbytes(params)
     sizes = sorted({4096, max(4096, param_bytes // 8 * 8)})
     calls = entry.get('calls') if processes == 1 else None  # across processes: the link's
+    partial_calls = not calls and past_deadline()
+    if partial_calls:  # the kinds every other one can be costed as
+      log('Plan: the budget was spent: the calls calibrated for all-reduce and permute only '
+          '(the other kinds costed as all-reduce).')
+      calls = agree(calibrate.time_calls(sizes, repeats=3, warmup=1, ops=calibrate.LEAST))
     calls = calls or agree(calibrate.time_calls(sizes, repeats=5, warmup=1))
     costs = calibrate.from_calls(calls)
     log(f'Plan [{time.perf_counter() - started:.0f} s]: per-call costs ' + ', '.join(
         f"{kind} {pts[-1][0]:,} B {pts[-1][1] * 1e3:.3f} ms" for kind, pts in costs.points.items()))
 
   mark('calls')
+
+  # --------------------------------------------------------------- 3b. the strategies' own work
+  # What a candidate's program does beside its gradients and collectives — packing and
+  # unpacking the exchanged buffers, the update on them, conditionals, per-device copies —
+  # is not the one-device step's: its step with the gradients stood in for, timed, less its
+  # collectives' calibrated cost and the one-device program's time (`strategy_work`).
+  work, work_rows = strategy_work(one, found, meta, variables, costs, p, past_deadline, agree,
+                                  log)
+  if work_rows:
+    log(f'Plan [{time.perf_counter() - started:.0f} s]: the strategies\' own work beyond the '
+        'one-device update: ' + ', '.join(
+            f"{r['server']} N={r['devices']}" + (f" τ={r['period']}" if r['period'] else '')
+            + f" {r['seconds'] * 1e3:.2f} ms" for r in work_rows) + '.')
+  mark('work')
   if keyed and jax.process_index() == 0:
-    plan_cache.store(user_cache.folder('plan'), keyed, t_grad,
-                     calls if processes == 1 else None)
+    plan_cache.store(user_cache.folder('plan'), keyed, measured_t_grad,
+                     calls if processes == 1 and not partial_calls else None)
 
   # --------------------------------------------------------------- 4. predict every candidate
   # Lowering a candidate's step to read its collectives takes seconds; its time to the target
@@ -332,17 +369,16 @@ def make(cfg, log=logging.info) -> dict:
     # Local SGD's average is a conditional taken one step in τ.
     comm = (costs.step(collectives, 1 / c.period if c.period else 1.0)
             if costs and collectives else 0.0)
-    row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, comm,
+    row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices],
+                                             overhead + work.get(work_key(c), 0.0), comm,
                                              inputs_of(c))
     row.pop('pruned', None)
 
   def bound(c):  # the step without collectives
     if c.family == 'async':
       return async_update(c, t_grad, overhead, None, 0)
-    return rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, 0.0, inputs_of(c))
-
-  def past_deadline():  # process 0's clock decides, as it decides what is costed and timed
-    return agree(time.perf_counter() > deadline)
+    return rank.predicted_step(t_grad[c.device_batch, c.devices],
+                               overhead + work.get(work_key(c), 0.0), 0.0, inputs_of(c))
 
   rows = rank.predict(found, lambda c: rank.steps(c, k_b, b, noise[0], methods), bound, cost,
                       p.close, past_deadline)
@@ -350,6 +386,8 @@ def make(cfg, log=logging.info) -> dict:
     if row['candidate'] in alone_rows:  # timed already: costed (no collectives), not bound
       cost(row)
       row['t_measured'] = alone_rows[row['candidate']]
+    if (row['candidate'].device_batch, row['candidate'].devices) in estimated:
+      row['t_grad_estimated'] = True  # noted by `rank.rank` while its step is not measured
   by = collections.Counter(r.get('pruned') for r in rows)
   log(f'Plan [{time.perf_counter() - started:.0f} s]: {len(rows)} candidates predicted, '
       f"{by['bound']} of them by a bound without their collectives (beyond {p.close:g} × the "
@@ -404,8 +442,10 @@ def make(cfg, log=logging.info) -> dict:
                  'B_noise_how': 'fitted' if fitted is not None else
                  'bounded' if short else 'measured' if serial['noise'] else 'none'},
       'methods': methods,
-      't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v} for k, v in t_grad.items()],
+      't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v,
+                  **({'estimated': True} if k in estimated else {})} for k, v in t_grad.items()],
       'overhead_s': overhead,
+      'strategy_work': work_rows,  # each program's own work beyond the one-device update
       'input_s': {'rows': [{'rows': n, 'seconds': v} for n, v in t_in.items()], 'cores': cores},
       'calls': calls, 'saves': saves,
       'reused': {'created': entry['created'], 't_grad': sorted(k for k in reused if k in t_grad),
@@ -717,6 +757,75 @@ def async_update(c, t_grad: dict, overhead: float, costs, param_bytes: int) -> f
   return rank.predicted_step(t_grad[c.device_batch, c.devices], overhead, send) / c.devices
 
 
+def estimate_t_grad(measured: dict, key: tuple, processes: int, cores: int | None) -> float:
+  """t_grad at `key` = (device batch, devices) where the budget left it unmeasured, from the
+  measured {(batch, devices): seconds}: the nearest batch (in log) on as many devices, or
+  else on one device, scaled in proportion to the batch; from one device, a process's
+  devices computing at once on `cores` cores take ⌈devices a process / cores⌉ times as
+  long (emulated CPU devices share the cores; one device a process: as alone)."""
+  batch, devices = key
+  same = [k for k in measured if k[1] == devices] or [k for k in measured if k[1] == 1]
+  if not same:
+    raise ValueError(f'no t_grad measured to scale to {key} from')
+  near = min(same, key=lambda k: (abs(math.log(k[0] / batch)), -k[0]))
+  seconds = measured[near] * batch / near[0]
+  if near[1] == 1 and devices > 1:
+    local = max(devices // processes, 1)
+    seconds *= math.ceil(local / cores) if cores else 1
+  return seconds
+
+
+def work_key(c) -> tuple:
+  """Candidates whose strategies do the same work beside the gradients: the server, the
+  devices and Local SGD's period (the batch and BatchNorm's grouping change what the
+  gradients cost, not what the update does)."""
+  return c.server, c.devices, c.period
+
+
+def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, log) -> tuple:
+  """({work_key: seconds}, rows for the plan): for each synchronous candidate on several
+  devices, its step with the gradients stood in for (`probe.update_call`: the exchange,
+  packing, update and conditionals), the mean of `plan.measure_steps` steps (whole periods
+  of Local SGD, whose average is a branch taken one step in τ), less its collectives'
+  calibrated cost and less the same program on one device of each process at once — never
+  below 0. Past the budget the rest are 0, said so."""
+  from jaxpar import multihost, validation
+  todo = {}
+  for c in found:
+    if c.devices > 1 and c.family != 'async':
+      todo.setdefault(work_key(c), c)
+  if not todo or costs is None:
+    return {}, []
+
+  def timed(cfg, devices=None, period=0):
+    steps = max(period, 1)
+    collectives, call = probe.update_call(cfg, meta, variables, devices, repeats=steps)
+    windows = max(2, -(-p.measure_steps // steps))
+    multihost.barrier(f'plan/update/{cfg.server}/{config_lib.num_devices(cfg)}/{period}')
+    seconds = agree(float(np.median(calibrate.timed(call, windows, 1))) / steps)
+    return seconds, collectives
+
+  if past_deadline():
+    log('Plan: the budget was spent: the strategies\' own work not timed (taken as 0).')
+    return {}, []
+  alone, _ = timed(one, jax.local_devices()[:1])
+  work, rows = {}, []
+  for key, c in sorted(todo.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+    if past_deadline():
+      log(f'Plan: the budget was spent: the own work of {len(todo) - len(rows)} strategies '
+          'not timed (taken as 0).')
+      break
+    cfg_c = with_overrides(one, c.overrides())
+    validation.validate(cfg_c)
+    seconds, collectives = timed(cfg_c, period=c.period)
+    comm = costs.step(collectives, 1 / c.period if c.period else 1.0)
+    work[key] = max(seconds - comm - alone, 0.0)
+    rows.append({'server': c.server, 'devices': c.devices, 'period': c.period,
+                 'seconds': work[key], 'program_s': seconds, 'collectives_s': comm,
+                 'one_device_s': alone})
+  return work, rows
+
+
 def _rows(c, processes: int) -> int:
   """The rows of a step's batch one process makes: one device is a run of one process."""
   return c.batch if c.devices == 1 else c.batch // processes
@@ -1016,10 +1125,11 @@ class TargetClock:
 
   def outcome(self, step: int) -> dict:
     """{'summary': one line, 'step', 'seconds' (None: not reached), 'predicted_steps',
-    'predicted_seconds'}."""
+    'predicted_seconds', 'curve': [step, metric, training seconds] at each evaluation}."""
     c = self.choice
     out = {'step': None, 'seconds': None, 'predicted_steps': c['K'][0],
-           'predicted_seconds': c['T'][0]}
+           'predicted_seconds': c['T'][0],
+           'curve': [list(point) for point in self.curve]}  # (step, metric, seconds)
     if self.reached:
       out.update(step=self.reached[0], seconds=self.reached[1], summary=(
           f"time to the target {self.reached[1]:.2f} s at step {self.reached[0]:.0f} "

@@ -22,6 +22,7 @@ import platform
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxpar.plan import noise_scale, steps_model
@@ -471,6 +472,52 @@ def gradient_call(cfg, meta, batch: int, devices: int = 1, variables=None):
   def call():
     return jax.block_until_ready(grads(*placed))
   return call
+
+
+def stand_in_gradients(model, params, batch_stats, batch, rng, micro_batches=1,
+                       loss_scale=None):
+  """`step.gradients`' results without the network: the weights × a small factor read from
+  the batch (nothing XLA can fold away), typed per device as real gradients are, the BN
+  statistics as they were, and a loss and accuracy per device."""
+  del model, rng, micro_batches, loss_scale
+  label = batch['label'].astype(jnp.float32)
+  factor = 1e-6 * (1.0 + jnp.mean(label))
+  grads = jax.tree.map(lambda p: p * factor.astype(p.dtype), params)
+  return grads, batch_stats, {'loss': jnp.mean(label), 'accuracy': jnp.mean(label)}
+
+
+def update_call(cfg, meta, variables, devices=None, repeats: int = 1):
+  """(collectives of the lowered program, `call()`): the candidate's step with its gradients
+  stood in for (`stand_in_gradients`): what its strategy does beside the network — the
+  exchange, packing and unpacking, the update, conditionals — on the config's mesh of
+  `devices` (default the first N of every process's), or on one device of this process
+  (`devices=jax.local_devices()[:1]`: each process alone, at once). `call()` runs
+  `repeats` steps and blocks."""
+  from jaxpar import build
+  from jaxpar import config as config_lib
+  from jaxpar.mesh import make_mesh
+  from jaxpar.plan import hlo
+  from jaxpar.step import make_train_step, to_global
+
+  n = config_lib.num_devices(cfg)
+  devices = devices if devices is not None else jax.devices()[:n]
+  mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, devices, cfg.bn_group_size)
+  model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'],
+                                               mesh, variables=variables)
+  step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps,
+                         gradients_of=stand_in_gradients)
+  local = len([d for d in devices if d.process_index == jax.process_index()])
+  rows = config_lib.global_batch(cfg) * local // len(devices)
+  batch = to_global(mesh, synthetic_batch(rows, cfg, meta))
+  rng = jax.random.key(1)
+  collectives = hlo.collectives(step.lower(state, batch, rng).as_text())
+  box = {'state': state}
+
+  def call():
+    for _ in range(repeats):
+      box['state'], metrics = step(box['state'], batch, rng)
+    jax.block_until_ready(metrics)
+  return collectives, call
 
 
 def input_seconds(cfg, source, rows: int, batches: int = 20, seconds: float = 2.0) -> float:

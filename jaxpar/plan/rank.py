@@ -227,6 +227,9 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
       notes.append('collectives not costed: T is at least this bound, beyond the close ones')
     elif not measured and not (c.family == 'async' and c.backend == 'ray'):
       notes.append('step time predicted, not measured')
+    if row.get('t_grad_estimated') and not measured:
+      notes.append(f't_grad at b={c.device_batch} on {c.devices} devices scaled from the '
+                   'nearest measured one: the budget was spent')
     row['notes'] = notes
   return sorted(rows, key=lambda r: r['T'][0])
 

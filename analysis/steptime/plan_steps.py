@@ -1,0 +1,191 @@
+"""The plan's step model judged on steps it never measured: each candidate of a plan made
+across processes that runs on all of them, trained as a user's run trains it, beside the
+plan's predicted step.
+
+  python -m analysis.steptime.plan_steps --config configs/thesis.py:net=resnet34,batch=16,workers=2 \
+      --config.image_size=32 --plan plan.json --processes 2 --out steps.json
+
+(the plan made with `--config.plan.close=100`, so that every row's collectives are costed).
+
+For each synchronous row of the plan on all its devices (Downpour on Ray's actors is not
+predicted by the step model), `python -m jaxpar.train` with that row as the plan's choice
+(`scheme=auto`, `plan.file`), fresh processes pinned to a core each over the plan's link
+(`link.launch`, as `analysis.accuracy.plan_regret` trains them), `--steps` steps; the plan's
+clock (`planner.TargetClock`, its target set out of reach) reads the training time at every
+`--every`-th step, evaluations excluded. A row's measured step is the median over those
+intervals after the first (which holds the early steps that fault memory in: docs/performance.md),
+its noise their range.
+
+The prediction is never fitted to these steps: its parts (t_grad, the calls' costs, the
+programs' own work) were each measured on other programs, in phases 2-3b of the plan. Each
+row is judged twice: with the programs' own work (phase 3b) and without it (the model
+before it: the one-device step's other work only), the error |log(predicted / measured)|.
+"""
+import datetime
+import json
+import os
+import shlex
+import sys
+import tempfile
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  config_flags.DEFINE_config_file('config', None, 'The configs/*.py file[:arg] the plan was '
+                                  'made for (with its --config.* overrides).', lock_config=False)
+  flags.DEFINE_string('plan', None, 'The plan (`python -m jaxpar.plan --out`), made by '
+                      '--processes processes.')
+  flags.DEFINE_integer('processes', 2, "The plan's processes; each row runs on all of them.")
+  flags.DEFINE_string('link', '', "The processes' emulated link (tc rate, e.g. 1gbit; "
+                      'default: loopback).')
+  flags.DEFINE_integer('steps', 80, 'Steps each row trains.')
+  flags.DEFINE_integer('every', 16, 'Steps between two readings of the training time.')
+  flags.DEFINE_string('out', None, 'The JSON file to write.')
+
+
+def rows_to_run(plan: dict) -> list:
+  """Indices of the plan's rows on all its devices that the step model predicts: not
+  Downpour (its updates are another model's, and on Ray's actors not predicted at all), and
+  not a row left at its bound (`pruned`: its collectives not costed; make the plan with a
+  large `plan.close` to cost them all)."""
+  return [i for i, row in enumerate(plan['candidates'])
+          if row['devices'] == plan['devices'] and row['devices'] > 1
+          and row['family'] != 'async' and not row.get('pruned')]
+
+
+def step_seconds(curve: list) -> tuple:
+  """(median, lowest, highest) seconds a step between the clock's readings ([step, metric,
+  training seconds] at each), the first interval left out (it holds the run's first steps
+  after the compiling one, which fault memory in); None where fewer than two are left."""
+  rates = [(t1 - t0) / (s1 - s0) for (s0, _, t0), (s1, _, t1) in zip(curve[1:], curve[2:])]
+  if len(rates) < 2:
+    return None
+  return float(np.median(rates)), float(min(rates)), float(max(rates))
+
+
+def own_work(plan: dict, row: dict) -> float:
+  """The row's programs' own work (the plan's phase 3b), 0 where the plan has none."""
+  for w in plan.get('strategy_work') or []:
+    if (w['server'], w['devices'], w['period']) == (row['server'], row['devices'],
+                                                     row['period']):
+      return w['seconds']
+  return 0.0
+
+
+def judged(plan: dict, row: dict, measured: tuple | None) -> dict:
+  """One row's prediction with and without the programs' own work beside its measured step."""
+  with_work = row['t_predicted']
+  without = with_work - own_work(plan, row)
+  out = {'label': row['label'], 'predicted_s': with_work, 'predicted_without_work_s': without,
+         'own_work_s': own_work(plan, row), 'measured_s': None, 'measured_range_s': None,
+         'error': None, 'error_without_work': None, 'noise': None}
+  if measured:
+    out.update(measured_s=measured[0], measured_range_s=list(measured[1:]),
+               error=abs(float(np.log(with_work / measured[0]))),
+               error_without_work=abs(float(np.log(without / measured[0]))),
+               noise=float(np.log(measured[2] / measured[1])) / 2)
+  return out
+
+
+def train_row(configuration: list, plan: dict, index: int, workdir: str, processes: int,
+              rate: str, steps: int, every: int) -> list:
+  """Trains row `index` of `plan` for `steps` steps as its choice, the target out of reach:
+  the clock's curve ([step, metric, seconds])."""
+  from analysis.steptime import link
+  from jaxpar.plan import planner
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, 'plan.json')
+  with open(path, 'w') as f:  # never reached: the clock reads the time at every evaluation
+    json.dump({**plan, 'choice': plan['candidates'][index],
+               'target': {'kind': 'loss', 'value': 1e-12}}, f)
+  args = [*configuration, '--config.scheme=auto', f'--config.plan.file={path}',
+          '--config.total_steps=0', f'--config.stop_after_steps={steps}',
+          f'--config.plan.eval_every={every}', '--config.eval_every=0',
+          '--config.checkpoint_every=1000000000', f'--workdir={workdir}',
+          '--config.compilation_cache=off']
+  link.launch('jaxpar.train', args, processes, rate, os.path.join(workdir, 'logs'))
+  with open(os.path.join(workdir, planner.OUTCOME_FILE)) as f:
+    return json.load(f)['curve']
+
+
+def summary(plan: dict, results: list) -> dict:
+  from jaxpar.plan import probe
+  done = [r for r in results if r['error'] is not None]
+  med = lambda key: float(np.median([r[key] for r in done])) if done else None
+  return {'tool': 'analysis.steptime.plan_steps',
+          'created': datetime.datetime.now().isoformat(timespec='seconds'),
+          'command': 'python -m analysis.steptime.plan_steps ' + shlex.join(sys.argv[1:]),
+          'machine': probe.machine(), 'versions': probe.versions(),
+          'network': plan['network'], 'image_size': plan['image_size'],
+          'setting': plan['setting'], 'processes': plan.get('processes', 1),
+          'link': plan.get('link', 'loopback'), 'plan_created': plan['created'],
+          'rows': results, 'median_error': med('error'),
+          'median_error_without_work': med('error_without_work'), 'median_noise': med('noise')}
+
+
+def table(*results: dict) -> str:
+  """Each row's predicted step, with and without the programs' own work, beside the measured
+  one, for one result or several (a network column then; Markdown)."""
+  several = len(results) > 1
+  lines = [('| network ' if several else '') + '| candidate | own work (ms) | predicted (ms) | '
+           'error | predicted without it (ms) | error | measured (ms, range) |',
+           ('|---' if several else '') + '|---|---:|---:|---:|---:|---:|---|']
+  pct = lambda v: '—' if v is None else f'{v:.0%}'
+  rows = [(res, r) for res in results for r in res['rows']]
+  for res, r in rows:
+    measured = ('—' if r['measured_s'] is None else
+                f"{r['measured_s'] * 1e3:.1f} ({r['measured_range_s'][0] * 1e3:.1f}–"
+                f"{r['measured_range_s'][1] * 1e3:.1f})")
+    net = f"| {res['network']} {res['image_size']}² " if several else ''
+    lines.append(net + f"| {r['label']} | {r['own_work_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} "
+                 f"| {pct(r['error'])} | {r['predicted_without_work_s'] * 1e3:.1f} | "
+                 f"{pct(r['error_without_work'])} | {measured} |")
+  for res in results:
+    if res.get('median_error') is not None:
+      lines.append('')
+      lines.append(f"{res['network']} {res['image_size']}², {res['setting']}, {res['link']} "
+                   f"({res['created'][:10]}): median error {res['median_error']:.0%} with the "
+                   f"programs' own work, {res['median_error_without_work']:.0%} without it; "
+                   f"the steps' own noise {res['median_noise']:.0%} (median half-range).")
+  return '\n'.join(lines)
+
+
+def main(argv):
+  from analysis.accuracy.plan_regret import config_args
+  from jaxpar.plan import planner
+  del argv
+  plan = planner.read(FLAGS.plan)
+  configuration = config_args(sys.argv[1:])
+  results = []
+  with tempfile.TemporaryDirectory() as scratch:
+    for i in rows_to_run(plan):
+      row = plan['candidates'][i]
+      curve = train_row(configuration, plan, i, os.path.join(scratch, f'row_{i}'),
+                        FLAGS.processes, FLAGS.link, FLAGS.steps, FLAGS.every)
+      results.append(judged(plan, row, step_seconds(curve)))
+      r = results[-1]
+      print(f"{row['label']}: predicted {r['predicted_s'] * 1e3:.1f} ms (without the own work "
+            f"{r['predicted_without_work_s'] * 1e3:.1f}), measured "
+            + ('—' if r['measured_s'] is None else f"{r['measured_s'] * 1e3:.1f} ms"),
+            file=sys.stderr, flush=True)
+      if FLAGS.out:
+        with open(FLAGS.out, 'w') as f:
+          json.dump(summary(plan, results), f, indent=1)
+  result = summary(plan, results)
+  if FLAGS.out:
+    with open(FLAGS.out, 'w') as f:
+      json.dump(result, f, indent=1)
+  print(table(result))
+
+
+if __name__ == '__main__':
+  define_flags()
+  flags.mark_flags_as_required(['config', 'plan'])
+  app.run(main)
