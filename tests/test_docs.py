@@ -10,6 +10,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from jaxpar import config as config_lib
 from jaxpar import validation
 from runs import ROOT, process_env
@@ -105,3 +107,64 @@ def test_every_documented_command_names_what_its_tool_defines():
     flags = dict(zip(modules, pool.map(defined_flags, modules)))
   lines = problems(found, flags.get, config_lib.defaults())
   assert not lines, '\n'.join(lines)
+
+
+def _page_commands(page: str, module: str) -> list[str]:
+  """The `python -m MODULE ...` commands of a docs page's bash blocks, continuations joined."""
+  with open(os.path.join(ROOT, 'docs', page)) as f:
+    text = f.read()
+  blocks = [re.sub(r'\\\n\s*', ' ', b) for b in re.findall(r'```bash\n(.*?)```', text, re.S)]
+  return [line.split('#')[0].strip() for b in blocks for line in b.splitlines()
+          if line.startswith(f'python -m {module} ')]
+
+
+@pytest.mark.slow
+def test_the_datasets_page_trains_on_an_image_folder_and_refuses_an_unprepared_copy(
+    data_dir, tmp_path):
+  """docs/datasets.md's commands as a user runs them: the image-folder command on a folder of
+  generated JPEGs (a few steps, small images: the page's flags unchanged), and the offline
+  TFDS command where the copy holds the digits but not CIFAR-10 — one line naming the fields
+  and how to prepare it, before anything compiles."""
+  import numpy as np
+  from jaxpar.data import tf_import
+  tf = tf_import.tensorflow()
+  commands = _page_commands('datasets.md', 'jaxpar.train')
+  (folder,) = [c for c in commands if 'image_folder' in c]
+  (offline,) = [c for c in commands if 'download=False' in c]
+  rng = np.random.default_rng(0)
+  for label in ('daisy', 'tulip'):
+    (tmp_path / 'flowers' / label).mkdir(parents=True)
+    for i in range(12):
+      tf.io.write_file(str(tmp_path / 'flowers' / label / f'{i}.jpg'),
+                       tf.io.encode_jpeg(rng.integers(0, 255, (40, 48, 3), np.uint8)))
+  small = ['--config.total_steps=2', '--config.optimizer.warmup_steps=1',
+           "--config.mesh.shape=(2,)", '--config.per_device_batch=4',
+           '--config.image_size=16', '--config.eval_batch=8', '--config.log_every=1']
+  args = shlex.split(folder.replace('/data/flowers', str(tmp_path / 'flowers'))
+                     .replace('/tmp/flowers', str(tmp_path / 'run')))
+  run = subprocess.run([sys.executable, *args[1:], *small], capture_output=True, text=True,
+                       env=process_env(share_compiled=True), cwd=ROOT, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert 'test accuracy' in run.stdout + run.stderr
+  args = shlex.split(offline.replace('/data/tfds', data_dir).replace('/tmp/cifar10',
+                                                                     str(tmp_path / 'c')))
+  run = subprocess.run([sys.executable, *args[1:]], capture_output=True, text=True,
+                       env=process_env(), cwd=ROOT, timeout=600)
+  assert run.returncode == 2, run.stderr[-3000:]
+  assert (f"config.dataset.name='cifar10' is not prepared in config.dataset.data_dir="
+          f"'{data_dir}' and config.dataset.download=False: prepare it on a machine with "
+          f"internet (`tfds build cifar10 --data_dir DIR`)") in run.stderr
+  assert 'Traceback' not in run.stderr
+
+
+def test_the_troubleshooting_pages_bad_config_is_the_line_it_shows(tmp_path):
+  """docs/troubleshooting.md's first command prints the line the page shows, exit status 2,
+  before anything compiles (no traceback)."""
+  (command,) = _page_commands('troubleshooting.md', 'jaxpar.train')
+  with open(os.path.join(ROOT, 'docs', 'troubleshooting.md')) as f:
+    shown = re.search(r'```\n(jaxpar: config\.[^\n]*)\n```', f.read()).group(1)
+  args = shlex.split(command.replace('/tmp/t', str(tmp_path / 't')))
+  run = subprocess.run([sys.executable, *args[1:]], capture_output=True, text=True,
+                       env=process_env(), cwd=ROOT, timeout=300)
+  assert run.returncode == 2, run.stderr[-3000:]
+  assert shown in run.stderr.splitlines() and 'Traceback' not in run.stderr

@@ -7,7 +7,8 @@ Two kinds of target:
 - whole files under analysis/report/ (`FILES`): the reports and tables the analysis tools
   write (`analysis.steptime.compare`'s report.md, `analysis.benchmarks.bench_table`'s
   table.md), from the JSON beside them;
-- tables inside README.md and docs/*.md, between marker comments (`TABLES`):
+- tables inside README.md, docs/*.md and the reports written by hand under analysis/report/
+  (e.g. performance/report.md), between marker comments (`TABLES`):
 
       <!-- generated: NAME (python -m analysis.report) -->
       | ... |
@@ -358,13 +359,37 @@ TABLES = {
     'plan-far-targets': _far_targets,
 }
 
+def _test_files() -> str:
+  """Each test file and what it checks: the first paragraph of its module docstring."""
+  import ast
+  lines = ['| file | what it checks |', '|---|---|']
+  for path in sorted(glob.glob(os.path.join(ROOT, 'tests', 'test_*.py'))):
+    with open(path) as f:
+      doc = ast.get_docstring(ast.parse(f.read())) or ''
+    first = ' '.join(doc.split('\n\n')[0].split()).replace('|', '\\|')
+    lines.append(f'| `{os.path.basename(path)}` | {first} |')
+  return '\n'.join(lines)
+
+
+TABLES['test-files'] = _test_files
+
 _MARKED = re.compile(r'(<!-- generated: (?P<name>[\w-]+) \(python -m analysis\.report\) -->\n)'
                      r'(?P<body>.*?)(<!-- end: (?P=name) -->)', re.S)
 _START = re.compile(r'<!-- generated: ([\w-]+) ')
 
 
 def documents() -> list:
-  return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
+  """README.md, docs/*.md and the reports written by hand under analysis/report/ (those
+  not in `FILES`) that hold a marked table."""
+  generated = {os.path.join(REPORT, name) for name in FILES}
+  reports = []
+  for path in sorted(glob.glob(os.path.join(REPORT, '**', '*.md'), recursive=True)):
+    if path not in generated:
+      with open(path) as f:
+        if _START.search(f.read()):
+          reports.append(path)
+  return ([os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
+          + reports)
 
 
 def regenerate() -> dict:

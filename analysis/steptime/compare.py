@@ -441,7 +441,7 @@ def overview_summary(points) -> str:
 
 
 def settings_table(result, points) -> str:
-  """One network's settings side by side (docs/step-times.md): t_grad of the sync-split
+  """One network's settings side by side (analysis/report/measured/findings.md): t_grad of the sync-split
   batch alone and under the N = 2 run's contention, [T]'s t_comm, the calibrated one-way
   permute and all-reduce of the whole gradient and a scalar all-reduce (per call), each
   server's sync-join speedup at N = 2 and the best sync-split one."""

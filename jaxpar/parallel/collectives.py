@@ -124,7 +124,7 @@ def by_size(tree, reduce, small: int | None = None):
   tensors (biases, BatchNorm's scales, 1×1 convolutions) cost one call instead of one each,
   and the large ones, which a call's fixed cost does not weigh on, are not copied into a
   buffer and out again. Measured at or ahead of the faster of the two on 2 processes and on
-  emulated devices (docs/performance.md#gradients-by-size)."""
+  emulated devices (docs/performance.md#gradients-by-size-grad_fusion)."""
   small = SMALL_TENSOR_BYTES if small is None else small
   leaves, treedef = jax.tree.flatten(tree)
   little = [nbytes(leaf) < small for leaf in leaves]

@@ -77,7 +77,7 @@ def gossip_mean(tree, axes, s: int, fusion: str = 'per_tensor'):
   `per_tensor`, one or two permutes per tensor; `one_buffer`, every leaf in one buffer per
   dtype, one or two permutes a step; `by_size`, the leaves under 64 KiB in one buffer and
   each larger one alone (each call costs a latency and is a rendezvous of the partners, a
-  buffer a copy of every byte in it; docs/performance.md#gradients-by-size)."""
+  buffer a copy of every byte in it; docs/performance.md#gradients-by-size-grad_fusion)."""
   perms = ring_partners(lax.axis_size(axes), s)
 
   def mix(g):
