@@ -845,6 +845,56 @@ def test_measuring_times_what_moves_ahead_beside_the_fastest_measured_that_runs_
   assert timed[:8] == [a, b, a, b, b, a, a, b] and sorted(timed[8:], key=str) == [a] * 4 + [d] * 4
 
 
+def test_past_the_budget_no_further_run_starts_and_the_log_names_each():
+  """Phases 1-1b past their deadlines (a time, or across processes a callable): the further
+  seeds, Downpour's simulated run, the run at the large batch and the families' runs are not
+  started (each would compile and run to its first evaluation), each named in the log."""
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',)})
+  serial = {'K': 100.0, 'metric': {'every': 10}}
+  lines = []
+  assert planner.other_seeds(c, None, None, serial, 0.0, lines.append) == []
+  assert planner.async_run(c, None, None, serial, 2, 0.0, lines.append) is None
+  assert planner.large_run(c, None, None, serial, 64, 0.0, lines.append) is None
+  found, _ = candidates.enumerate_candidates(c, 2)
+  assert planner.method_runs(c, None, None, serial, found, lambda: True, lines.append,
+                             None) == {}
+  assert lines == [f'Plan: the budget was spent: {what} not run.' for what in (
+      f'the serial run at seed {c.seed + 1}', "Downpour's simulated run",
+      'the serial run at batch 64',
+      'sync-join allreduce N=2 B=32, BN per device (its steps: bn_device)')]
+
+
+def test_a_close_row_the_budget_left_at_its_bound_is_costed_before_it_is_timed():
+  """Phase 5 after a budget spent in phase 4 (`rank.predict`'s 'budget' rows have no step
+  program yet): the first close one is costed — its program made — and then timed; past the
+  budget only that one (it was a KeyError: a row timed without a program)."""
+  import ml_collections
+  c = candidates.Candidate
+  a, b = c('sync-split', 'allreduce', 2, 64, 'all'), c('sync-split', 'central', 2, 64, 'all')
+  rows = [{'candidate': a, 't_predicted': 0.050, 'pruned': 'budget', 'collectives': None},
+          {'candidate': b, 't_predicted': 0.052, 'pruned': 'budget', 'collectives': None}]
+  calls_of, costed = {}, []
+
+  def cost(row):
+    costed.append(row['candidate'])
+    row.update(t_predicted=row['t_predicted'] + 0.01, collectives=3)
+    row.pop('pruned')
+    window = lambda k: 0.06
+    window.close = lambda: None
+    calls_of[row['candidate']] = window
+  p = ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': 2,
+                                 'measure_steps': 10})
+  ranked = planner.time_the_close_ones(
+      rows, lambda: rank.rank(rows, 100, 64, (math.inf,) * 3), calls_of, cost=cost, p=p,
+      past_deadline=lambda: True, agree=lambda x: x, log=[].append, started=0.0)
+  assert costed == [a]
+  # b keeps its bound, ahead but unmeasured: the plan then chooses the fastest measured.
+  assert [r['candidate'] for r in ranked] == [b, a]
+  assert ranked[1]['t_measured'] == [0.06, 0.06] and not ranked[1].get('pruned')
+  assert 't_measured' not in ranked[0] and ranked[0]['pruned'] == 'budget'
+  assert planner._fastest_measured(ranked)['candidate'] == a
+
+
 def test_the_cache_reuses_what_depends_on_nothing_that_changed(tmp_path):
   """plan/cache.py: an entry under the key of (machine, versions, backend, setting, the
   one-device config less the fields that cannot change a step's time) is found again; a

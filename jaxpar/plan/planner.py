@@ -242,12 +242,21 @@ def make(cfg, log=logging.info) -> dict:
   def past_deadline():  # process 0's clock decides, as it decides what is costed and timed
     return agree(time.perf_counter() > deadline)
 
+  # Phases 2-4 stop short of the deadline by what timing one candidate takes in phase 5
+  # (compiling its step, as the serial run's first step did, and its windows), which phase
+  # 5 does even past it: so a plan keeps to its budget.
+  reserve = (serial.get('first_step_s') or 0.0) + (
+      p.measure_windows * p.measure_steps + 2) * (t_one or 0.0)
+
+  def past_preparing():
+    return agree(time.perf_counter() > deadline - reserve)
+
   needed = {(c.device_batch, c.devices) for c in found} | {(b, 1)}
   t_grad = {k: v for k, v in reused.items() if k in needed}
   t_grad.update({(int(batch), 1): seconds for batch, seconds in alone['t_grad'].items()})
   estimated = set()  # past the budget: t_grad scaled from the nearest measured one
   for key in sorted(k for k in needed if k[1] > 1 and k not in t_grad):
-    if past_deadline():
+    if past_preparing():
       estimated.add(key)
       continue
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': key[0]}), meta,
@@ -307,7 +316,7 @@ def make(cfg, log=logging.info) -> dict:
     param_bytes = nbytes(params)
     sizes = sorted({4096, max(4096, param_bytes // 8 * 8)})
     calls = entry.get('calls') if processes == 1 else None  # across processes: the link's
-    partial_calls = not calls and past_deadline()
+    partial_calls = not calls and past_preparing()
     if partial_calls:  # the kinds every other one can be costed as
       log('Plan: the budget was spent: the calls calibrated for all-reduce and permute only '
           '(the other kinds costed as all-reduce).')
@@ -324,7 +333,7 @@ def make(cfg, log=logging.info) -> dict:
   # unpacking the exchanged buffers, the update on them, conditionals, per-device copies —
   # is not the one-device step's: its step with the gradients stood in for, timed, less its
   # collectives' calibrated cost and the one-device program's time (`strategy_work`).
-  work, work_rows = strategy_work(one, found, meta, variables, costs, p, past_deadline, agree,
+  work, work_rows = strategy_work(one, found, meta, variables, costs, p, past_preparing, agree,
                                   log)
   if work_rows:
     log(f'Plan [{time.perf_counter() - started:.0f} s]: the strategies\' own work beyond the '
@@ -381,7 +390,7 @@ def make(cfg, log=logging.info) -> dict:
                                overhead + work.get(work_key(c), 0.0), 0.0, inputs_of(c))
 
   rows = rank.predict(found, lambda c: rank.steps(c, k_b, b, noise[0], methods), bound, cost,
-                      p.close, past_deadline)
+                      p.close, past_preparing)
   for row in rows:
     if row['candidate'] in alone_rows:  # timed already: costed (no collectives), not bound
       cost(row)
@@ -429,6 +438,8 @@ def make(cfg, log=logging.info) -> dict:
       'host_memory': host_memory.applied(),
       'setting': _setting(available),
       'target': target.to_dict(), 'budget_s': p.budget_s, 'planning_s': elapsed,
+      # Phases 2-4 stopped this much short of a budget: timing one candidate in phase 5.
+      'budget_reserve_s': reserve if p.budget_s else None,
       'phases_s': phases,  # the phases' seconds, in order (the module docstring's 1-5)
       # What planning cost, as a share of the training it plans.
       'planning_per_training': elapsed / choice['T'][0] if choice['T'][0] > 0 else None,
@@ -513,7 +524,7 @@ def _setting(available: int) -> str:
             f'{"s" if local > 1 else ""}'
             + (f', {cores} core{"s" if cores > 1 else ""} each' if backend == 'cpu' else ''))
   if backend == 'cpu' and available > 1:
-    return f'{available} emulated CPU devices sharing {cores} cores'
+    return f'{available} emulated CPU devices sharing {cores} core{"s" if cores > 1 else ""}'
   return f'{available} {backend} device{"s" if available > 1 else ""}'
 
 
@@ -576,6 +587,15 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
           'large': at_large}
 
 
+def _spent(deadline, log, what: str) -> bool:
+  """Whether a run would start past its deadline (a time, or a callable that decides:
+  across processes process 0's clock); said in the log, naming the run left out."""
+  spent = deadline() if callable(deadline) else time.perf_counter() > deadline
+  if spent:
+    log(f'Plan: the budget was spent: {what} not run.')
+  return spent
+
+
 def other_seeds(one, source, target, serial: dict, deadline: float, log) -> list:
   """K at `plan.seeds` − 1 further seeds (other initial weights and data order), each a
   serial run to the target without B_noise readings, at most twice the first run's K
@@ -588,6 +608,8 @@ def other_seeds(one, source, target, serial: dict, deadline: float, log) -> list
   out = []
   for i in range(1, p.seeds):
     seed = one.seed + i
+    if _spent(deadline, log, f'the serial run at seed {seed}'):
+      break
     log(f'Plan: serial run at seed {seed} (K\'s spread from seed to seed), at most {cap} steps.')
     run = probe.serial_run(with_overrides(one, {'seed': seed}), source, target,
                            eval_every=serial['metric']['every'], max_steps=cap,
@@ -631,6 +653,8 @@ def large_run(one, source, target, serial: dict, batch: int, deadline: float, lo
   if not batch or batch <= b or serial['K'] is None:
     return None
   cap = _cap(serial, p)
+  if _spent(deadline, log, f'the serial run at batch {batch}'):
+    return None
   log(f'Plan: serial run at batch {batch} on one device (the batch model\'s second point), '
       f'at most {cap} steps.')
   run = probe.serial_run(with_overrides(one, {'per_device_batch': batch}), source, target,
@@ -681,6 +705,8 @@ def async_run(one, source, target, serial: dict, devices: int, deadline: float, 
   if 'async' not in p.methods or devices < 2 or serial['K'] is None:
     return None
   cap = _cap(serial, p)
+  if _spent(deadline, log, f'Downpour\'s simulated run'):
+    return None
   log(f'Plan: Downpour with {devices} workers: the serial run at staleness {devices - 1} '
       f'(simulated on one device), at most {cap} steps.')
   run = probe.stale_run(one, source, target, devices - 1, eval_every=serial['metric']['every'],
@@ -708,6 +734,8 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
     if c.family == 'local_sgd' and c.period == max(p.periods):
       runs.setdefault('local_sgd', c)
   for family, c in runs.items():
+    if _spent(deadline, log, f'{c.label} (its steps: {family})'):
+      break
     log(f'Plan: {c.label} to the target (its steps: {family}), at most {cap} steps.')
     cfg_c = with_overrides(one, c.overrides())
     run = probe.serial_run(cfg_c, source, target, eval_every=serial['metric']['every'],
@@ -886,6 +914,11 @@ def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, l
   group = [r for r in ranked if rank.choosable(r) and r['T'][0] <= p.close * best
            and not r.get('t_measured')]
   group = group[:p.measure_top] or [r for r in [_leader(ranked)] if not r.get('t_measured')]
+  # A row the budget left at its bound has no step yet: cost it before it is timed (past
+  # the budget only the first, the one `_measure` still times).
+  for i, row in enumerate(group):
+    if row.get('pruned') and (i == 0 or not past_deadline()):
+      cost(row)
   while True:  # each round measures at least one exact candidate not yet measured: it ends
     group = _measure(group, calls_of, p, past_deadline, agree, log, started)
     ranked = rerank()

@@ -259,13 +259,14 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
     return target.metric(evaluation)
 
   curve, seconds, track, stopped = [(0, measured(state))], [], [], 'max_steps'
-  mark, since, verdict = None, 0, 'plateau'
+  mark, since, verdict, first = None, 0, 'plateau', time.perf_counter()
   for step in range(1, max_steps + 1):
     state, metrics = loop(state)
     since += 1
     if step == 1:  # compiles: the clock starts after it
       jax.block_until_ready(metrics)
       mark, since = time.perf_counter(), 0
+      first = mark - first
     if step % cost.every == 0 or step == max_steps:
       jax.block_until_ready(metrics)
       if since:  # steps as training runs them, dispatched ahead, blocked once a window
@@ -295,7 +296,8 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
       mark, since = time.perf_counter(), 0
   return {'curve': curve, 'K': steps_model.reached(curve, target.threshold),
           'step_seconds': seconds, 'noise': track, 'stopped': stopped, 'progress': verdict,
-          'metric': cost.to_dict(), 'state': state}
+          'metric': cost.to_dict(), 'state': state,
+          'first_step_s': first}  # its first step: compiling it, and the loop's start
 
 
 class _MetricCost:
