@@ -31,7 +31,17 @@ class RunError(RuntimeError):
 
 
 def defaults() -> ml_collections.ConfigDict:
+  """Every field with its default, area by area (each `_area(c)` below sets its own)."""
   c = ml_collections.ConfigDict()
+  for area in (_network_and_compute, _data, _methods, _distributed, _scheme_and_plan, _async,
+               _run):
+    area(c)
+  return c
+
+
+def _network_and_compute(c) -> None:
+  """The network, the compute dtype, and how its convolutions, host memory and compiled
+  programs are handled."""
   c.model = 'resnet34'          # resnet34 | vgg16e | googlenet | squeezenet
   c.shortcut = 'projection'     # ResNet34 only: projection | zero_pad ([T] ch. 2)
   c.batch_norm = False          # VGG16E/GoogLeNet/SqueezeNet: add BN after each conv (not in the originals)
@@ -63,6 +73,9 @@ def defaults() -> ml_collections.ConfigDict:
   # every process sees must be named); off; or a folder.
   c.compilation_cache = 'auto'
 
+
+def _data(c) -> None:
+  """The dataset, the input size and the augmentation."""
   c.dataset = ml_collections.ConfigDict()
   c.dataset.name = 'sklearn_digits'  # a TFDS name, 'image_folder' or 'synthetic'
   c.dataset.data_dir = ''            # TFDS data_dir ('' = TFDS default)
@@ -100,6 +113,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.augment.crop_padding = 4
   c.augment.flip = False
 
+
+def _methods(c) -> None:
+  """The mesh and the parallel method: [T]'s servers, Local SGD, gossip, hybrid FC, BN
+  groups."""
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (8,)
   c.mesh.axes = ('data',)       # every axis is a data axis: the batch is split over all of them
@@ -161,6 +178,9 @@ def defaults() -> ml_collections.ConfigDict:
   # auto: 1 for Local SGD and gossip (each device trains its own replica), else 0.
   c.bn_group_size = config_dict.placeholder(int)
 
+
+def _distributed(c) -> None:
+  """Several processes forming one mesh."""
   # Several processes (hosts) forming one mesh, through jax.distributed. Either
   # explicit (`launch/local.sh` sets coordinator, num_processes and process_id for each
   # process), or read from the cluster's environment by JAX's detectors when no
@@ -181,6 +201,9 @@ def defaults() -> ml_collections.ConfigDict:
   # while when another process busy on their core starves them) | 'normal'
   c.distributed.collective_threads = 'idle'
 
+
+def _scheme_and_plan(c) -> None:
+  """[T]'s scheme, the batch it splits, and jaxpar.plan's settings."""
   # [T] ch. 3: sync-split divides `global_batch` among the devices (= sequential
   # training); sync-join gives each device `per_device_batch` (global = N × per-device);
   # async (Downpour SGD) lets every device train on its own `per_device_batch`
@@ -192,6 +215,7 @@ def defaults() -> ml_collections.ConfigDict:
   # jaxpar.plan (python -m jaxpar.plan, or scheme='auto'; docs/plan.md).
   c.plan = ml_collections.ConfigDict()
   c.plan.file = ''              # a plan.json to train with (scheme='auto'): none = make one
+  c.plan.stop_at_target = False  # scheme='auto': end the run where the target is reached
   c.plan.target_loss = 0.0      # the target: a training-set loss (whole split, unaugmented) ...
   c.plan.target_accuracy = 0.0  # ... or a test top-1 (0-1); exactly one
   c.plan.budget_s = 0.0         # seconds the plan may measure for (0: bounded by steps)
@@ -210,6 +234,10 @@ def defaults() -> ml_collections.ConfigDict:
   c.plan.close = 2.0            # ... among those predicted within this factor of the best
   c.plan.measure_steps = 10     # steps of a timed window (and t_grad calls)
   c.plan.measure_windows = 3    # timed windows of each measured candidate
+
+
+def _async(c) -> None:
+  """Downpour's workers and servers."""
   # Downpour (scheme='async'; jaxpar/parallel/async_sgd.py, async_ray.py, docs/async.md).
   c.async_sgd = ml_collections.ConfigDict()
   # threads: a thread per device of this process (one host); ray: a Ray actor (process)
@@ -226,6 +254,10 @@ def defaults() -> ml_collections.ConfigDict:
   # ray: CPUs each worker actor reserves, and so its OpenMP threads (oneDNN's convolutions:
   # Ray sets OMP_NUM_THREADS to them). 0 = the cluster's CPUs / workers, at least 1 (logged).
   c.async_sgd.cpus_per_worker = 0
+
+
+def _run(c) -> None:
+  """Batches, run length, the optimizer and its schedule, logging and checkpoints."""
   c.per_device_batch = 16
   c.eval_batch = 256            # global; the last batch is padded and masked
   # Gradient accumulation: every device takes its share of an update's batch in this
@@ -261,7 +293,6 @@ def defaults() -> ml_collections.ConfigDict:
   c.checkpoint_every = 100
   c.keep_checkpoints = 3
   c.stop_after_steps = 0        # > 0: checkpoint and exit after this many steps (time-limited jobs)
-  return c
 
 
 def method(c) -> str:

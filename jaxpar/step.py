@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.models import AUX_LOSS_WEIGHT
-from jaxpar.parallel.collectives import replicate, spanning
+from jaxpar.collectives import replicate, spanning
 
 
 class LossScale(flax.struct.PyTreeNode):

@@ -62,6 +62,11 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   # ------------------------------------------------------------------ config (and plan)
   _check_workdir(workdir)
   plan = None
+  if cfg.plan.stop_at_target and cfg.scheme != 'auto':
+    raise config_lib.ConfigError(
+        f'config.plan.stop_at_target=True is invalid with scheme={cfg.scheme!r}: it ends a '
+        f"run of scheme='auto' where its plan's target is reached; set scheme='auto' (with "
+        f'plan.file or plan.target_*), or leave it False')
   if cfg.scheme == 'auto':  # jaxpar.plan measures, predicts and chooses (or plan.file)
     cfg, plan = planner.resolve(cfg, workdir)
   validation.validate(cfg)
@@ -113,7 +118,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   eval_step = make_eval_step(model, mesh)
   reporter = Reporter(workdir, total_steps, first_step, global_batch)
   clock = planner.TargetClock(plan, cfg.plan.eval_every) if plan and not first_step else None
-  step, stopped_by = first_step, ''
+  step, stopped_by, at_target = first_step, '', False
   while step < last_step:
     state, metrics = loop(state)
     step += 1
@@ -128,6 +133,10 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
           return evaluate(eval_step, strategy.variables(loop.synced(state)), mesh, source, cfg,
                           split=clock.target.split)
       clock.check(step, metrics, on_train_split)
+      if clock.reached and cfg.plan.stop_at_target and not at_target:
+        at_target, last_step = True, step  # saved and evaluated below, as a last step
+        logging.info('Plan: the target reached: the run ends at step %d '
+                     '(config.plan.stop_at_target).', step)
     if step % cfg.log_every == 0 or step == last_step:
       reporter.report(step, float(schedule(step - 1)))
     if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
@@ -152,7 +161,8 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
 
   # ------------------------------------------------------------------ final eval
   results = {}
-  if step == total_steps and not stopped_by:  # stopped at the last step: evaluated on resuming
+  # Stopped at the last step: evaluated on resuming (stop_after_steps, a signal).
+  if (step == total_steps or at_target) and not stopped_by:
     results = evaluate(eval_step, strategy.variables(state), mesh, source, cfg)
     reporter.evaluation(step, results)
   checkpoints.close()

@@ -57,6 +57,17 @@ def validate(c) -> None:
   if c.scheme == 'auto':
     _fail('scheme', c.scheme, "jaxpar.train settles it with jaxpar.plan before the run; this "
           f"tool needs one of {list(SCHEMES)}")
+  _validate_choices(c)
+  settle(c)
+  _validate_data(c)
+  shape, axes = _validate_mesh(c)
+  _validate_method(c, shape, axes)
+  _validate_distributed(c, shape)
+  _validate_run(c)
+
+
+def _validate_choices(c) -> None:
+  """Every field with a fixed set of values holds one of them."""
   for field, choices in (('model', sorted(MODELS)), ('shortcut', SHORTCUTS), ('dtype', DTYPES),
                          ('grad_reduce_dtype', REDUCE_DTYPES), ('conv_impl', CONV_IMPLS),
                          ('host_memory', HOST_MEMORY),
@@ -75,8 +86,11 @@ def validate(c) -> None:
   if c.conv_impl == 'onednn' and not onednn.available():  # builds it on first use
     _fail('conv_impl', c.conv_impl, f"oneDNN's convolutions cannot run here "
           f"({onednn.unavailable_reason()}); 'auto' takes the other lowerings then")
-  settle(c)
 
+
+def _validate_data(c) -> None:
+  """The dataset (an image folder, synthetic images or a TFDS name), its order and the
+  input size."""
   if c.dataset.name == sources.IMAGE_FOLDER:
     if not os.path.isdir(c.dataset.path):
       _fail('dataset.path', c.dataset.path,
@@ -121,12 +135,20 @@ def validate(c) -> None:
   if isinstance(c.image_size, int) and c.image_size < MIN_IMAGE_SIZE[c.model]:
     _fail('image_size', c.image_size, f'{c.model} needs at least {MIN_IMAGE_SIZE[c.model]}')
 
+
+def _validate_mesh(c) -> tuple:
+  """(shape, axes) of `mesh`: positive sizes, one distinct name each."""
   shape, axes = tuple(c.mesh.shape), tuple(c.mesh.axes)
   if not shape or any(not isinstance(n, int) or n <= 0 for n in shape):
     _fail('mesh.shape', shape, 'expected a tuple of positive integers, e.g. (2, 4)')
   if len(axes) != len(shape) or len(set(axes)) != len(axes):
     _fail('mesh.axes', axes, f'expected {len(shape)} distinct names, one per mesh.shape entry')
+  return shape, axes
 
+
+def _validate_method(c, shape, axes) -> None:
+  """The method's fields against each other and the mesh: servers, Local SGD, gossip,
+  hybrid FC, reductions, BN groups."""
   if c.placement != 'even' and c.server != 'distributed':
     _fail('placement', c.placement, "placement applies to server='distributed'; leave it 'auto'")
   if c.central_schedule != 'serial' and c.server != 'central':
@@ -190,6 +212,9 @@ def validate(c) -> None:
           f'{c.model} has no BatchNorm unless config.batch_norm=True; set it, or leave '
           f'bn_group_size unset')
 
+
+def _validate_distributed(c, shape) -> None:
+  """Several processes: their count, ids, coordinator and timeouts."""
   d = c.distributed
   _positive_int(c, 'distributed.num_processes')
   if not isinstance(d.process_id, int) or not 0 <= d.process_id < d.num_processes:
@@ -207,6 +232,9 @@ def validate(c) -> None:
     _fail('distributed.num_processes', d.num_processes,
           f'the mesh\'s {math.prod(shape)} devices must split evenly among the processes')
 
+
+def _validate_run(c) -> None:
+  """Batches, run length, evaluation and the optimizer's numbers."""
   for field in ('image_size', 'eval_batch', 'log_every', 'checkpoint_every', 'keep_checkpoints',
                 'optimizer.base_batch', 'dataset.shuffle_buffer'):
     _positive_int(c, field)
@@ -235,7 +263,6 @@ def validate(c) -> None:
   for field in ('optimizer.b1', 'optimizer.b2'):
     if not 0 <= _get(c, field) < 1:
       _fail(field, _get(c, field), 'expected a decay rate in [0, 1)')
-
 
 def settle(c) -> None:
   """Fills the fields left `auto` with what the chosen method needs, in place, and logs

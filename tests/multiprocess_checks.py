@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar import mesh as mesh_lib  # noqa: E402
 from jaxpar import multihost  # noqa: E402
-from jaxpar.parallel import collectives  # noqa: E402
+from jaxpar import collectives  # noqa: E402
 from jaxpar.parallel.allreduce import AllReduce  # noqa: E402
 from jaxpar.parallel.averaging import LocalSGD  # noqa: E402
 from jaxpar.parallel.gossip import Gossip  # noqa: E402

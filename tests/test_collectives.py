@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import make_mesh
 from jaxpar.plan.hlo import collectives
-from jaxpar.parallel.collectives import (SMALL_TENSOR_BYTES, fused_psum, replicate, ring_psum,
+from jaxpar.collectives import (SMALL_TENSOR_BYTES, fused_psum, replicate, ring_psum,
                                         sized_psum, spanning, torus2d_psum)
 
 # Awkward on purpose: a scalar, sizes prime to every axis size, an empty leaf, bf16 beside f32.

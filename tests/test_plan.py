@@ -770,7 +770,7 @@ def test_the_update_program_is_the_step_with_its_gradients_stood_in_for():
   each call runs its steps (the state advances)."""
   import jax
   from jaxpar.plan import probe
-  from jaxpar.parallel.collectives import nbytes
+  from jaxpar.collectives import nbytes
   c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',), 'scheme': 'sync-split'})
   meta = {'num_classes': 10, 'channels': 1}
   variables = probe.initial_variables(c, meta)
@@ -1025,6 +1025,26 @@ def test_scheme_auto_trains_with_a_plan_file_and_reports_the_time_to_its_target(
   written = json.loads((tmp_path / 'run' / planner.OUTCOME_FILE).read_text())
   assert written['step'] == 2 and written['choice'] == choice.label
   assert result.eval['count'] == 360
+
+
+def test_a_planned_run_can_end_where_its_target_is_reached(data_dir, tmp_path):
+  """`plan.stop_at_target`: the run of a plan ends at the evaluation that reaches the target
+  (step 2 here, of the 50 the plan lengthens it to), saved and evaluated on every test
+  example; without scheme='auto' (no target) the field is one line."""
+  from jaxpar.train import train_and_evaluate
+  choice = candidates.Candidate('sync-join', 'allreduce', 2, 32, 'device')
+  path = tmp_path / 'plan.json'
+  path.write_text(json.dumps(_plan_json(choice, {'kind': 'loss', 'value': 10.0})))
+  c = _config(**{'dataset.data_dir': data_dir, 'scheme': 'auto', 'plan.file': str(path),
+                 'plan.eval_every': 2, 'total_steps': 4, 'optimizer.warmup_steps': 1,
+                 'checkpoint_every': 100, 'eval_batch': 64, 'plan.stop_at_target': True})
+  result = train_and_evaluate(c, str(tmp_path / 'run'))
+  assert result.step == 2 and result.plan['step'] == 2
+  assert result.eval['count'] == 360 and result.checkpoint.endswith(os.sep + '2')
+  c = _config(**{'dataset.data_dir': data_dir, 'plan.stop_at_target': True})
+  with pytest.raises(config_lib.ConfigError, match=r"config.plan.stop_at_target=True is "
+                     r"invalid with scheme='sync-split'"):
+    train_and_evaluate(c, str(tmp_path / 'other'))
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar.plan.hlo import collectives
 from jaxpar.mesh import make_mesh
-from jaxpar.parallel import collectives as collectives_lib
+from jaxpar import collectives as collectives_lib
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.step import loss_and_logits, make_eval_step, make_train_step, to_global
 from runs import (TinyResNet, assert_trees_close, init_plain, random_batches, reference_run,

@@ -123,6 +123,8 @@ def train(configuration: list, plan_file: str, seed: int, workdir: str, processe
   from jaxpar.plan import planner
   args = [*configuration, '--config.scheme=auto', f'--config.plan.file={plan_file}',
           f'--config.seed={seed}', '--config.total_steps=0', '--config.eval_every=0',
+          # ended where the target is reached: the rest of the run measures nothing here
+          '--config.plan.stop_at_target=True',
           '--config.checkpoint_every=1000000000', f'--workdir={workdir}',
           # compiled as the plan's steps were, not loaded (jaxpar/compile_cache.py)
           '--config.compilation_cache=off']

@@ -74,7 +74,7 @@ from jaxpar import build, models, validation  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.cpu_load import cpu_clock, other_cpu  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
-from jaxpar.parallel.collectives import nbytes  # noqa: E402
+from jaxpar.collectives import nbytes  # noqa: E402
 from jaxpar.plan import calibrate  # noqa: E402
 from jaxpar.plan.probe import machine, versions  # noqa: E402,F401 (also for analysis' tools)
 

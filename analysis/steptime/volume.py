@@ -17,7 +17,7 @@ import numpy as np
 from jaxpar.plan import hlo
 from jaxpar import config as config_lib
 from jaxpar.parallel import gossip
-from jaxpar.parallel.collectives import nbytes
+from jaxpar.collectives import nbytes
 from jaxpar.parallel.sparsify import capacity_of
 
 

@@ -7,7 +7,7 @@ training. With sync-join the same mean is [T]'s ∇W = (1/N) Σ ∇W_i.
 How the sum travels is config `grad_reduce`: XLA's all-reduce (`psum`; per
 tensor, in one buffer, or the small tensors in one buffer and the large ones alone:
 config `grad_fusion`), [L]'s ring or [Y]'s 2-D torus
-(`parallel/collectives.py`); all three give the same mean. `grad_reduce_dtype`
+(`jaxpar/collectives.py`); all three give the same mean. `grad_reduce_dtype`
 may send the gradients in bfloat16, halving the bytes moved; they are cast back
 to their own dtype (float32) before the division, so the optimizer always sees
 float32 ([Y]'s mixed precision keeps the reduction in float32 by default).
@@ -18,7 +18,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
-from jaxpar.parallel.collectives import (SMALL_TENSOR_BYTES, fused_psum, nbytes, replicate,
+from jaxpar.collectives import (SMALL_TENSOR_BYTES, fused_psum, nbytes, replicate,
                                         ring_psum, sized_psum, spanning, torus2d_psum,
                                         travelling)
 from jaxpar.step import ReplicatedParams

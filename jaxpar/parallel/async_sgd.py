@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
-from jaxpar.parallel.collectives import nbytes
+from jaxpar.collectives import nbytes
 from jaxpar.portable import owner_parts
 from jaxpar.step import TrainState, gradients
 

@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 from jaxpar import optim
 from jaxpar.parallel import layouts
 from jaxpar.parallel.allreduce import all_reduce_bytes
-from jaxpar.parallel.collectives import nbytes
+from jaxpar.collectives import nbytes
 
 
 class Replicas(optim.WholeTensors):

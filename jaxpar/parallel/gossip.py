@@ -39,7 +39,7 @@ from absl import logging
 from jax import lax
 
 from jaxpar.parallel.averaging import Replicas
-from jaxpar.parallel.collectives import fused_as, nbytes
+from jaxpar.collectives import fused_as, nbytes
 
 # What the neighbours mix (config `gossip_mix`): [L]'s gradients, or the replicas' weights.
 GOSSIP_MIXES = ('gradients', 'parameters')

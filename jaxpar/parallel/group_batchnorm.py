@@ -19,7 +19,7 @@ config error listing the valid ones.
 
 Running statistics: each group updates them from its own batch, so they differ
 between groups; the strategies average them over the axes they vary over
-(`parallel/collectives.py: replicate`) after every step, keeping the state
+(`jaxpar/collectives.py: replicate`) after every step, keeping the state
 replicated (as MLPerf's JAX ResNet syncs BN state before evaluation). The result is m·old + (1−m)·mean over groups of
 the groups' batch statistics.
 """

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel.allreduce import all_reduce_bytes
-from jaxpar.parallel.collectives import nbytes, replicate, travelling
+from jaxpar.collectives import nbytes, replicate, travelling
 from jaxpar.step import ReplicatedParams
 
 FC_PARALLEL = ('data', 'model', 'auto')

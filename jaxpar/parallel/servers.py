@@ -62,7 +62,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import optim
 from jaxpar.parallel import layouts
-from jaxpar.parallel.collectives import fused, nbytes, replicate, travelling
+from jaxpar.collectives import fused, nbytes, replicate, travelling
 from jaxpar.step import ReplicatedParams, data_axes
 
 PLACEMENTS = ('even', 'greedy')

@@ -309,7 +309,7 @@ def make(cfg, log=logging.info) -> dict:
           'busy): small collectives are timed waiting for a timer tick.')
   if available > 1:
     from jaxpar.mesh import make_mesh
-    from jaxpar.parallel.collectives import nbytes
+    from jaxpar.collectives import nbytes
     params = build.abstract_variables(one, build.model(
         one, meta['num_classes'], meta['channels'], make_mesh((1,), ('data',), jax.devices()[:1])),
         meta['channels'])['params']
