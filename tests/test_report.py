@@ -1,5 +1,5 @@
 """`python -m analysis.report`: every results table committed in analysis/report/, README.md
-and docs/ is what the committed JSON gives through today's code, so a re-measurement or a
+and docs/ is what the committed JSON gives through the current code, so a re-measurement or a
 change of format cannot leave a table behind."""
 import os
 

@@ -373,6 +373,14 @@ def _test_files() -> str:
 
 TABLES['test-files'] = _test_files
 
+
+def _plan_steps():
+  from analysis.steptime import plan_steps
+  return plan_steps.table(*_load('plan/steps/*.json'))
+
+
+TABLES['plan-steps'] = _plan_steps
+
 _MARKED = re.compile(r'(<!-- generated: (?P<name>[\w-]+) \(python -m analysis\.report\) -->\n)'
                      r'(?P<body>.*?)(<!-- end: (?P=name) -->)', re.S)
 _START = re.compile(r'<!-- generated: ([\w-]+) ')
