@@ -95,24 +95,19 @@ def judged(plan: dict, row: dict, measured: tuple | None) -> dict:
 
 
 def train_row(configuration: list, plan: dict, index: int, workdir: str, processes: int,
-              rate: str, steps: int, every: int) -> list:
-  """Trains row `index` of `plan` for `steps` steps as its choice, the target out of reach:
-  the clock's curve ([step, metric, seconds])."""
-  from analysis.steptime import link
-  from jaxpar.plan import planner
+              rate: str, steps: int, every: int, seed: int) -> list:
+  """Trains row `index` of `plan` for `steps` steps as its choice, as the regret check
+  trains a row (`plan_regret.train`), the target out of reach: the clock's curve ([step,
+  metric, seconds])."""
+  from analysis.accuracy import plan_regret
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, 'plan.json')
   with open(path, 'w') as f:  # never reached: the clock reads the time at every evaluation
     json.dump({**plan, 'choice': plan['candidates'][index],
                'target': {'kind': 'loss', 'value': 1e-12}}, f)
-  args = [*configuration, '--config.scheme=auto', f'--config.plan.file={path}',
-          '--config.total_steps=0', f'--config.stop_after_steps={steps}',
-          f'--config.plan.eval_every={every}', '--config.eval_every=0',
-          '--config.checkpoint_every=1000000000', f'--workdir={workdir}',
-          '--config.compilation_cache=off']
-  link.launch('jaxpar.train', args, processes, rate, os.path.join(workdir, 'logs'))
-  with open(os.path.join(workdir, planner.OUTCOME_FILE)) as f:
-    return json.load(f)['curve']
+  return plan_regret.train([*configuration, f'--config.stop_after_steps={steps}',
+                            f'--config.plan.eval_every={every}'],
+                           path, seed, workdir, processes, rate)['curve']
 
 
 def summary(plan: dict, results: list) -> dict:
@@ -168,7 +163,8 @@ def main(argv):
     for i in rows_to_run(plan):
       row = plan['candidates'][i]
       curve = train_row(configuration, plan, i, os.path.join(scratch, f'row_{i}'),
-                        FLAGS.processes, FLAGS.link, FLAGS.steps, FLAGS.every)
+                        FLAGS.processes, FLAGS.link, FLAGS.steps, FLAGS.every,
+                        FLAGS.config.seed)
       results.append(judged(plan, row, step_seconds(curve)))
       r = results[-1]
       print(f"{row['label']}: predicted {r['predicted_s'] * 1e3:.1f} ms (without the own work "

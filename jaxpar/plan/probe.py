@@ -259,14 +259,15 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
     return target.metric(evaluation)
 
   curve, seconds, track, stopped = [(0, measured(state))], [], [], 'max_steps'
-  mark, since, verdict, first = None, 0, 'plateau', time.perf_counter()
+  mark, since, verdict, first = None, 0, 'plateau', None
+  begun = time.perf_counter()
   for step in range(1, max_steps + 1):
     state, metrics = loop(state)
     since += 1
     if step == 1:  # compiles: the clock starts after it
       jax.block_until_ready(metrics)
       mark, since = time.perf_counter(), 0
-      first = mark - first
+      first = mark - begun
     if step % cost.every == 0 or step == max_steps:
       jax.block_until_ready(metrics)
       if since:  # steps as training runs them, dispatched ahead, blocked once a window
