@@ -20,7 +20,7 @@ from jaxpar.parallel.async_sgd import AsyncServer, Downpour
 from jaxpar.parallel.averaging import LocalSGD
 from jaxpar.parallel.gossip import Gossip
 from jaxpar.parallel.hybrid import MODEL_AXIS, HybridFC, choose_split
-from jaxpar.parallel.group_batchnorm import group_axes
+from jaxpar.group_batchnorm import group_axes
 from jaxpar.parallel.servers import CentralServer, DistributedServer
 from jaxpar.parallel.sparsify import SparseGossip
 from jaxpar.step import Synchronous, TrainState, init_state, init_variables, make_train_step
@@ -92,7 +92,9 @@ def step_temporaries(cfg, num_classes: int, channels: int, batch: int | None = N
   32-640 (VGG16E at 32²: 0.90 ×)."""
   from jaxpar.models import pooling
   from jaxpar.step import model_loss
-  network = _network(cfg, num_classes, None, 'xla')
+  # flax's pooling: the CPU's asks which backend it is
+  network = _network(cfg, num_classes, None, 'xla').clone(
+      pool=functools.partial(pooling.max_pool, forward='flax'))
   b = max(1, (batch or config_lib.device_batch(cfg)) // max(1, cfg.grad_accum_steps))
   shape = (b, cfg.image_size, cfg.image_size, channels)
 
@@ -102,11 +104,10 @@ def step_temporaries(cfg, num_classes: int, channels: int, batch: int | None = N
                                      jax.random.key(0))[0]
     return jax.vjp(loss, variables['params'])[1]
 
-  with pooling.settings(ENABLED=False):  # the CPU's pooling asks which backend it is
-    variables = jax.eval_shape(lambda: init_variables(network, (1, *shape[1:]),
-                                                      jax.random.key(0)))
-    kept = jax.eval_shape(residuals, variables, jax.ShapeDtypeStruct(shape, jnp.float32),
-                          jax.ShapeDtypeStruct((b,), jnp.int32))
+  variables = jax.eval_shape(lambda: init_variables(network, (1, *shape[1:]),
+                                                    jax.random.key(0)))
+  kept = jax.eval_shape(residuals, variables, jax.ShapeDtypeStruct(shape, jnp.float32),
+                        jax.ShapeDtypeStruct((b,), jnp.int32))
   params = jax.tree.leaves(variables['params'])
   shapes = {p.shape for p in params}
   size = lambda x: math.prod(x.shape) * jnp.dtype(x.dtype).itemsize

@@ -26,7 +26,7 @@ def ring_psum(tree, axis_name):
   collective whose result JAX types as replicated: the same N−1 steps written
   with `ppermute` leave values typed *varying* (though equal everywhere), which
   a replicated output (`out_specs=P()`) rejects. α-β cost:
-  `jaxpar.plan.alpha_beta.ring_all_reduce`, 2(N−1)/N of the buffer per device.
+  `jaxpar.perfmodel.alpha_beta.ring_all_reduce`, 2(N−1)/N of the buffer per device.
   """
   n = lax.axis_size(axis_name)
   right = [(i, (i + 1) % n) for i in range(n)]

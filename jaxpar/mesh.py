@@ -5,7 +5,7 @@ import jax
 from absl import logging
 from jax.sharding import AxisType, Mesh
 
-from jaxpar.parallel.group_batchnorm import split_for_groups
+from jaxpar.group_batchnorm import split_for_groups
 
 
 def emulate_cpu_devices(count: int) -> bool:

@@ -6,7 +6,7 @@ owns the shared parts; a method is a `Strategy` (see `parallel/`) that combines
 the gradients, updates, and lays out the state. The model's BatchNorm axes decide
 which devices share batch statistics; the strategy decides what becomes of the
 running statistics (replicated strategies average them over the other groups:
-`parallel/group_batchnorm.py`).
+`group_batchnorm.py`).
 
 Gradients are taken w.r.t. a *varying* copy of the replicated parameters
 (`lax.pcast(..., to='varying')` in `ReplicatedParams.local_variables`), so they

@@ -29,7 +29,7 @@ from jaxpar.models.resnet import SHORTCUTS
 from jaxpar.optim import LR_SCALINGS, OPTIMIZERS, SCHEDULES
 from jaxpar.parallel.allreduce import GRAD_FUSIONS, SUMS
 from jaxpar.parallel.gossip import GOSSIP_MIXES
-from jaxpar.parallel.group_batchnorm import bn_group_sizes, group_sizes, split_for_groups
+from jaxpar.group_batchnorm import bn_group_sizes, group_sizes, split_for_groups
 from jaxpar.parallel.hybrid import FC_PARALLEL, MODEL_AXIS
 from jaxpar.parallel.servers import CENTRAL_SCHEDULES, PLACEMENTS
 

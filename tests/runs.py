@@ -10,7 +10,7 @@ import optax
 
 from jaxpar import models
 from jaxpar.parallel.allreduce import AllReduce
-from jaxpar.parallel.group_batchnorm import group_axes
+from jaxpar.group_batchnorm import group_axes
 from jaxpar.step import TrainState, init_state, loss_and_logits, make_train_step, to_global
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxpar.plan.hlo import collectives, step_bytes
+from jaxpar.perfmodel.hlo import collectives, step_bytes
 from analysis.steptime.volume import analytic_bytes
 from jaxpar import config
 from jaxpar.mesh import make_mesh
@@ -103,7 +103,7 @@ def test_gossip_sends_once_to_a_partner_met_twice():
 
 def _lowered_bytes(strategy, mesh):
   """Bytes per device of the lowered step's collectives of arrays (the
-  metrics' scalars aside), as `jaxpar.plan.hlo` reads them from the StableHLO: of a
+  metrics' scalars aside), as `jaxpar.perfmodel.hlo` reads them from the StableHLO: of a
   conditional (Local SGD's averaging, gossip's ring distances) the costliest branch."""
   state, step = _state_and_step(strategy, mesh)
   batch = {'image': np.zeros((16, 4, 4, 3), np.float32), 'label': np.zeros(16, np.int32)}

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxpar.plan.hlo import collectives
+from jaxpar.perfmodel.hlo import collectives
 from jaxpar import models
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce

@@ -16,7 +16,8 @@ import pytest
 from absl import app as absl_app
 
 from analysis.accuracy import tta
-from jaxpar.plan import noise_scale, staleness, steps_model
+from jaxpar.perfmodel import noise_scale, steps_model
+from jaxpar.plan import staleness
 from runs import ROOT, config_file, process_env
 
 

@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxpar.plan import alpha_beta as cc
+from analysis.theory import alpha_beta_servers as servers
 from analysis.theory import equations as eq
 from analysis.theory import estimate, thesis_report
+from jaxpar.perfmodel import alpha_beta as cc
 
 approx = pytest.approx
 
@@ -132,9 +133,9 @@ def test_ring_collectives():
 
 def test_torus2d_has_lower_latency_than_one_ring():
   # 2×4: phase = max(ring(P/2, 2), ring(P/2, 4)) = 6·(α + P/8/β); twice.
-  assert cc.torus2d_all_reduce(P, 2, 4, ALPHA, BETA) == approx(2 * 6 * (ALPHA + P / 8 / BETA))
+  assert servers.torus2d_all_reduce(P, 2, 4, ALPHA, BETA) == approx(2 * 6 * (ALPHA + P / 8 / BETA))
   # 16×16 against one ring of 256: 60 latency steps instead of 510.
-  torus = cc.torus2d_all_reduce(1e3, 16, 16, ALPHA, float('inf'))
+  torus = servers.torus2d_all_reduce(1e3, 16, 16, ALPHA, float('inf'))
   ring = cc.ring_all_reduce(1e3, 256, ALPHA, float('inf'))
   assert torus == approx(60 * ALPHA) and ring == approx(510 * ALPHA)
 
@@ -142,27 +143,27 @@ def test_torus2d_has_lower_latency_than_one_ring():
 def test_central_server_schedules_are_the_thesis_cases():
   t_comm = ALPHA + P / BETA
   for n in (1, 2, 5, 8):
-    assert cc.central_server_sync_iteration(P, n, ALPHA, BETA, 0.7, 'serial') == approx(
+    assert servers.central_server_sync_iteration(P, n, ALPHA, BETA, 0.7, 'serial') == approx(
         eq.sync_central_best(0.7, t_comm, n))                          # eq. 4.4
-    assert cc.central_server_sync_iteration(P, n, ALPHA, BETA, 0.7, 'parallel') == approx(
+    assert servers.central_server_sync_iteration(P, n, ALPHA, BETA, 0.7, 'parallel') == approx(
         eq.sync_central_worst(0.7, t_comm, n))                         # eq. 4.7
   with pytest.raises(ValueError):
-    cc.central_server_sync_iteration(P, 2, ALPHA, BETA, 0.7, 'random')
+    servers.central_server_sync_iteration(P, 2, ALPHA, BETA, 0.7, 'random')
 
 
 def test_distributed_server_is_the_thesis_equation_without_latency():
   for n in (1, 2, 5, 8):
-    assert cc.distributed_server_sync_iteration(P, n, 0.0, BETA, 0.7) == approx(
+    assert servers.distributed_server_sync_iteration(P, n, 0.0, BETA, 0.7) == approx(
         eq.sync_distributed(0.7, P / BETA, n))                         # eq. 4.12, α = 0
     # With latency, the thesis charges 2(N−1)α/N where the ring pays 2(N−1)α.
-    gap = (cc.distributed_server_sync_iteration(P, n, ALPHA, BETA, 0.7)
+    gap = (servers.distributed_server_sync_iteration(P, n, ALPHA, BETA, 0.7)
            - eq.sync_distributed(0.7, ALPHA + P / BETA, n))
     assert gap == approx(2 * (n - 1) * ALPHA * (1 - 1 / n))
 
 
 def test_gossip_round():
-  assert cc.gossip_round(P, ALPHA, BETA) == approx(2 * (ALPHA + P / BETA))
-  assert cc.gossip_round(P, ALPHA, BETA, partners=1) == approx(ALPHA + P / BETA)
+  assert servers.gossip_round(P, ALPHA, BETA) == approx(2 * (ALPHA + P / BETA))
+  assert servers.gossip_round(P, ALPHA, BETA, partners=1) == approx(ALPHA + P / BETA)
   assert cc.point_to_point(P, ALPHA, BETA) == approx(ALPHA + P / BETA)
 
 

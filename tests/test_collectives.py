@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import make_mesh
-from jaxpar.plan.hlo import collectives
+from jaxpar.perfmodel.hlo import collectives
 from jaxpar.collectives import (SMALL_TENSOR_BYTES, fused_psum, replicate, ring_psum,
                                         sized_psum, spanning, torus2d_psum)
 

@@ -168,3 +168,50 @@ def test_the_troubleshooting_pages_bad_config_is_the_line_it_shows(tmp_path):
                        env=process_env(), cwd=ROOT, timeout=300)
   assert run.returncode == 2, run.stderr[-3000:]
   assert shown in run.stderr.splitlines() and 'Traceback' not in run.stderr
+
+
+def _anchors(path: str) -> set:
+  """The anchors GitHub gives the headings of a markdown file (lower case, punctuation
+  dropped, spaces as hyphens; a repeated heading gets -1, -2, …)."""
+  found, seen = set(), {}
+  with open(path) as f:
+    for line in f:
+      m = re.match(r'^#{1,6}\s+(.*)$', line.rstrip('\n'))
+      if m:
+        slug = re.sub(r'[^\w\- ]', '', m.group(1).strip().lower()).replace(' ', '-')
+        found.add(slug if slug not in seen else f'{slug}-{seen[slug]}')
+        seen[slug] = seen.get(slug, 0) + 1
+  return found
+
+
+def broken_links(paths) -> list[str]:
+  """'file: target' of each relative markdown link (outside code blocks) whose file does not
+  exist or whose #anchor no heading of that file makes."""
+  bad = []
+  for path in paths:
+    with open(path) as f:
+      text = re.sub(r'```.*?```', '', f.read(), flags=re.S)
+    for m in re.finditer(r'\]\(([^)\s]+)\)', text):
+      link = m.group(1)
+      if re.match(r'[a-z]+:', link):
+        continue
+      file, _, anchor = link.partition('#')
+      target = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+      if not os.path.exists(target):
+        bad.append(f'{os.path.relpath(path, ROOT)}: {link} (no such file)')
+      elif anchor and target.endswith('.md') and anchor not in _anchors(target):
+        bad.append(f'{os.path.relpath(path, ROOT)}: {link} (no such heading)')
+  return bad
+
+
+def test_every_link_of_the_docs_and_reports_reaches_its_file_and_heading(tmp_path):
+  pages = ([os.path.join(ROOT, 'README.md')] + glob.glob(os.path.join(ROOT, 'docs', '*.md'))
+           + glob.glob(os.path.join(ROOT, 'analysis', 'report', '**', '*.md'), recursive=True))
+  assert broken_links(pages) == []
+  page = tmp_path / 'page.md'
+  page.write_text('# A heading, with `code`\n## A heading, with `code`\n'
+                  '[ok](#a-heading-with-code) [ok](#a-heading-with-code-1) [bad](#a-heading)\n'
+                  '[missing](nowhere.md) [web](https://example.org)\n```\n[not](#in-code)\n```\n')
+  name = os.path.relpath(page, ROOT)
+  assert broken_links([str(page)]) == [f'{name}: #a-heading (no such heading)',
+                                       f'{name}: nowhere.md (no such file)']

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from jaxpar.mesh import make_mesh
 from jaxpar.models.layers import batch_norm
 from jaxpar.collectives import replicate
-from jaxpar.parallel.group_batchnorm import (bn_group_sizes, group_axes, group_sizes,
+from jaxpar.group_batchnorm import (bn_group_sizes, group_axes, group_sizes,
                                              split_for_groups)
 from runs import TinyResNet, assert_trees_close, random_batches, sharded_run
 

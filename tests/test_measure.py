@@ -19,8 +19,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from analysis.steptime import compare, gaps, link, measure, timing, trace
-from jaxpar.plan import alpha_beta as collectives
-from jaxpar.plan import calibrate, hlo
+from jaxpar.perfmodel import alpha_beta as collectives
+from jaxpar.perfmodel import calibrate, hlo
 from jaxpar import config as config_lib
 from jaxpar import cpu_load
 from jaxpar.mesh import make_mesh

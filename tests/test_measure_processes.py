@@ -8,7 +8,7 @@ import os
 import pytest
 
 from analysis.steptime import link
-from jaxpar.plan import calibrate
+from jaxpar.perfmodel import calibrate
 
 from test_measure import check_setting, measure_and_compare
 

@@ -302,13 +302,15 @@ STEPS, EVERY = 48, 8
 
 def _exited_promptly(*logs):
   """Every process's last logged line (absl's time stamp, after the save and the summaries)
-  came at most 5 s before the launcher returned: nothing held a process at its exit."""
+  came at most 9 s before the launcher returned: nothing held a process at its exit. A
+  process held by a lost peer waits `heartbeat_timeout` (10 s here) or more; a loaded 2-core
+  host took 7.9 s to tear one down once (beside the suite's other worker)."""
   import datetime
   now = datetime.datetime.now()
   for log in logs:
     stamps = re.findall(r'^[IWE](\d{4} \d\d:\d\d:\d\d\.\d+) ', log.read_text(), re.M)
     last = datetime.datetime.strptime(f'{now.year}{stamps[-1]}', '%Y%m%d %H:%M:%S.%f')
-    assert (now - last).total_seconds() <= 5, f'{log.name}: exited {now - last} after its last line'
+    assert (now - last).total_seconds() <= 9, f'{log.name}: exited {now - last} after its last line'
 
 
 def _when_logged(run, log, line):

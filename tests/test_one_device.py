@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar.plan.hlo import collectives
+from jaxpar.perfmodel.hlo import collectives
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.averaging import LocalSGD

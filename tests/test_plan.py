@@ -14,7 +14,8 @@ import pytest
 
 from jaxpar import config as config_lib
 from jaxpar import validation
-from jaxpar.plan import candidates, planner, rank, steps_model
+from jaxpar.perfmodel import steps_model
+from jaxpar.plan import candidates, planner, rank
 from runs import ROOT, process_env
 
 
@@ -619,7 +620,7 @@ def test_a_large_batch_run_short_of_the_target_bounds_b_noise_and_its_rows():
 
 def test_local_sgd_s_average_is_costed_in_one_step_of_tau():
   """A conditional's costliest branch counts in the share of steps that take it."""
-  from jaxpar.plan import hlo
+  from jaxpar.perfmodel import hlo
   every = hlo.Collective('all_reduce', (1000,), 'f32', group=2)
   branch = hlo.Collective('all_reduce', (1000,), 'f32', group=2, branch=((0, 0),))
   cost = lambda c: 1.0

@@ -4,13 +4,14 @@ asks), ties included: the gradient goes to the same element of each window as JA
 in each formulation of each pass (the default: the maximum of strided slices, the gradient
 per stride phase, its phases interleaved or selected by parity; and those before, kept for
 the A/B: `reduce_window`, taps at full size)."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import flax.linen as nn
 
-from jaxpar.models import pooling
 from jaxpar.models.pooling import max_pool
 
 # (map, window, stride, padding): ResNet34's 3×3/2 stem pool, VGG16E's 2×2/2, GoogLeNet's and
@@ -40,10 +41,8 @@ def _grads(pool, x, dy, window, strides, padding):
     ('slices', 'phases', 'interleave'), ('slices', 'phases', 'parity'),
     ('reduce_window', 'full', 'auto')])
 def test_max_pool_equals_flax_forward_and_gradient(hw, window, strides, padding, ties, dtype,
-                                                   forward, gradient, assembly, monkeypatch):
-  monkeypatch.setattr(pooling, 'FORWARD', forward)
-  monkeypatch.setattr(pooling, 'GRADIENT', gradient)
-  monkeypatch.setattr(pooling, 'ASSEMBLY', assembly)
+                                                   forward, gradient, assembly):
+  pool = functools.partial(max_pool, forward=forward, gradient=gradient, assembly=assembly)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(2, *hw, 3))
   if ties:  # after a ReLU most windows hold several equal zeros, some all zeros
@@ -53,7 +52,7 @@ def test_max_pool_equals_flax_forward_and_gradient(hw, window, strides, padding,
   # equal, not close — the same element of every window receives each cotangent.
   y = nn.max_pool(x, window, strides, padding)
   dy = jnp.asarray(rng.integers(-4, 5, size=y.shape), dtype)
-  got = jax.jit(lambda x, dy: _grads(max_pool, x, dy, window, strides, padding))(x, dy)
+  got = jax.jit(lambda x, dy: _grads(pool, x, dy, window, strides, padding))(x, dy)
   want = jax.jit(lambda x, dy: _grads(nn.max_pool, x, dy, window, strides, padding))(x, dy)
   for g, w in zip(got, want):
     assert g.dtype == w.dtype and g.shape == w.shape
@@ -77,7 +76,7 @@ def test_other_shapes_are_flaxs():
 def test_pool_bench_finds_a_networks_pools_and_times_each_formulation():
   """`analysis.benchmarks.pool_bench`: SqueezeNet's three 3×3/2 pools at 224² (Caffe's
   ceil rounding: 109² → 54², 54² → 27², 27² → 13²), and each formulation's program is
-  its own (the settings reach the trace: `reduce_window` in `flax` and `before` only)."""
+  its own (`reduce_window` in `flax` and `before` only)."""
   from analysis.benchmarks import pool_bench
   found = pool_bench.pools('squeezenet', 224, 2, jnp.float32)
   assert sorted(p.shape for p in found) == [(2, 27, 27, 512), (2, 54, 54, 256),
@@ -88,11 +87,10 @@ def test_pool_bench_finds_a_networks_pools_and_times_each_formulation():
   for formulation, reduce_window in (('flax', True), ('before', True), ('jaxpar', False)):
     for f, args in pool_bench.programs(formulation, p, jnp.float32).values():
       assert ('reduce_window' in f.lower(*args).as_text()) == reduce_window, formulation
-  assert (pooling.FORWARD, pooling.GRADIENT, pooling.ASSEMBLY) == ('slices', 'phases', 'auto')
 
 
 def test_auto_assembles_unpadded_overlapping_pools_by_parity():
-  """`ASSEMBLY = 'auto'` (analysis/report/pool/): the phases selected by parity where the
+  """`assembly='auto'` (analysis/report/pool/): the phases selected by parity where the
   windows overlap and the pool is unpadded (SqueezeNet's 3×3/2 on 109², 27², 13²),
   interleaved where it is padded or the windows do not overlap (VGG16E's 2×2/2)."""
   x = jnp.ones((2, 10, 10, 3))
@@ -108,13 +106,18 @@ def test_auto_assembles_unpadded_overlapping_pools_by_parity():
   assert not parity((2, 2), (2, 2), ((0, 0), (0, 0)))
 
 
-def test_settings_apply_while_active_and_are_restored():
-  x = jnp.ones((2, 9, 9, 3))
-  pool = lambda x: max_pool(x, (3, 3), (2, 2), ((0, 0), (0, 0)))
-  with pooling.settings(FORWARD='reduce_window', GRADIENT='full'):
-    assert 'reduce_window' in jax.jit(pool).lower(x).as_text()
-  assert (pooling.FORWARD, pooling.GRADIENT) == ('slices', 'phases')
-  assert 'reduce_window' not in jax.jit(lambda x: pool(x)).lower(x).as_text()
-  with pytest.raises(ValueError, match='FORWRD'):
-    with pooling.settings(FORWRD='reduce_window'):
-      pass
+def test_a_network_pools_as_its_pool_field_says_and_a_bad_formulation_is_refused():
+  """The formulations are `max_pool`'s arguments, and a network takes its pool as a field:
+  SqueezeNet built with `forward='reduce_window'` traces XLA's reduce_window, by default not;
+  an unknown formulation is a ValueError naming the argument."""
+  from jaxpar.models import MODELS
+  x = jnp.ones((1, 32, 32, 1))
+
+  def program(**pool):
+    model = MODELS['squeezenet'](num_classes=10, pool=functools.partial(max_pool, **pool))
+    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
+    return jax.jit(lambda v: model.apply(v, x, train=False)).lower(variables).as_text()
+  assert 'reduce_window' in program(forward='reduce_window')
+  assert 'reduce_window' not in program()
+  with pytest.raises(ValueError, match="forward='reduce-window'"):
+    max_pool(x, (3, 3), (2, 2), forward='reduce-window')

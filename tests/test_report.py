@@ -43,6 +43,21 @@ def test_the_readme_holds_the_headline_tables():
     assert f'<!-- generated: {name} (python -m analysis.report) -->' in text, name
 
 
+def test_no_measurement_is_typed_into_a_table_outside_a_generated_block():
+  assert report.hand_tables_in_docs() == []
+
+
+def test_a_typed_table_of_measurements_is_found_and_a_table_of_settings_is_not():
+  text = '\n'.join([
+      '| key | meaning |', '|---|---|', '| `plan.budget_s` | 180 s by default |',  # 1-3: prose
+      '| network | step |', '|---|---:|', '| ResNet34 | 0.202 s |',            # 6: measured
+      '```', '| a | 3.7 | 293.9× |', '```',                                    # 8: a code block
+      '<!-- generated: t (python -m analysis.report) -->', '| b | 1.5 ms |',
+      '<!-- end: t -->',                                                       # 11: generated
+      '| row | 12 % (10–14) |', '| n | 4 |'])                                  # 13; 14 a count
+  assert report.hand_tables(text) == [6, 8, 13]
+
+
 def test_a_marked_table_is_replaced_and_an_unknown_name_is_refused(tmp_path, monkeypatch):
   doc = tmp_path / 'README.md'
   doc.write_text('before\n<!-- generated: t (python -m analysis.report) -->\n| old |\n'

@@ -12,7 +12,7 @@ from jaxpar import config as config_lib
 from jaxpar.checkpoint import Checkpoints
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
-from jaxpar.plan.hlo import collectives
+from jaxpar.perfmodel.hlo import collectives
 from jaxpar.parallel.servers import CentralServer, DistributedServer, Packing, greedy_owners
 from jaxpar.step import init_state, init_variables, make_train_step, to_global
 from runs import TinyResNet, assert_trees_close, random_batches, sharded_run

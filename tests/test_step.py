@@ -7,7 +7,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.plan.hlo import collectives
+from jaxpar.perfmodel.hlo import collectives
 from jaxpar.mesh import make_mesh
 from jaxpar import collectives as collectives_lib
 from jaxpar.parallel.allreduce import AllReduce

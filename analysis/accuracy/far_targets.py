@@ -28,7 +28,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxpar.plan import probe, steps_model  # noqa: E402
+from jaxpar.perfmodel import steps_model  # noqa: E402
+from jaxpar.plan import probe  # noqa: E402
 
 FLAGS = flags.FLAGS
 TOLERANCE = 0.25

@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxpar.plan import steps_model  # noqa: E402
+from jaxpar.perfmodel import steps_model  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -375,11 +375,15 @@ def summary_table(pairs: list) -> str:
 
 
 def _batch_model(plan: dict) -> str:
-  """What the plan's K(B) rests on: two serial runs (b and the largest batch), the noise
-  scale read along one, or neither (perfect scaling)."""
-  how = plan['serial'].get('B_noise_how')
+  """What the plan's K(B) rests on: two serial runs (b and the largest batch), the run at b
+  and one at the largest batch stopped short (a bound), the noise scale read along one, or
+  neither (perfect scaling)."""
+  how, serial = plan['serial'].get('B_noise_how'), plan['serial']
   if how == 'fitted':
-    return f"runs at b = {plan['serial']['batch']} and {plan['serial']['large']['batch']}"
+    return f"runs at b = {serial['batch']} and {serial['large']['batch']}"
+  if how == 'bounded':
+    return (f"run at b = {serial['batch']}; at {serial['large']['batch']} short of the "
+            f"target ({serial['large']['K']:.0f} steps: a bound)")
   return 'perfect scaling' if plan['serial']['B_noise'][0] is None else 'noise scale'
 
 
@@ -463,7 +467,7 @@ def report(plan: dict, result: dict) -> str:
   names = {'bn_device': 'BatchNorm per device, sync-join at B = {batch}',
            'local_sgd': 'Local SGD at τ = {period}, B = {batch}',
            'async': 'Downpour, simulated at staleness {staleness}'}
-  lines += [f"The methods' runs: " + '; '.join(
+  lines += ["The methods' runs: " + '; '.join(
       f"{names[family].format(**run)}: {_steps(run)}"
       for family, run in plan['methods'].items()) + '.', ''] if plan.get('methods') else []
   lines += ['## Ranked by predicted time to the target', '', planner.table(plan), '']

@@ -47,7 +47,8 @@ import tqdm  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxpar.plan import probe, staleness, steps_model  # noqa: E402
+from jaxpar.perfmodel import steps_model  # noqa: E402
+from jaxpar.plan import probe, staleness  # noqa: E402
 
 FAMILIES = ('batch', 'staleness', 'async', 'period', 'capacity')
 FLAGS = flags.FLAGS

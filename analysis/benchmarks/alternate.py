@@ -9,7 +9,7 @@ import time
 import jax
 import numpy as np
 
-from jaxpar.plan import calibrate
+from jaxpar.plan import call_timing
 
 
 def call_timer(call):
@@ -72,7 +72,7 @@ def host_speed(calls: int = 5) -> dict:
   a = rng.random((2048, 2048), dtype=np.float32)
   src = np.ones(16 * 2**20, np.float32)
   dst = np.empty_like(src)
-  best = lambda call: min(calibrate.timed(call, calls, warmup=1))
+  best = lambda call: min(call_timing.timed(call, calls, warmup=1))
   return {'matmul_gflop_s': 2 * 2048**3 / best(lambda: a @ a) / 1e9,
           'copy_gb_s': 2 * src.nbytes / best(lambda: np.copyto(dst, src)) / 1e9}
 

@@ -15,7 +15,7 @@ compile time; step time (median, min, max); images/s; FLOPs per device from the 
 program's cost analysis and the FLOP/s achieved; peak memory and temporaries per device
 from its memory analysis; the process's minor page faults a timed step (`getrusage`); the
 host's speed when the run starts (`host_speed`); the collectives of the
-compiled program and their bytes per device and step (`jaxpar.plan.hlo.compiled_collectives`:
+compiled program and their bytes per device and step (`jaxpar.perfmodel.hlo.compiled_collectives`:
 every branch of a conditional counts, and on CPU bfloat16 sums show as float32). Ratios are taken side by side
 in this one run; nothing here is asserted in tests. `--torch` adds PyTorch's eager step and
 `--torch_compile` its `torch.compile`d step (`analysis.benchmarks.torch_peer`), alternated with
@@ -41,7 +41,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from analysis.benchmarks import alternate, bench_table, profile, torch_peer  # noqa: E402
 from jaxpar.models import onednn  # noqa: E402
-from jaxpar.plan import hlo  # noqa: E402
+from jaxpar.perfmodel import hlo  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402

@@ -186,6 +186,43 @@ def table(results) -> str:
       + (['', PEER_FLOPS] if not all(map(xla_counts_convolutions, results)) else []))
 
 
+def verdict(r, key: str) -> str:
+  """'ahead', 'level' or 'behind': where the rounds' quartiles of a ratio lie against 1
+  (a run without quartiles, by its median alone)."""
+  low, high = r.get(key + '_quartiles') or (r[key + '_throughput'],) * 2
+  return 'ahead' if low > 1 else 'behind' if high < 1 else 'level'
+
+
+def torch_summary(results) -> str:
+  """One sentence on jaxpar's float32 step against PyTorch's eager step, computed from the
+  table's rows: per kind of mesh, how many cells are ahead, level (their rounds' quartiles
+  hold 1) or behind, with the range of the ratios."""
+  groups = {}
+  for r in results:
+    steps = {s['step']: s for s in r['steps']}
+    if r['dtype'] != 'float32' or not _peers(steps)[0]:
+      continue
+    devices, processes = math.prod(r['mesh']), r['config']['distributed']['num_processes']
+    where = ('on one device' if devices == 1 else f'across {processes} processes'
+             if processes > 1 else f'on {devices} emulated devices')
+    groups.setdefault(where, []).append(r)
+  parts = []
+  for where, rs in groups.items():
+    counts = {v: [r for r in rs if verdict(r, 'shard_map_over_torch') == v]
+              for v in ('ahead', 'level', 'behind')}
+    low, high = (f(r['shard_map_over_torch_throughput'] for r in rs) for f in (min, max))
+    said = []
+    for v, c in counts.items():
+      if c:
+        named = ', '.join(f"{r['network']} {r['image_size']}²" for r in c)
+        said.append(f'{v} in {len(c)}' + (f' ({named})' if v != 'ahead' else ''))
+    span = f'{low:.2f}×' if f'{low:.2f}' == f'{high:.2f}' else f'{low:.2f}–{high:.2f}×'
+    parts.append(f"{where} {' and '.join(said)} of {len(rs)}, {span}")
+  return ("jaxpar's float32 step against PyTorch's eager step (a cell is ahead or behind "
+          "where its rounds' quartiles lie above or below 1×, else level): "
+          + '; '.join(parts) + '.')
+
+
 def method_row(r) -> str:
   """A method's step beside the auto-sharded jit step (all-reduce, replicated state)."""
   steps = {s['step']: s for s in r['steps']}

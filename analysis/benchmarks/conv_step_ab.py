@@ -13,11 +13,11 @@ one step of each per round, so all see the same machine state:
   else taps on small output maps, XLA's convolution above);
 - `auto`: `conv_impl='auto'` as committed (the rule, and `conv_auto.json`'s choices);
 - `previous`: the step before oneDNN's convolutions and the fast max-pool gradient
-  (`conv.onednn_in_auto` and `pooling.ENABLED` off: `auto` where oneDNN cannot run,
-  flax's max-pool);
+  (`conv.onednn_in_auto` off: `auto` where oneDNN cannot run; flax's max-pool,
+  `max_pool(..., forward='flax')`);
 - `pool_reduce_window`, `pool_full`: `auto`'s program with the max-pool's formulation before,
-  XLA's `reduce_window` for the forward pass (`pooling.FORWARD`), the gradient's taps at
-  full size instead of per stride phase (`pooling.GRADIENT`);
+  XLA's `reduce_window` for the forward pass (`forward='reduce_window'`), the gradient's taps
+  at full size instead of per stride phase (`gradient='full'`);
 - `onednn`: oneDNN's convolution everywhere it computes (`conv_impl='onednn'`, any dtype);
 - `unshared`: `auto`'s program, every oneDNN call with all OpenMP threads, however many
   devices the process has (`onednn.share_threads(False)`; by default they share them,
@@ -36,6 +36,7 @@ variant of every run whose step has that geometry was at least `--faster` below 
 """
 import collections
 import datetime
+import functools
 import json
 import os
 import sys
@@ -68,11 +69,9 @@ class _Choices:
   about is recorded with the lowering it got."""
 
   def __init__(self, measured: dict | None = None, auto: dict | None = None,
-               onednn: bool = True, pool: dict | None = None):
+               onednn: bool = True):
     self.measured, self.auto, self.used = measured, auto, collections.Counter()
     self.onednn = onednn
-    # The step before oneDNN had flax's max-pool too.
-    self.pool = pooling.settings(**(pool or {}), **({} if onednn else {'ENABLED': False}))
 
   def __enter__(self):
     self._saved = (conv.measured_choices, conv.auto_choices, conv.choose,
@@ -83,7 +82,6 @@ class _Choices:
       conv.auto_choices = lambda: self.auto
     if not self.onednn:
       conv.onednn_in_auto = lambda dtype=None: False
-    self.pool.__enter__()
     choose = self._saved[2]
 
     def recording(impl, lhs_shape, rhs_shape, window_strides, padding, backend=None, **kw):
@@ -97,13 +95,17 @@ class _Choices:
   def __exit__(self, *exc):
     (conv.measured_choices, conv.auto_choices, conv.choose,
      conv.onednn_in_auto) = self._saved
-    self.pool.__exit__(*exc)
 
 
-def _runner(cfg, name: str, impl: str, source, batch, mesh, share: bool = True, **tables):
+def _runner(cfg, name: str, impl: str, source, batch, mesh, share: bool = True,
+            pool: dict | None = None, **tables):
+  """`pool`: `pooling.max_pool`'s formulation (its keyword arguments); the step before
+  oneDNN (`onednn=False` in `tables`) had flax's max-pool too."""
   cfg = cfg.copy_and_resolve_references()
   cfg.conv_impl = impl
   model, strategy, tx, state = build.for_timing(cfg, source.num_classes, source.channels, mesh)
+  pool = dict(pool or {}, **({} if tables.get('onednn', True) else {'forward': 'flax'}))
+  model = model.clone(pool=functools.partial(pooling.max_pool, **pool))
   with _Choices(**tables) as recorded:  # the step's lowering only (not the initialisation's)
     runner = Runner(name, make_train_step(model, tx, mesh, strategy), state, batch,
                     jax.random.key(0), mesh.size)
@@ -134,8 +136,8 @@ def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
   table = conv.measured_choices()
   differing = {k: table[k] for k in rule if k in table and table[k] != rule[k]}
   variants = [('auto', 'auto', {}), ('previous', 'auto', {'onednn': False}),
-              ('pool_reduce_window', 'auto', {'pool': {'FORWARD': 'reduce_window'}}),
-              ('pool_full', 'auto', {'pool': {'GRADIENT': 'full'}}),
+              ('pool_reduce_window', 'auto', {'pool': {'forward': 'reduce_window'}}),
+              ('pool_full', 'auto', {'pool': {'gradient': 'full'}}),
               ('onednn', 'onednn', {}), ('unshared', 'auto', {'share': False}),
               ('xla', 'xla', {}),
               ('measured', 'measured', {'measured': table})]

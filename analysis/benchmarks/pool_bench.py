@@ -10,11 +10,11 @@ collected (input shape, window, strides, padding), and each distinct one is time
 - `flax`: flax's `nn.max_pool` — XLA's `reduce_window`, and its `select_and_scatter`
   gradient (what a flax user's step runs);
 - `before`: `reduce_window` and the gradient with each tap's cotangents placed at full size
-  (`pooling.FORWARD = 'reduce_window'`, `pooling.GRADIENT = 'full'`: jaxpar's max-pool
-  before the stride phases);
+  (`max_pool(..., forward='reduce_window', gradient='full')`: jaxpar's max-pool before the
+  stride phases);
 - `interleave`, `parity`: the maximum of strided slices, and the gradient per stride phase
-  with its phases interleaved or selected by parity (`pooling.ASSEMBLY`);
-- `jaxpar`: what `max_pool` runs now (`ASSEMBLY = 'auto'`: parity where the pool is
+  with its phases interleaved or selected by parity (`assembly=`);
+- `jaxpar`: what `max_pool` runs by default (`assembly='auto'`: parity where the pool is
   unpadded, else interleaved — the rule these rows are for);
 - with `--torch`, PyTorch's `max_pool2d` on NCHW (as torchvision's networks run it; Caffe's
   ceil padding as `ceil_mode`, a symmetric one as `padding`) and its gradient.
@@ -31,7 +31,6 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -44,34 +43,28 @@ from jaxpar.models import MIN_IMAGE_SIZE, MODELS, pooling  # noqa: E402
 FLAGS = flags.FLAGS
 
 Pool = collections.namedtuple('Pool', 'shape window strides padding')
-FORMULATIONS = {'flax': None,
-                'before': {'FORWARD': 'reduce_window', 'GRADIENT': 'full'},
-                'interleave': {'FORWARD': 'slices', 'GRADIENT': 'phases',
-                               'ASSEMBLY': 'interleave'},
-                'parity': {'FORWARD': 'slices', 'GRADIENT': 'phases', 'ASSEMBLY': 'parity'},
-                'jaxpar': {'FORWARD': 'slices', 'GRADIENT': 'phases', 'ASSEMBLY': 'auto'}}
+FORMULATIONS = {'flax': {'forward': 'flax'},
+                'before': {'forward': 'reduce_window', 'gradient': 'full'},
+                'interleave': {'assembly': 'interleave'},
+                'parity': {'assembly': 'parity'},
+                'jaxpar': {}}
 PASSES = ('forward', 'forward_backward')
 
 
 def pools(net: str, size: int, batch: int, dtype) -> collections.Counter:
   """Every max-pool of `net`'s train step at this input, with its count."""
   seen = []
-  inner = pooling._max_pool
 
-  def record(x, window, strides, padding):
-    seen.append(Pool(tuple(x.shape), window, strides, padding))
-    return inner(x, window, strides, padding)
+  def record(x, window_shape, strides=None, padding='VALID'):
+    seen.append(Pool(tuple(x.shape), *pooling.geometry(x.shape, window_shape, strides, padding)))
+    return pooling.max_pool(x, window_shape, strides, padding)
 
-  model = MODELS[net](num_classes=10, dtype=dtype)
+  model = MODELS[net](num_classes=10, dtype=dtype, pool=record)
   x = jnp.zeros((batch, size, size, 1))
-  pooling._max_pool = record
-  try:
-    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=True))
-    seen.clear()
-    jax.eval_shape(lambda v: model.apply(v, x, train=True, mutable=['batch_stats'],
-                                         rngs={'dropout': jax.random.key(0)}), variables)
-  finally:
-    pooling._max_pool = inner
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=True))
+  seen.clear()
+  jax.eval_shape(lambda v: model.apply(v, x, train=True, mutable=['batch_stats'],
+                                       rngs={'dropout': jax.random.key(0)}), variables)
   return collections.Counter(seen)
 
 
@@ -85,24 +78,15 @@ def _forward_backward(pool):
 
 
 def programs(formulation: str, p: Pool, dtype) -> dict:
-  """{pass: (jitted function, its arguments)} of one formulation of pool `p`, traced here
-  under its settings (JAX keeps a function's first trace: a setting changed later would not
-  reach it)."""
+  """{pass: (jitted function, its arguments)} of one formulation of pool `p`."""
   rng = np.random.default_rng(0)
   # After a ReLU, as in the networks: ties among zeros in most windows.
   x = jnp.asarray(np.maximum(rng.normal(size=p.shape), 0), dtype)
-  settings = FORMULATIONS[formulation]
-  if settings is None:
-    pool = lambda x: nn.max_pool(x, p.window, p.strides, p.padding)
-  else:
-    pool = lambda x: pooling._max_pool(x, p.window, p.strides, p.padding)
-  with pooling.settings(**(settings or {})):
-    dy = jnp.asarray(rng.normal(size=jax.eval_shape(pool, x).shape), dtype)
-    found = {'forward': (jax.jit(pool), (x,)),
-             'forward_backward': (jax.jit(_forward_backward(pool)), (x, dy))}
-    for f, args in found.values():
-      f.lower(*args)  # traced now, under the settings
-  return found
+  pool = lambda x: pooling.max_pool(x, p.window, p.strides, p.padding,
+                                    **FORMULATIONS[formulation])
+  dy = jnp.asarray(rng.normal(size=jax.eval_shape(pool, x).shape), dtype)
+  return {'forward': (jax.jit(pool), (x,)),
+          'forward_backward': (jax.jit(_forward_backward(pool)), (x, dy))}
 
 
 def jax_passes(formulation: str, p: Pool, dtype) -> dict:

@@ -47,6 +47,11 @@ def _bench(*patterns, newest=False):
   return bench_table.table(bench_table.newest(results) if newest else results)
 
 
+def _bench_summary(*patterns):
+  from analysis.benchmarks import bench_table
+  return bench_table.torch_summary(_load(*patterns))
+
+
 def _fusion():
   from analysis.benchmarks import bench_table
   return bench_table.fusion_table(_load('bench/fusion/*.json'))
@@ -148,7 +153,7 @@ PLANS_WITH_DEFAULTS = ('googlenet32_p2_loopback', 'squeezenet32_p2_loopback',
 # Every method ranked (BN per device, Local SGD, Downpour: their own runs) and the batch model
 # through two measured points; one plan made before the second point, kept to compare.
 PLANS_WITH_METHODS = ('methods/squeezenet32_p2_loopback', 'methods/googlenet32_p2_loopback',
-                      'methods/resnet34_32_p2_loopback')
+                      'methods/resnet34_32_p2_loopback', 'methods/vgg16e32_p2_loopback')
 PLANS_BEFORE_THE_SECOND_POINT = ('methods/squeezenet32_p2_loopback_noise_scale',)
 
 
@@ -326,6 +331,7 @@ TABLES = {
     'collapse-dead-classes': lambda: _collapse('dead_table'),
     'collapse-training': lambda: _collapse('training_table'),
     'bench-cpu': lambda: _bench('bench/*.json'),
+    'bench-cpu-summary': lambda: _bench_summary('bench/*.json'),
     'bench-gpu': lambda: _bench('bench/gpu/*_gpu.json'),
     'bench-gpu-h100': lambda: _bench('bench/gpu_h100/*.json'),
     'bench-gpu-2026-11-28': lambda: _bench('bench/gpu/*_2026-11-28.json'),
@@ -374,6 +380,24 @@ def _test_files() -> str:
 TABLES['test-files'] = _test_files
 
 
+def _digits_recipes() -> str:
+  """`DIGITS_RECIPES` as the trainer reads them: rate per 256 examples, epochs of the
+  digits' training split, and the steps these make at global batch 64."""
+  import math
+  from jaxpar import config as config_lib
+  train_images, batch = 1437, 64
+  lines = ['| network | learning rate (per 256) | epochs | steps (batch 64) | BatchNorm |',
+           '|---|---:|---:|---:|---|']
+  for model, recipe in config_lib.DIGITS_RECIPES.items():
+    steps = math.ceil(recipe['num_epochs'] * train_images / batch)
+    norm = 'after every convolution (a variant)' if recipe.get('batch_norm') else 'as published'
+    lines.append(f"| {model} | {recipe['base_lr']:g} | {recipe['num_epochs']} | {steps} | {norm} |")
+  return '\n'.join(lines)
+
+
+TABLES['digits-recipes'] = _digits_recipes
+
+
 def _plan_steps():
   from analysis.steptime import plan_steps
   return plan_steps.table(*_load('plan/steps/*.json'))
@@ -398,6 +422,42 @@ def documents() -> list:
           reports.append(path)
   return ([os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
           + reports)
+
+
+# A table cell that is a measurement: a number with a decimal point or a unit, alone in
+# its cell (a range, ± or a parenthesis may follow). Prose cells that quote a default
+# among words are not cells of measurements.
+_MEASURED_CELL = re.compile(
+    r'[~≈<>≤≥±]?\s*-?\d[\d,]*(\.\d+)?\s*'
+    r'(ms|µs|s|%|×|x|images/s|steps/s|GB/s|MB/s|MiB|GiB|MB|GB)?(\s*(\(|[–-]|±).*)?')
+
+
+def hand_tables(text: str) -> list[int]:
+  """The lines (1-based) of table rows, in prose or in a code block, that hold a
+  measurement outside a generated block: each results table is generated from JSON."""
+  found, generated = [], False
+  for i, line in enumerate(text.split('\n'), 1):
+    if line.startswith('<!-- generated:'):
+      generated = True
+    elif line.startswith('<!-- end:'):
+      generated = False
+    elif not generated and line.lstrip().startswith('|') and set(line.strip()) - set('|-: '):
+      for cell in line.strip().strip('|').split('|'):
+        m = _MEASURED_CELL.fullmatch(cell.strip().strip('*'))
+        if m and (m.group(1) or m.group(2)):
+          found.append(i)
+          break
+  return found
+
+
+def hand_tables_in_docs() -> list[str]:
+  """'file:line' of each measurement typed by hand into a table of README.md or docs/."""
+  out = []
+  docs = sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
+  for path in [os.path.join(ROOT, 'README.md')] + docs:
+    with open(path) as f:
+      out += [f'{os.path.relpath(path, ROOT)}:{i}' for i in hand_tables(f.read())]
+  return out
 
 
 def regenerate() -> dict:
@@ -444,6 +504,11 @@ def main(argv) -> int:
   if check and stale:
     print('tables that differ from what the committed JSON gives (run python -m '
           f"analysis.report): {', '.join(stale)}", file=sys.stderr)
+    return 1
+  typed = hand_tables_in_docs()
+  if typed:
+    print('measurements typed into a table outside a generated block (commit their JSON '
+          f"and name a generator in TABLES): {', '.join(typed)}", file=sys.stderr)
     return 1
   print(('rewrote: ' + ', '.join(stale)) if stale and not check else 'every table is current')
   return 0

@@ -31,7 +31,7 @@ per step), async the measured time of D pushes. Predictions of t_train:
              predicts: t_grad of the device's own batch under the run's contention (the
              processes computing at once), plus the step's non-gradient work, plus every
              collective of the *compiled* program at its calibrated per-call cost
-             (`jaxpar.plan.calibrate`; a permute of one pair as the one-way permute),
+             (`jaxpar.perfmodel.calibrate`; a permute of one pair as the one-way permute),
              less the overlap of collectives and compute. Where the steps were traced
              (`analysis.steptime.trace`), the non-gradient work is the step program's traced
              compute less the traced gradient program's (update, packing the buffers a
@@ -58,7 +58,7 @@ import numpy as np
 
 from analysis.steptime import link, volume
 from analysis.theory import equations
-from jaxpar.plan import calibrate, hlo
+from jaxpar.perfmodel import calibrate, hlo
 
 MODELS = ('thesis', 'semaphore', 'parts', 'rate')
 MODEL_NAMES = {'thesis': 'thesis equations', 'semaphore': 'thesis + semaphore',

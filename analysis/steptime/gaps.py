@@ -2,7 +2,7 @@
 event loop as gloo leaves it (a spinning loop: calls end near ticks of the kernel's timer)
 and as jaxpar runs it (idle priority: no tick).
 
-The calibration (`jaxpar.plan.calibrate`) times chains of back-to-back calls. Here each
+The calibration (`jaxpar.perfmodel.calibrate`) times chains of back-to-back calls. Here each
 of K all-reduces of a small buffer follows g seconds of compute (a loop of
 16×256 · 256×256 matmuls, its length varied); the same program without the all-reduces
 gives g. Per call,
@@ -17,8 +17,8 @@ priority a call costs ~0.1 ms whatever g, near the back-to-back chain, so the
 calibration prices a step's small calls as they run (docs/measuring.md,
 analysis/report/measured/collective_gaps.json). `ticks(rows)` reads q off the
 back-to-back row and counts each cycle in ticks. Back to back by size
-(`calibrate.time_calls`, as the calibration runs it): a scalar (4 B) all-reduce, one
-exchange, is its own kind (`calibrate.SCALAR`).
+(`jaxpar.plan.call_timing.time_calls`, as the calibration runs it): a scalar (4 B)
+all-reduce, one exchange, is its own kind (`calibrate.SCALAR`).
 
   python -m analysis.steptime.gaps --out gaps.json                 # loopback
   python -m analysis.steptime.gaps --links=1gbit --out gaps.json   # and an emulated link (root)
@@ -88,7 +88,8 @@ def run(spec) -> dict:
   from analysis.steptime import timing
   from jaxpar import multihost
   from jaxpar.mesh import make_mesh
-  from jaxpar.plan import calibrate
+  from jaxpar.perfmodel import calibrate
+  from jaxpar.plan import call_timing
   multihost.join(spec['coordinator'], spec['num_processes'], spec['process_id'], 'none', 120, 60,
                  spec['collective_threads'])
   mesh = make_mesh((2,), ('pair',), jax.devices()[:2])
@@ -120,16 +121,16 @@ def run(spec) -> dict:
     for reduce in (False, True):
       f = program(m, reduce)
       multihost.barrier(f'gaps {m} {reduce}')
-      t[reduce] = calibrate.timed(lambda f=f: jax.block_until_ready(f(x, w)), spec['repeats'],
-                                spec['warmup'])
+      t[reduce] = call_timing.timed(lambda f=f: jax.block_until_ready(f(x, w)),
+                                    spec['repeats'], spec['warmup'])
     gap = float(np.mean(t[False])) / CALLS
     call = (float(np.mean(t[True])) - float(np.mean(t[False]))) / CALLS
     rows.append({'matmuls': m, 'gap_s': gap, 'call_s': call,
                  'samples_without': t[False], 'samples_with': t[True]})
     timing._log(spec, f'{m} matmuls: gap {gap * 1e3:.2f} ms, call {call * 1e3:.2f} ms')
   # Back to back by size, as the calibration times them: the scalar apart.
-  sizes = calibrate.time_calls(list(SIZES), spec['repeats'], spec['warmup'],
-                               ops=('all_reduce', calibrate.SCALAR))
+  sizes = call_timing.time_calls(list(SIZES), spec['repeats'], spec['warmup'],
+                                 ops=('all_reduce', calibrate.SCALAR))
   return {'setting': spec['setting'], 'bytes': elements * 4, 'calls': CALLS, 'rows': rows,
           'sizes': sizes}
 
@@ -139,7 +140,7 @@ def main(argv) -> int:
   import json
 
   from analysis.steptime import link, measure
-  from jaxpar.plan import calibrate
+  from jaxpar.perfmodel import calibrate
   if len(argv) > 1:
     print(f'unexpected arguments: {argv[1:]}', file=sys.stderr)
     return 2

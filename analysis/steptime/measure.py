@@ -9,7 +9,7 @@ For the configured network and input size, after warm-up, repeated:
            computing at once (t_grad under the run's contention);
   calls    the per-call cost of each collective kind inside a compiled program (chains of
            1, 2, 8, 32 calls), sizes 4 KB to 10× the network
-           (`jaxpar.plan.calibrate`); t_comm is the permute of the network's weights;
+           (`jaxpar.perfmodel.calibrate`); t_comm is the permute of the network's weights;
   t_iter   a train step of every synchronous scheme × server at N = 1, 2, 4, ...;
   t_train  D pushes of the asynchronous scheme (Downpour) on N workers;
   trace    outside the emulated setting, each t_grad and step profiled after its timing
@@ -75,7 +75,7 @@ from jaxpar import config as config_lib  # noqa: E402
 from jaxpar.cpu_load import cpu_clock, other_cpu  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
 from jaxpar.collectives import nbytes  # noqa: E402
-from jaxpar.plan import calibrate  # noqa: E402
+from jaxpar.perfmodel import calibrate  # noqa: E402
 from jaxpar.plan.probe import machine, versions  # noqa: E402,F401 (also for analysis' tools)
 
 SYNC_SCHEMES = ('sync-split', 'sync-join')

@@ -16,7 +16,7 @@ calls (compilation is in the first):
   calls     each collective kind of the steps (permute, all-reduce, all-gather,
             reduce-scatter) between devices 0 and 1, as programs of k = 1, 2, 8, 32 calls
             in a chain for sizes from 4 KB to 10× the network's weights: the per-call cost
-            inside a compiled program is the slope of t(k) (`jaxpar.plan.calibrate`).
+            inside a compiled program is the slope of t(k) (`jaxpar.perfmodel.calibrate`).
   t_train   D pushes applied by the asynchronous loop (Downpour) on N workers: threads
             (emulated setting) or Ray's actors (processes setting).
   trace     with `trace_calls` > 0, outside the emulated setting: after a group's rounds,
@@ -36,7 +36,8 @@ import os
 import sys
 import time
 
-from jaxpar.plan import calibrate, probe
+from jaxpar.perfmodel import calibrate
+from jaxpar.plan import call_timing, probe
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -54,17 +55,18 @@ def _summary(samples) -> str:
   return f'median {np.median(samples):.4g} s (min {min(samples):.4g}, max {max(samples):.4g})'
 
 
-SCALAR, CALIBRATED, time_calls = calibrate.SCALAR, calibrate.CALIBRATED, calibrate.time_calls
+SCALAR, CALIBRATED, time_calls = (calibrate.SCALAR, call_timing.CALIBRATED,
+                                  call_timing.time_calls)
 
 
 def step_cell(cfg, meta) -> dict:
   """The config's synchronous step on its mesh (the first N devices), compiled: `run` makes
   one step (and keeps its state), `volume()` its volume row (lowered program, analytic,
-  reported), `compiled` the collectives of the compiled program (`jaxpar.plan.hlo`),
+  reported), `compiled` the collectives of the compiled program (`jaxpar.perfmodel.hlo`),
   `hlo` its text."""
   import jax
   from analysis.steptime import volume
-  from jaxpar.plan import hlo
+  from jaxpar.perfmodel import hlo
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
@@ -98,7 +100,7 @@ def step_cell(cfg, meta) -> dict:
 def time_step(cfg, meta, repeats: int, warmup: int) -> dict:
   """t_iter of the config's step alone (`repeats` calls), with its volume row."""
   cell = step_cell(cfg, meta)
-  samples = calibrate.timed(cell['run'], repeats, warmup)
+  samples = call_timing.timed(cell['run'], repeats, warmup)
   return {'samples': samples, 'volume': cell['volume'](), 'compiled': cell['compiled']}
 
 
@@ -143,7 +145,7 @@ def time_in_rounds(make_cells, rounds: int, steps_per_round: int, warmup: int,
     if barrier:
       barrier(f'round {r}')
     for i in round_order(len(calls), r):
-      samples[i] += calibrate.timed(calls[i], steps_per_round, 1)
+      samples[i] += call_timing.timed(calls[i], steps_per_round, 1)
   return samples
 
 

@@ -1,5 +1,5 @@
 """Communication volume per step: what each method should send, by its equations, next
-to what its lowered program sends (`jaxpar.plan.hlo`) and what it reports (`sent_bytes`).
+to what its lowered program sends (`jaxpar.perfmodel.hlo`) and what it reports (`sent_bytes`).
 
 Bytes are those one device sends in one step, averaged over the devices. P_g is the
 gradients' size in `grad_reduce_dtype`, P_w the weights' (float32), S the BN running
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar.plan import hlo
+from jaxpar.perfmodel import hlo
 from jaxpar import config as config_lib
 from jaxpar.parallel import gossip
 from jaxpar.collectives import nbytes
@@ -89,7 +89,7 @@ def program_collectives(found: list, devices: int) -> list:
 
 
 def from_row(collective: dict) -> hlo.Collective:
-  """A collective of a volume row (JSON) as `jaxpar.plan.hlo` reads it."""
+  """A collective of a volume row (JSON) as `jaxpar.perfmodel.hlo` reads it."""
   return hlo.Collective(collective['op'], tuple(collective['shape']), collective['dtype'],
                         collective['group'], collective['pairs'],
                         tuple(tuple(b) for b in collective['branch']))

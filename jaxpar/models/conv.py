@@ -17,8 +17,8 @@ rounding (tests/test_conv.py), selectable by `conv_impl` and timed per geometry 
 `analysis.benchmarks.conv_bench`.
 
 Why: XLA's CPU backend computes convolutions whose *output map is small* far below
-its speed on larger maps (measured here, forward + backward of a 3×3 256→256
-convolution on a 32×2×2 input: 68 ms as `lax.conv_general_dilated`, 7.5 ms as taps;
+its speed on larger maps (analysis/report/performance/: forward + backward of a 3×3
+256→256 convolution on a 32×2×2 input: 68 ms as `lax.conv_general_dilated`, 7.5 ms as taps;
 the same FLOPs on 32×8×8×64: 3.8 ms). On the CPU backend `conv_impl='auto'` takes oneDNN's
 convolution where it can run, for float32 above 16 output positions and for every bfloat16
 one (`ONEDNN_AUTO_ABOVE`; on a CPU without oneDNN's bfloat16 kernels it computes bfloat16 in

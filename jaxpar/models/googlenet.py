@@ -24,6 +24,7 @@ class Inception(nn.Module):
   norm: Any = None
   dtype: Any = jnp.float32
   conv: Any = nn.Conv
+  pool: Any = max_pool
 
   @nn.compact
   def __call__(self, x):
@@ -32,7 +33,7 @@ class Inception(nn.Module):
     b1 = conv(c1, 1)(x)
     b3 = conv(c3, 3)(conv(r3, 1)(x))
     b5 = conv(c5, 5)(conv(r5, 1)(x))
-    bp = conv(pp, 1)(max_pool(x, (3, 3), (1, 1), padding='SAME'))
+    bp = conv(pp, 1)(self.pool(x, (3, 3), (1, 1), padding='SAME'))
     return jnp.concatenate([b1, b3, b5, bp], axis=-1)
 
 
@@ -71,6 +72,7 @@ class GoogLeNet(nn.Module):
   fc_axis: Any = None       # [H]: the mesh axis FC layers named in `fc_split` are split over
   fc_split: Sequence[str] = ()
   conv: Any = nn.Conv       # nn.Conv, or a partial of it with another lowering (models/conv.py)
+  pool: Any = max_pool     # pooling.max_pool, or a partial of it with another formulation
 
   FC_LAYERS = ('Dense_0',)  # the main classifier; the auxiliary heads stay data-parallel
 
@@ -79,16 +81,16 @@ class GoogLeNet(nn.Module):
     norm = batch_norm(train, self.bn_axis_name, self.dtype) if self.batch_norm else None
     conv = functools.partial(ConvReLU, norm=norm, dtype=self.dtype, conv=self.conv)
     x = conv(64, 7, strides=2)(x.astype(self.dtype))
-    x = max_pool_ceil(x, 3, 2)
+    x = max_pool_ceil(x, 3, 2, self.pool)
     x = conv(192, 3)(conv(64, 1)(x))
-    x = max_pool_ceil(x, 3, 2)
+    x = max_pool_ceil(x, 3, 2, self.pool)
     aux = []
     for item in INCEPTIONS:
       if item == 'M':
-        x = max_pool_ceil(x, 3, 2)
+        x = max_pool_ceil(x, 3, 2, self.pool)
         continue
       name, widths = item
-      x = Inception(widths, norm=norm, dtype=self.dtype, conv=self.conv,
+      x = Inception(widths, norm=norm, dtype=self.dtype, conv=self.conv, pool=self.pool,
                     name=f'inception_{name}')(x)
       if train and name in AUX_AFTER:
         aux.append(AuxClassifier(self.num_classes, norm=norm, dtype=self.dtype, conv=self.conv,

@@ -80,16 +80,17 @@ def same_padding(kernel: int):
   return ((kernel // 2, kernel // 2),) * 2
 
 
-def max_pool_ceil(x, window: int, stride: int):
+def max_pool_ceil(x, window: int, stride: int, pool=max_pool):
   """Max-pool with Caffe's ceil rounding of the output size (GoogLeNet, SqueezeNet).
 
   Padding the bottom/right edge with -inf reproduces ceil((n - window) / stride) + 1;
-  a map smaller than the window (small inputs) pools to a single position.
+  a map smaller than the window (small inputs) pools to a single position. `pool`: the
+  network's max-pool (`pooling.max_pool` or a partial of it).
   """
   def pad(n):
     out = max(1, -(-(n - window) // stride) + 1)
     return (0, max(0, (out - 1) * stride + window - n))
-  return max_pool(x, (window, window), (stride, stride),
+  return pool(x, (window, window), (stride, stride),
                   padding=(pad(x.shape[1]), pad(x.shape[2])))
 
 

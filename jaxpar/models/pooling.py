@@ -27,14 +27,14 @@ p = q·s + r from output a = q − ⌊i/s⌋, so
 is a sum of shifted pooled-size arrays (≤ 4 for 3×3 at stride 2), and dx̃ interleaves the
 s·s' phases (dx̃[q·s + r, q'·s' + r'] = D_{r,r'}[q, q']: a stack and a reshape) or, where the
 windows overlap and the pool is unpadded, sums each phase repeated s×s' times and kept where
-(p mod s, p' mod s') = (r, r') — the faster of the two there, measured per pool (`ASSEMBLY`;
+(p mod s, p' mod s') = (r, r') — the faster of the two there, measured per pool (`assembly`;
 SqueezeNet's unpadded 3×3/2 on odd maps 0.43–0.64× the interleaving's time, the padded pools
 the other way round; why XLA's loops differ so was not found). Every term is elementwise, a
 pad or a reshape, which XLA fuses into one loop over dx̃ that reads pooled-size arrays; XLA's
 CPU `select_and_scatter` runs a scalar loop instead — 4–25× slower on these networks' pools
 (the 2×2/2 pool on VGG16E's 2×224×224×64: 50 ms against 2 ms; docs/performance.md), on 224²
 inputs a larger share of GoogLeNet's and SqueezeNet's step than their convolutions. The first
-formulation (`GRADIENT = 'full'`: each m_t · dy placed at full size with the stride's
+formulation (`gradient='full'`: each m_t · dy placed at full size with the stride's
 interior zeros, 9 full-size terms for 3×3) is kept for the A/B
 (`analysis.benchmarks.conv_step_ab`'s `pool_full`). Forward and backward together, the 224²
 pools took 0.16–0.82× the time of these formulations before (reduce_window, taps at full
@@ -47,8 +47,11 @@ holds every bfloat16); the same elements receive the same cotangents; where wind
 within float rounding (tests/test_pooling.py, with ties). Below float32 the backward pass
 runs in float32 and rounds once (XLA's CPU bfloat16 elementwise code is slower than its loop
 there). On GPU and TPU `max_pool` is flax's (XLA's gradient there was not measured slow).
+
+The formulations the benchmarks compare are `max_pool`'s keyword arguments; a network takes
+its pool as a field (`pool`, this `max_pool` by default), so an A/B builds it with
+`functools.partial(max_pool, forward=..., gradient=...)`.
 """
-import contextlib
 import functools
 
 import flax.linen as nn
@@ -59,46 +62,39 @@ from jax import lax
 from jaxpar.models import explicit
 
 
-# Read at trace time, for `analysis.benchmarks.conv_step_ab`'s variants: `previous` turns
-# ENABLED off (flax's max-pool, the steps before it); `pool_reduce_window` and `pool_full`
-# set the formulations before these (XLA's `reduce_window`; the gradient's taps at full
-# size).
-ENABLED = True
-FORWARD = 'slices'  # or 'reduce_window'
-GRADIENT = 'phases'  # or 'full'
-ASSEMBLY = 'auto'  # how the phases make dx̃: 'interleave', 'parity', or the rule's choice
+FORWARDS = ('slices', 'reduce_window', 'flax')  # flax: nn.max_pool, forward and gradient
+GRADIENTS = ('phases', 'full')
+ASSEMBLIES = ('auto', 'interleave', 'parity')  # how the phases make dx̃; auto: the rule
 
 
-@contextlib.contextmanager
-def settings(**values):
-  """Sets these of the settings above (`settings(FORWARD='reduce_window')`) while active and
-  restores them after; they are read when a step is traced, so trace inside."""
-  unknown = set(values) - {'ENABLED', 'FORWARD', 'GRADIENT', 'ASSEMBLY'}
-  if unknown:
-    raise ValueError(f'pooling.settings: no setting {sorted(unknown)}')
-  saved = {name: globals()[name] for name in values}
-  globals().update(values)
-  try:
-    yield
-  finally:
-    globals().update(saved)
-
-
-def max_pool(x, window_shape, strides=None, padding='VALID'):
+def max_pool(x, window_shape, strides=None, padding='VALID', *, forward: str = 'slices',
+             gradient: str = 'phases', assembly: str = 'auto'):
   """`nn.max_pool(x, window_shape, strides, padding)` computed as above on the CPU backend
-  (NHWC input); flax's elsewhere."""
-  strides = tuple(strides or (1,) * len(window_shape))
-  if (not ENABLED or x.ndim != 4 or len(window_shape) != 2
+  (NHWC input); flax's elsewhere. `forward`, `gradient` and `assembly` choose among the
+  formulations above (the defaults: the fastest measured; `forward='flax'`: flax's pool)."""
+  for name, value, known in (('forward', forward, FORWARDS), ('gradient', gradient, GRADIENTS),
+                             ('assembly', assembly, ASSEMBLIES)):
+    if value not in known:
+      raise ValueError(f'max_pool: {name}={value!r}; choose one of {known}')
+  if (forward == 'flax' or x.ndim != 4 or len(window_shape) != 2
       or jax.default_backend() != 'cpu'):
     return nn.max_pool(x, window_shape, strides, padding)
+  return _max_pool(x, *geometry(x.shape, window_shape, strides, padding), forward, gradient,
+                   assembly)
+
+
+def geometry(shape, window_shape, strides=None, padding='VALID') -> tuple:
+  """(window, strides, padding) of a 2-D pool on NHWC maps of `shape` as tuples, the padding
+  as (low, high) per spatial axis (flax's 'VALID' and 'SAME' resolved)."""
+  strides = tuple(strides or (1,) * len(window_shape))
   if isinstance(padding, str):
-    padding = lax.padtype_to_pads(x.shape[1:3], window_shape, strides, padding)
-  return _max_pool(x, tuple(window_shape), strides, tuple(tuple(p) for p in padding))
+    padding = lax.padtype_to_pads(shape[1:3], window_shape, strides, padding)
+  return tuple(window_shape), strides, tuple(tuple(p) for p in padding)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def _max_pool(x, window, strides, padding):
-  if FORWARD == 'reduce_window':
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
+def _max_pool(x, window, strides, padding, forward, gradient, assembly):
+  if forward == 'reduce_window':
     return lax.reduce_window(x, jnp.array(-jnp.inf, x.dtype), lax.max, (1, *window, 1),
                              (1, *strides, 1), ((0, 0), *padding, (0, 0)))
   wide = x.astype(jnp.float32) if jnp.finfo(x.dtype).bits < 32 else x
@@ -110,8 +106,8 @@ def _max_pool(x, window, strides, padding):
   return y.astype(x.dtype)
 
 
-def _forward(x, window, strides, padding):
-  y = _max_pool(x, window, strides, padding)
+def _forward(x, window, strides, padding, forward, gradient, assembly):
+  y = _max_pool(x, window, strides, padding, forward, gradient, assembly)
   return y, (x, y)
 
 
@@ -136,7 +132,7 @@ def _first_maxima(xp, y, window, strides):
     yield i, j, first
 
 
-def _backward(window, strides, padding, residuals, dy):
+def _backward(window, strides, padding, forward, gradient, assembly, residuals, dy):
   x, y = residuals
   # Below float32 in float32, rounded once: XLA's CPU code for bfloat16 elementwise ops is
   # slower than its `select_and_scatter` (GoogLeNet's pools 1.2–1.4× its time); the masks
@@ -151,7 +147,7 @@ def _backward(window, strides, padding, residuals, dy):
   xp = jnp.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=-jnp.inf)
   hp, wp = xp.shape[1:3]
   zero = jnp.zeros((), dy.dtype)
-  if GRADIENT == 'full':
+  if gradient == 'full':
     dxp = None
     for i, j, first in _first_maxima(xp, y, window, strides):
       # place_t: each output position back where tap (i, j) read it.
@@ -169,7 +165,6 @@ def _backward(window, strides, padding, residuals, dy):
                       ((0, 0, 0), (di, hq - oh - di, 0), (dj, wq - ow - dj, 0), (0, 0, 0)))
     key = (i % sh, j % sw)
     phases[key] = phases[key] + shifted if key in phases else shifted
-  assembly = ASSEMBLY
   if assembly == 'auto':  # the rule analysis/report/pool/ measured (module doc)
     overlapping = window[0] > sh or window[1] > sw
     assembly = 'parity' if overlapping and not (pt or pb or pl or pr) else 'interleave'

@@ -52,6 +52,7 @@ class ResNet(nn.Module):
   fc_axis: Any = None       # [H]: the mesh axis FC layers named in `fc_split` are split over
   fc_split: Sequence[str] = ()
   conv: Any = nn.Conv       # nn.Conv, or a partial of it with another lowering (models/conv.py)
+  pool: Any = max_pool     # pooling.max_pool, or a partial of it with another formulation
 
   FC_LAYERS = ('Dense_0',)
 
@@ -64,7 +65,7 @@ class ResNet(nn.Module):
                 dtype=self.dtype, kernel_init=nn.initializers.kaiming_normal(),
                 name='conv_init')(x.astype(self.dtype))
     x = nn.relu(norm(name='bn_init')(x))
-    x = max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+    x = self.pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
     for i, size in enumerate(self.stage_sizes):
       for j in range(size):
         strides = 2 if i > 0 and j == 0 else 1

@@ -5,7 +5,8 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpar.models.layers import ConvReLU, Dropout, batch_norm, global_avg_pool, max_pool_ceil
+from jaxpar.models.layers import (ConvReLU, Dropout, batch_norm, global_avg_pool, max_pool,
+                                  max_pool_ceil)
 
 # (squeeze, expand 1×1, expand 3×3) for fire2..fire9; 'M' is a 3×3/2 max-pool.
 FIRES = ((16, 64, 64), (16, 64, 64), (32, 128, 128), 'M',
@@ -37,6 +38,7 @@ class SqueezeNet(nn.Module):
   fc_axis: Any = None       # no FC layer: the classifier is a 1×1 convolution
   fc_split: Sequence[str] = ()
   conv: Any = nn.Conv       # nn.Conv, or a partial of it with another lowering (models/conv.py)
+  pool: Any = max_pool     # pooling.max_pool, or a partial of it with another formulation
 
   FC_LAYERS = ()
 
@@ -45,10 +47,10 @@ class SqueezeNet(nn.Module):
     norm = batch_norm(train, self.bn_axis_name, self.dtype) if self.batch_norm else None
     x = ConvReLU(96, 7, strides=2, padding='VALID', norm=norm, dtype=self.dtype,
                  conv=self.conv)(x.astype(self.dtype))
-    x = max_pool_ceil(x, 3, 2)
+    x = max_pool_ceil(x, 3, 2, self.pool)
     for fire in FIRES:
-      x = max_pool_ceil(x, 3, 2) if fire == 'M' else Fire(*fire, norm=norm, dtype=self.dtype,
-                                                                    conv=self.conv)(x)
+      x = (max_pool_ceil(x, 3, 2, self.pool) if fire == 'M'
+           else Fire(*fire, norm=norm, dtype=self.dtype, conv=self.conv)(x))
     x = Dropout(self.dropout_rate, deterministic=not train)(x)
     # conv10 keeps its bias and ReLU as in the original; the BatchNorm variant normalises
     # it too (docs/training.md: without it, class units dead at init never revive).

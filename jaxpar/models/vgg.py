@@ -23,6 +23,7 @@ class VGG(nn.Module):
   fc_axis: Any = None       # [H]: the mesh axis FC layers named in `fc_split` are split over
   fc_split: Sequence[str] = ()
   conv: Any = nn.Conv       # nn.Conv, or a partial of it with another lowering (models/conv.py)
+  pool: Any = max_pool     # pooling.max_pool, or a partial of it with another formulation
 
   FC_LAYERS = ('Dense_0', 'Dense_1', 'Dense_2')
 
@@ -32,7 +33,7 @@ class VGG(nn.Module):
     x = x.astype(self.dtype)
     for layer in self.layers:
       if layer == 'M':
-        x = max_pool(x, (2, 2), (2, 2))
+        x = self.pool(x, (2, 2), (2, 2))
       else:
         x = ConvReLU(layer, 3, norm=norm, dtype=self.dtype, conv=self.conv)(x)
     x = x.reshape((x.shape[0], -1))

@@ -1,5 +1,4 @@
 """jaxpar.plan: which scheme, server, N and BatchNorm grouping reach a target soonest on the
-hardware at hand (`planner`), and the models it and `analysis/` share — the collectives of
-a lowered program (`hlo`) and their calibrated costs (`calibrate`, `alpha_beta`), the steps
-to a target (`steps_model`, `noise_scale`). A leaf of the package: training imports it,
-it imports nothing of `analysis/`."""
+hardware at hand. It measures (`probe`, `call_timing`), predicts with the models of
+`jaxpar.perfmodel`, ranks (`candidates`, `rank`) and chooses (`planner`); `scheme=auto`
+trains with its answer. It imports nothing of `analysis/`."""

@@ -10,7 +10,7 @@ on.
         fields, the seed, the run's length and bookkeeping, the processes' addresses).
         Anything else that differs — a version, the network, its width, the image size, the
         batch, the dtype, the malloc setting — is another key: the entry is not used.
-  what  t_grad {(batch, devices): seconds}; the calls' calibration (`calibrate.time_calls`)
+  what  t_grad {(batch, devices): seconds}; the calls' calibration (`call_timing.time_calls`)
         in one process only — across processes it is the link's, which no key here sees
         (loopback, a rate-limited link, two hosts), so it is measured every time.
 

@@ -19,7 +19,7 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   pipeline's CPU a batch, at every batch a process makes
                   (`probe.input_seconds`).
   3. calls        each collective kind's per-call cost on two of the devices
-                  (`calibrate.time_calls`, 4 KB and the network's weights).
+                  (`call_timing.time_calls`, 4 KB and the network's weights).
   3b. work        each synchronous program on several devices with its gradients stood in
                   for (`probe.update_call`): what its strategy does beside the gradients
                   and collectives (packing, the update, conditionals) beyond the one-device
@@ -59,8 +59,9 @@ from absl import logging
 
 from jaxpar import config as config_lib
 from jaxpar import user_cache
+from jaxpar.perfmodel import calibrate, steps_model
 from jaxpar.plan import cache as plan_cache
-from jaxpar.plan import calibrate, candidates, probe, rank, steps_model
+from jaxpar.plan import call_timing, candidates, probe, rank
 
 PLAN_FILE = 'plan.json'
 OUTCOME_FILE = 'plan_outcome.json'  # scheme=auto: the time to the target, measured
@@ -126,353 +127,451 @@ def check(cfg) -> probe.Target:
 def make(cfg, log=logging.info) -> dict:
   """Measures, predicts and ranks (see the module docstring); returns the plan as JSON-ready
   dict, its 'choice' the overrides of the fastest candidate."""
-  from jaxpar import build, host_memory, multihost, validation
-  from jaxpar.data import sources
+  planning = _Planning(cfg, log)
+  planning.serial_runs()      # 1
+  planning.method_runs()      # 1b
+  planning.gradients()        # 2
+  planning.calls()            # 3
+  planning.work()             # 3b
+  planning.predict()          # 4
+  planning.measure()          # 5
+  return planning.plan()
 
-  target = check(cfg)
-  p = cfg.plan
-  started = time.perf_counter()
-  # budget_s = 0: bounded by steps (the serial runs' max_steps, phase 5's windows), so the
-  # time follows what a step and an evaluation of this network cost.
-  deadline = started + p.budget_s if p.budget_s else math.inf
-  serial_deadline = started + p.budget_s / 2 if p.budget_s else math.inf
-  agree = _Agree()
-  processes = jax.process_count()
-  phases, marked = {}, [started]
 
-  def mark(phase):  # the seconds since the last phase ended: where planning went
-    phases[phase] = time.perf_counter() - marked[0]
-    marked[0] = time.perf_counter()
-  source = sources.open_source(cfg.dataset)
-  meta = {'num_classes': source.num_classes, 'channels': source.channels}
-  # The devices the run would use (its mesh), of those this process sees; across processes
-  # the run's mesh is all of them (and one device is a run of one process).
-  available = min(config_lib.num_devices(cfg), jax.device_count())
-  found, excluded = candidates.enumerate_candidates(
-      cfg, available, jax.local_device_count() if processes > 1 else None)
-  b = cfg.per_device_batch
-  log(f'Plan: {len(found)} candidates on up to {available} {jax.default_backend()} devices '
-      f'({_setting(available)}) to {target.describe()}, {_budget(p)}; excluded: '
-      f"{', '.join(e['method'] for e in excluded)}.")
+class _Planning:
+  """One plan in the making: the phases of the module docstring in order, each a method
+  that reads what the phases before it measured (attributes) and adds its own."""
 
-  # --------------------------------------------------------------- 1. the serial run
-  # With t_grad at every one-device batch; across processes in a process of its own on
-  # process 0's cores (`one_device`), which also times the one-device candidates' steps.
-  one = with_overrides(cfg, {**probe.one_device_overrides(cfg, b), 'total_steps': p.max_steps})
-  validation.validate(one)
-  # What an earlier plan of this network measured on this machine, with these versions
-  # (`plan/cache.py`): t_grad, and in one process the calls' costs.
-  keyed = plan_cache.key(one, probe.machine(), probe.versions(), jax.default_backend(),
-                         _setting(available)) if p.cache else None
-  entry = agree(plan_cache.load(user_cache.folder('plan'), keyed) if keyed else {})
-  reused = plan_cache.t_grad_of(entry)
-  if entry:
-    log(f"Plan: reusing t_grad at {len(reused)} device batches"
-        + (" and the calls' costs" if entry.get('calls') and processes == 1 else '')
-        + f" measured {entry['created']} (same machine, versions and network: "
-        f"config.plan.cache).")
-  log(f'Plan: serial run at batch {b} on one device (B_noise from {p.noise_batches} '
-      f'gradients every {p.eval_every} steps).')
-  singles = sorted(x for x in {c.device_batch for c in found if c.devices == 1} | {b}
-                   if (x, 1) not in reused)
-  timed_alone = [c for c in found if c.devices == 1] if processes > 1 else []
-  # The batch model's second point: the largest batch a candidate of the serial maths takes.
-  large = max(c.batch for c in found if c.exact)
-  # The network's initial weights, made once: every state and gradient below starts there.
-  variables = probe.initial_variables(one, meta)
-  if processes > 1:
-    alone = multihost.from_process_0('plan/one-device', lambda: one_device_in_child(
-        one, target, singles, timed_alone, serial_deadline, log, available, large))
-  else:
-    alone = measure_one_device(one, source, meta, target, singles, [], serial_deadline, log,
-                               variables, available, large)
-  serial = alone['serial']
-  k_b, how = steps_of(serial, target)
-  check_k = judged(serial, target, how)
-  if check_k:
-    log(f"Plan: K_b extrapolated {check_k['ratio']:.1f}× beyond the serial run; "
-        + ('trusted: ' if check_k['trusted'] else 'beyond what the plan can predict: ')
-        + check_k['why'] + '.')
-  k_b, spread = seed_spread({**serial, 'K': k_b}) if how == 'reached' else (k_b, (1.0, 1.0))
-  if serial.get('seeds'):
-    log(f"Plan: K at seeds {one.seed}, " + ', '.join(str(s['seed']) for s in serial['seeds'])
-        + ': ' + ', '.join(f'{k:.0f}' for k in [serial['K']] + [s['K'] for s in serial['seeds']])
-        + f' steps: K_b = {k_b:.0f} ({spread[0] * k_b:.0f}–{spread[1] * k_b:.0f}).')
-  noise = rank.noise_near_target(serial['noise']) if serial['noise'] else (math.inf,) * 3
-  fitted = batch_fit(k_b, b, alone.get('large')) if how == 'reached' else None
-  if fitted is not None:  # two measured points: the model through both, not the noise scale
-    log(f"Plan: K at batch {alone['large']['batch']}: {alone['large']['K']:.0f} steps; the batch "
-        f'model through it and K_b: B_noise = {fitted:.1f} (the gradient noise scale read '
-        f'{noise[0]:.1f}).')
-    noise = (fitted,) * 3
-  short = batch_bound(k_b, b, alone.get('large')) if how == 'reached' else None
-  if short:  # a run at B short of the target: K(B) at least its steps, B_noise at most so
-    log(f"Plan: the run at batch {short[1]} stopped ({alone['large']['stopped']}) at step "
-        f"{short[2]:.0f} short of the target: K there at least that, B_noise at most "
-        f"{short[0]:.1f} (the gradient noise scale read {noise[0]:.1f}).")
-    noise = tuple(min(x, short[0]) for x in noise)
-  mark('serial')
-  # The other families' steps: Downpour's simulated with the serial run; BN per device and
-  # Local SGD each a run of its candidate on the run's devices (`method_runs`).
-  methods = {'async': alone['async']} if alone.get('async') else {}
-  # Within three quarters of a budget; across processes process 0's clock decides.
-  methods_deadline = started + 0.75 * p.budget_s if p.budget_s else math.inf
-  methods.update(method_runs(one, source, target, {**serial, 'K': serial['K'] and k_b}, found,
-                             lambda: agree(time.perf_counter() > methods_deadline), log,
-                             variables, agree))
-  mark('methods')
-  local = next((c for c in found if c.family == 'local_sgd'), None)
-  if local:
-    methods = rank.reference(methods, local, k_b, b, noise[0])
-  if methods:
-    log(f'Plan [{time.perf_counter() - started:.0f} s]: the methods\' steps: ' + ', '.join(
-        f"{family} {run['K']:.0f}" + ('' if run['stopped'] == 'reached'
-                                      else f" (at least: {run['stopped']})")
-        for family, run in methods.items()) + '.')
-  t_one = float(np.median(serial['step_seconds'])) if serial['step_seconds'] else None
-  saves = {'every': cfg.checkpoint_every, 'seconds': serial['save_seconds']}
-  log(f'Plan [{time.perf_counter() - started:.0f} s]: K_b = {k_b:.0f} steps at b = {b} ({how}), '
-      f'B_noise = {noise[0]:.1f} ({noise[1]:.1f}–{noise[2]:.1f}), one-device step '
-      f"{1e3 * (t_one or 0):.2f} ms, a checkpoint save {saves['seconds']:.2f} s (one every "
-      f"{saves['every']} steps).")
+  def __init__(self, cfg, log):
+    from jaxpar import validation
+    from jaxpar.data import sources
+    self.cfg, self.log = cfg, log
+    self.target = check(cfg)
+    self.p = p = cfg.plan
+    self.started = time.perf_counter()
+    # budget_s = 0: bounded by steps (the serial runs' max_steps, phase 5's windows), so the
+    # time follows what a step and an evaluation of this network cost.
+    self.deadline = self.started + p.budget_s if p.budget_s else math.inf
+    self.agree = _Agree()
+    self.processes = jax.process_count()
+    self.phases, self._marked = {}, self.started
+    self.source = sources.open_source(cfg.dataset)
+    self.meta = {'num_classes': self.source.num_classes, 'channels': self.source.channels}
+    # The devices the run would use (its mesh), of those this process sees; across processes
+    # the run's mesh is all of them (and one device is a run of one process).
+    self.available = min(config_lib.num_devices(cfg), jax.device_count())
+    self.found, self.excluded = candidates.enumerate_candidates(
+        cfg, self.available, jax.local_device_count() if self.processes > 1 else None)
+    self.b = cfg.per_device_batch
+    log(f'Plan: {len(self.found)} candidates on up to {self.available} '
+        f'{jax.default_backend()} devices ({_setting(self.available)}) to '
+        f'{self.target.describe()}, {_budget(p)}; excluded: '
+        f"{', '.join(e['method'] for e in self.excluded)}.")
+    # The serial maths on one device, for the serial runs and every measurement after them.
+    self.one = with_overrides(cfg, {**probe.one_device_overrides(cfg, self.b),
+                                    'total_steps': p.max_steps})
+    validation.validate(self.one)
+    # What an earlier plan of this network measured on this machine, with these versions
+    # (`plan/cache.py`): t_grad, and in one process the calls' costs.
+    self.keyed = plan_cache.key(self.one, probe.machine(), probe.versions(),
+                                jax.default_backend(), _setting(self.available)) \
+        if p.cache else None
+    self.entry = self.agree(plan_cache.load(user_cache.folder('plan'), self.keyed)
+                            if self.keyed else {})
+    self.reused = plan_cache.t_grad_of(self.entry)
+    if self.entry:
+      log(f"Plan: reusing t_grad at {len(self.reused)} device batches"
+          + (" and the calls' costs" if self.entry.get('calls') and self.processes == 1
+             else '')
+          + f" measured {self.entry['created']} (same machine, versions and network: "
+          f"config.plan.cache).")
 
-  # --------------------------------------------------------------- 2. t_grad per device batch
-  # On N devices at once where a candidate computes on N (emulated CPU devices share cores;
-  # across processes each process computes on its own devices at once).
-  def past_deadline():  # process 0's clock decides, as it decides what is costed and timed
-    return agree(time.perf_counter() > deadline)
+  def mark(self, phase):
+    """The seconds since the last phase ended: where planning went."""
+    now = time.perf_counter()
+    self.phases[phase], self._marked = now - self._marked, now
 
-  # Phases 2-4 stop short of the deadline by what timing one candidate takes in phase 5
-  # (compiling its step, as the serial run's first step did, and its windows), which phase
-  # 5 does even past it: so a plan keeps to its budget.
-  reserve = (serial.get('first_step_s') or 0.0) + (
-      p.measure_windows * p.measure_steps + 2) * (t_one or 0.0)
+  def since(self) -> str:
+    return f'{time.perf_counter() - self.started:.0f} s'
 
-  def past_preparing():
-    return agree(time.perf_counter() > deadline - reserve)
+  def past_deadline(self) -> bool:
+    """Process 0's clock decides, as it decides what is costed and timed."""
+    return self.agree(time.perf_counter() > self.deadline)
 
-  needed = {(c.device_batch, c.devices) for c in found} | {(b, 1)}
-  t_grad = {k: v for k, v in reused.items() if k in needed}
-  t_grad.update({(int(batch), 1): seconds for batch, seconds in alone['t_grad'].items()})
-  estimated = set()  # past the budget: t_grad scaled from the nearest measured one
-  for key in sorted(k for k in needed if k[1] > 1 and k not in t_grad):
-    if past_preparing():
-      estimated.add(key)
-      continue
-    call = probe.gradient_call(with_overrides(one, {'per_device_batch': key[0]}), meta,
-                               key[0], key[1] // processes, variables)
-    multihost.barrier(f'plan/t_grad/{key}')
-    t_grad[key] = agree(float(np.median(calibrate.timed(call, p.measure_steps, 2))))
-  cores = len(os.sched_getaffinity(0)) if jax.default_backend() == 'cpu' else None
-  measured_t_grad = dict(t_grad)
-  for key in estimated:
-    t_grad[key] = estimate_t_grad(measured_t_grad, key, processes, cores)
-  if estimated:
-    log(f'Plan: the budget was spent: t_grad at {len(estimated)} device batches scaled from '
-        f'the nearest measured one (' + ', '.join(f'b={k[0]} on {k[1]}' for k in
-                                                sorted(estimated)) + ').')
-  overhead = (t_one - t_grad[b, 1]) if t_one else 0.0
-  log(f'Plan [{time.perf_counter() - started:.0f} s]: t_grad ' + ', '.join(
-      f'b={k[0]} on {k[1]}: {v * 1e3:.2f} ms' for k, v in t_grad.items())
-      + f'; non-gradient work of the one-device step {overhead * 1e3:.2f} ms'
-      + (' (negative: within the timing noise, taken as 0).' if overhead < 0 else '.'))
-  # The input pipeline's share of a step grows with the batch this process makes: t_in at
-  # each such batch (a step at B/P rows pays t_in(B/P) − t_in(b) beyond the one-device
-  # step at b), on the CPU backend spread over this process's cores (`inputs_of`); not on an
-  # accelerator, whose steps the host's batch-making overlaps.
-  t_in = {}
-  if cores:
-    t_in = {n: agree(probe.input_seconds(one, source, n))
-            for n in sorted({b} | {_rows(c, processes) for c in found})}
-    log(f'Plan [{time.perf_counter() - started:.0f} s]: input pipeline, CPU a batch: '
-        + ', '.join(f'{n} rows {v * 1e3:.2f} ms' for n, v in t_in.items())
-        + f' (over {cores} cores: a step beside it pays its share).')
-  else:
-    log('Plan: the input pipeline not timed: the host makes batches while the accelerator '
-        'computes.')
+  def past_preparing(self) -> bool:
+    """Phases 2-4 stop short of the deadline by what timing one candidate takes in phase 5
+    (compiling its step, as the serial run's first step did, and its windows), which phase 5
+    does even past it: so a plan keeps to its budget."""
+    return self.agree(time.perf_counter() > self.deadline - self.reserve)
 
-  def inputs_of(c) -> float:
-    return (t_in[_rows(c, processes)] - t_in[b]) / cores if cores else 0.0
+  # ------------------------------------------------------------- 1. the serial run
+  def serial_runs(self):
+    """With t_grad at every one-device batch; across processes in a process of its own on
+    process 0's cores (`one_device`), which also times the one-device candidates' steps."""
+    from jaxpar import multihost
+    p, b, one, log = self.p, self.b, self.one, self.log
+    serial_deadline = self.started + p.budget_s / 2 if p.budget_s else math.inf
+    log(f'Plan: serial run at batch {b} on one device (B_noise from {p.noise_batches} '
+        f'gradients every {p.eval_every} steps).')
+    singles = sorted(x for x in {c.device_batch for c in self.found if c.devices == 1} | {b}
+                     if (x, 1) not in self.reused)
+    self.timed_alone = ([c for c in self.found if c.devices == 1] if self.processes > 1
+                        else [])
+    # The batch model's second point: the largest batch a candidate of the serial maths takes.
+    large = max(c.batch for c in self.found if c.exact)
+    # The network's initial weights, made once: every state and gradient below starts there.
+    self.variables = probe.initial_variables(one, self.meta)
+    if self.processes > 1:
+      self.alone = multihost.from_process_0('plan/one-device', lambda: one_device_in_child(
+          one, self.target, singles, self.timed_alone, serial_deadline, log, self.available,
+          large))
+    else:
+      self.alone = measure_one_device(one, self.source, self.meta, self.target, singles, [],
+                                      serial_deadline, log, self.variables, self.available,
+                                      large)
+    self.serial = serial = self.alone['serial']
+    k_b, self.how = steps_of(serial, self.target)
+    self.check_k = judged(serial, self.target, self.how)
+    if self.check_k:
+      log(f"Plan: K_b extrapolated {self.check_k['ratio']:.1f}× beyond the serial run; "
+          + ('trusted: ' if self.check_k['trusted'] else 'beyond what the plan can predict: ')
+          + self.check_k['why'] + '.')
+    reached = self.how == 'reached'
+    self.k_b, self.spread = seed_spread({**serial, 'K': k_b}) if reached else (k_b, (1.0, 1.0))
+    if serial.get('seeds'):
+      log(f"Plan: K at seeds {one.seed}, " + ', '.join(str(s['seed']) for s in serial['seeds'])
+          + ': ' + ', '.join(f'{k:.0f}' for k in [serial['K']] + [s['K'] for s in serial['seeds']])
+          + f' steps: K_b = {self.k_b:.0f} ({self.spread[0] * self.k_b:.0f}–'
+          f'{self.spread[1] * self.k_b:.0f}).')
+    self.noise = (rank.noise_near_target(serial['noise']) if serial['noise']
+                  else (math.inf,) * 3)
+    self._batch_model(reached)
+    self.mark('serial')
 
-  mark('t_grad')
+  def _batch_model(self, reached: bool):
+    """The batch model's second point, where the run at the large batch gives one."""
+    noise, large = self.noise, self.alone.get('large')
+    self.fitted = batch_fit(self.k_b, self.b, large) if reached else None
+    if self.fitted is not None:  # two measured points: the model through both, not the noise scale
+      self.log(f"Plan: K at batch {large['batch']}: {large['K']:.0f} steps; the batch "
+               f'model through it and K_b: B_noise = {self.fitted:.1f} (the gradient noise '
+               f'scale read {noise[0]:.1f}).')
+      noise = (self.fitted,) * 3
+    self.short = batch_bound(self.k_b, self.b, large) if reached else None
+    if self.short:  # a run at B short of the target: K(B) at least its steps, B_noise at most so
+      self.log(f"Plan: the run at batch {self.short[1]} stopped ({large['stopped']}) at step "
+               f"{self.short[2]:.0f} short of the target: K there at least that, B_noise at "
+               f"most {self.short[0]:.1f} (the gradient noise scale read {noise[0]:.1f}).")
+      noise = tuple(min(x, self.short[0]) for x in noise)
+    self.noise = noise
 
-  # --------------------------------------------------------------- 3. the collectives' costs
-  costs, calls, param_bytes, partial_calls = None, None, 0, False
-  if processes > 1 and cfg.distributed.collective_threads == 'idle':
-    # The one-device process ran on process 0's cores: gloo's loop there went back to normal
-    # priority (`multihost.IdleGlooLoops`), for 30 s or more after it ended. Idle again
-    # before the calls are timed, as in the run: else a small call is calibrated waiting for
-    # timer ticks (a 4 KB all-reduce 2.3 ms a call instead of 0.2-0.3, and every 2-process
-    # SqueezeNet-BN candidate predicted too slow to be timed: docs/plan.md).
-    if not multihost.idle_gloo_loops_again():
-      log("Plan: gloo's TCP loop is not at idle priority (another process keeps its core "
-          'busy): small collectives are timed waiting for a timer tick.')
-  if available > 1:
-    from jaxpar.mesh import make_mesh
-    from jaxpar.collectives import nbytes
-    params = build.abstract_variables(one, build.model(
-        one, meta['num_classes'], meta['channels'], make_mesh((1,), ('data',), jax.devices()[:1])),
-        meta['channels'])['params']
-    param_bytes = nbytes(params)
-    sizes = sorted({4096, max(4096, param_bytes // 8 * 8)})
-    calls = entry.get('calls') if processes == 1 else None  # across processes: the link's
-    partial_calls = not calls and past_preparing()
-    if partial_calls:  # the kinds every other one can be costed as
-      log('Plan: the budget was spent: the calls calibrated for all-reduce and permute only '
-          '(the other kinds costed as all-reduce).')
-      calls = agree(calibrate.time_calls(sizes, repeats=3, warmup=1, ops=calibrate.LEAST))
-    calls = calls or agree(calibrate.time_calls(sizes, repeats=5, warmup=1))
-    costs = calibrate.from_calls(calls)
-    log(f'Plan [{time.perf_counter() - started:.0f} s]: per-call costs ' + ', '.join(
-        f"{kind} {pts[-1][0]:,} B {pts[-1][1] * 1e3:.3f} ms" for kind, pts in costs.points.items()))
+  # ------------------------------------------------------------- 1b. the methods' runs
+  def method_runs(self):
+    """Downpour's steps simulated with the serial run; BN per device and Local SGD each a
+    run of its candidate on the run's devices (`method_runs`)."""
+    p, serial, log = self.p, self.serial, self.log
+    methods = {'async': self.alone['async']} if self.alone.get('async') else {}
+    # Within three quarters of a budget; across processes process 0's clock decides.
+    methods_deadline = self.started + 0.75 * p.budget_s if p.budget_s else math.inf
+    methods.update(method_runs(self.one, self.source, self.target,
+                               {**serial, 'K': serial['K'] and self.k_b}, self.found,
+                               lambda: self.agree(time.perf_counter() > methods_deadline), log,
+                               self.variables, self.agree))
+    self.mark('methods')
+    local = next((c for c in self.found if c.family == 'local_sgd'), None)
+    if local:
+      methods = rank.reference(methods, local, self.k_b, self.b, self.noise[0])
+    if methods:
+      log(f"Plan [{self.since()}]: the methods' steps: " + ', '.join(
+          f"{family} {run['K']:.0f}" + ('' if run['stopped'] == 'reached'
+                                        else f" (at least: {run['stopped']})")
+          for family, run in methods.items()) + '.')
+    self.methods = methods
+    self.t_one = (float(np.median(serial['step_seconds'])) if serial['step_seconds']
+                  else None)
+    self.saves = {'every': self.cfg.checkpoint_every, 'seconds': serial['save_seconds']}
+    log(f'Plan [{self.since()}]: K_b = {self.k_b:.0f} steps at b = {self.b} ({self.how}), '
+        f'B_noise = {self.noise[0]:.1f} ({self.noise[1]:.1f}–{self.noise[2]:.1f}), one-device '
+        f"step {1e3 * (self.t_one or 0):.2f} ms, a checkpoint save "
+        f"{self.saves['seconds']:.2f} s (one every {self.saves['every']} steps).")
+    self.reserve = (serial.get('first_step_s') or 0.0) + (
+        p.measure_windows * p.measure_steps + 2) * (self.t_one or 0.0)
 
-  mark('calls')
+  # ------------------------------------------------------------- 2. t_grad per device batch
+  def gradients(self):
+    """On N devices at once where a candidate computes on N (emulated CPU devices share
+    cores; across processes each process computes on its own devices at once)."""
+    from jaxpar import multihost
+    b, log = self.b, self.log
+    needed = {(c.device_batch, c.devices) for c in self.found} | {(b, 1)}
+    t_grad = {k: v for k, v in self.reused.items() if k in needed}
+    t_grad.update({(int(batch), 1): s for batch, s in self.alone['t_grad'].items()})
+    self.estimated = set()  # past the budget: t_grad scaled from the nearest measured one
+    for key in sorted(k for k in needed if k[1] > 1 and k not in t_grad):
+      if self.past_preparing():
+        self.estimated.add(key)
+        continue
+      call = probe.gradient_call(with_overrides(self.one, {'per_device_batch': key[0]}),
+                                 self.meta, key[0], key[1] // self.processes, self.variables)
+      multihost.barrier(f'plan/t_grad/{key}')
+      t_grad[key] = self.agree(float(np.median(call_timing.timed(call, self.p.measure_steps,
+                                                                 2))))
+    self.cores = (len(os.sched_getaffinity(0)) if jax.default_backend() == 'cpu' else None)
+    self.measured_t_grad = dict(t_grad)
+    for key in self.estimated:
+      t_grad[key] = estimate_t_grad(self.measured_t_grad, key, self.processes, self.cores)
+    if self.estimated:
+      log(f'Plan: the budget was spent: t_grad at {len(self.estimated)} device batches scaled '
+          f'from the nearest measured one (' + ', '.join(
+              f'b={k[0]} on {k[1]}' for k in sorted(self.estimated)) + ').')
+    self.t_grad = t_grad
+    self.overhead = (self.t_one - t_grad[b, 1]) if self.t_one else 0.0
+    log(f'Plan [{self.since()}]: t_grad ' + ', '.join(
+        f'b={k[0]} on {k[1]}: {v * 1e3:.2f} ms' for k, v in t_grad.items())
+        + f'; non-gradient work of the one-device step {self.overhead * 1e3:.2f} ms'
+        + (' (negative: within the timing noise, taken as 0).' if self.overhead < 0 else '.'))
+    self._input_seconds()
+    self.mark('t_grad')
 
-  # --------------------------------------------------------------- 3b. the strategies' own work
-  # What a candidate's program does beside its gradients and collectives — packing and
-  # unpacking the exchanged buffers, the update on them, conditionals, per-device copies —
-  # is not the one-device step's: its step with the gradients stood in for, timed, less its
-  # collectives' calibrated cost and the one-device program's time (`strategy_work`).
-  work, work_rows = strategy_work(one, found, meta, variables, costs, p, past_preparing, agree,
-                                  log)
-  if work_rows:
-    log(f'Plan [{time.perf_counter() - started:.0f} s]: the strategies\' own work beyond the '
-        'one-device update: ' + ', '.join(
-            f"{r['server']} N={r['devices']}" + (f" τ={r['period']}" if r['period'] else '')
-            + f" {r['seconds'] * 1e3:.2f} ms" for r in work_rows) + '.')
-  mark('work')
-  if keyed and jax.process_index() == 0:
-    plan_cache.store(user_cache.folder('plan'), keyed, measured_t_grad,
-                     calls if processes == 1 and not partial_calls else None)
+  def _input_seconds(self):
+    """The input pipeline's share of a step grows with the batch this process makes: t_in at
+    each such batch (a step at B/P rows pays t_in(B/P) − t_in(b) beyond the one-device step
+    at b), on the CPU backend spread over this process's cores (`inputs_of`); not on an
+    accelerator, whose steps the host's batch-making overlaps."""
+    self.t_in = {}
+    if self.cores:
+      self.t_in = {n: self.agree(probe.input_seconds(self.one, self.source, n))
+                   for n in sorted({self.b} | {_rows(c, self.processes) for c in self.found})}
+      self.log(f'Plan [{self.since()}]: input pipeline, CPU a batch: '
+               + ', '.join(f'{n} rows {v * 1e3:.2f} ms' for n, v in self.t_in.items())
+               + f' (over {self.cores} cores: a step beside it pays its share).')
+    else:
+      self.log('Plan: the input pipeline not timed: the host makes batches while the '
+               'accelerator computes.')
 
-  # --------------------------------------------------------------- 4. predict every candidate
-  # Lowering a candidate's step to read its collectives takes seconds; its time to the target
-  # without them — K(B)·(t_grad + the step's other work) — is known already: `rank.predict`
-  # lowers and costs in that order, leaving a candidate whose bound is beyond `close` × the
-  # best so far at its bound (costed below only if measuring brings the field within it).
-  # Candidates that differ only in the batch send the same collectives (`Candidate.
-  # exchange`): one of each is lowered (the 2-device SqueezeNet plan: 6 programs, not 12).
-  calls_of, sent = {}, {}
-  alone_rows = {c: alone['windows'][c.label] for c in timed_alone}
+  def inputs_of(self, c) -> float:
+    if not self.cores:
+      return 0.0
+    return (self.t_in[_rows(c, self.processes)] - self.t_in[self.b]) / self.cores
 
-  def cost(row):
+  # ------------------------------------------------------------- 3. the collectives' costs
+  def calls(self):
+    from jaxpar import build, multihost
+    self.costs, self.calls_timed, self.param_bytes, self.partial_calls = None, None, 0, False
+    if self.processes > 1 and self.cfg.distributed.collective_threads == 'idle':
+      # The one-device process ran on process 0's cores: gloo's loop there went back to
+      # normal priority (`multihost.IdleGlooLoops`), for 30 s or more after it ended. Idle
+      # again before the calls are timed, as in the run: else a small call is calibrated
+      # waiting for timer ticks (a 4 KB all-reduce 2.3 ms a call instead of 0.2-0.3, and
+      # every 2-process SqueezeNet-BN candidate predicted too slow to be timed).
+      if not multihost.idle_gloo_loops_again():
+        self.log("Plan: gloo's TCP loop is not at idle priority (another process keeps its "
+                 'core busy): small collectives are timed waiting for a timer tick.')
+    if self.available > 1:
+      from jaxpar.collectives import nbytes
+      from jaxpar.mesh import make_mesh
+      one, meta = self.one, self.meta
+      params = build.abstract_variables(one, build.model(
+          one, meta['num_classes'], meta['channels'],
+          make_mesh((1,), ('data',), jax.devices()[:1])), meta['channels'])['params']
+      self.param_bytes = nbytes(params)
+      sizes = sorted({4096, max(4096, self.param_bytes // 8 * 8)})
+      # Across processes the calls are the link's, measured every time.
+      calls = self.entry.get('calls') if self.processes == 1 else None
+      self.partial_calls = not calls and self.past_preparing()
+      if self.partial_calls:  # the kinds every other one can be costed as
+        self.log('Plan: the budget was spent: the calls calibrated for all-reduce and permute '
+                 'only (the other kinds costed as all-reduce).')
+        calls = self.agree(call_timing.time_calls(sizes, repeats=3, warmup=1,
+                                                  ops=call_timing.LEAST))
+      self.calls_timed = calls or self.agree(call_timing.time_calls(sizes, repeats=5,
+                                                                    warmup=1))
+      self.costs = calibrate.from_calls(self.calls_timed)
+      self.log(f'Plan [{self.since()}]: per-call costs ' + ', '.join(
+          f"{kind} {pts[-1][0]:,} B {pts[-1][1] * 1e3:.3f} ms"
+          for kind, pts in self.costs.points.items()))
+    self.mark('calls')
+
+  # ------------------------------------------------------------- 3b. the strategies' own work
+  def work(self):
+    """What a candidate's program does beside its gradients and collectives — packing and
+    unpacking the exchanged buffers, the update on them, conditionals, per-device copies —
+    is not the one-device step's: its step with the gradients stood in for, timed, less its
+    collectives' calibrated cost and the one-device program's time (`strategy_work`)."""
+    self.own_work, self.work_rows = strategy_work(
+        self.one, self.found, self.meta, self.variables, self.costs, self.p,
+        self.past_preparing, self.agree, self.log)
+    if self.work_rows:
+      self.log(f"Plan [{self.since()}]: the strategies' own work beyond the one-device "
+               'update: ' + ', '.join(
+                   f"{r['server']} N={r['devices']}" + (f" τ={r['period']}" if r['period']
+                                                        else '')
+                   + f" {r['seconds'] * 1e3:.2f} ms" for r in self.work_rows) + '.')
+    self.mark('work')
+    if self.keyed and jax.process_index() == 0:
+      plan_cache.store(user_cache.folder('plan'), self.keyed, self.measured_t_grad,
+                       self.calls_timed if self.processes == 1 and not self.partial_calls
+                       else None)
+
+  # ------------------------------------------------------------- 4. predict every candidate
+  def predict(self):
+    """Lowering a candidate's step to read its collectives takes seconds; its time to the
+    target without them — K(B)·(t_grad + the step's other work) — is known already:
+    `rank.predict` lowers and costs in that order, leaving a candidate whose bound is beyond
+    `close` × the best so far at its bound (costed below only if measuring brings the field
+    within it). Candidates that differ only in the batch send the same collectives
+    (`Candidate.exchange`): one of each is lowered (the 2-device SqueezeNet plan: 6 programs,
+    not 12)."""
+    self.calls_of, self.sent = {}, {}
+    self.alone_rows = {c: self.alone['windows'][c.label] for c in self.timed_alone}
+    rows = rank.predict(self.found,
+                        lambda c: rank.steps(c, self.k_b, self.b, self.noise[0], self.methods),
+                        self.bound, self.cost, self.p.close, self.past_preparing)
+    for row in rows:
+      if row['candidate'] in self.alone_rows:  # timed already: costed (no collectives)
+        self.cost(row)
+        row['t_measured'] = self.alone_rows[row['candidate']]
+      if (row['candidate'].device_batch, row['candidate'].devices) in self.estimated:
+        row['t_grad_estimated'] = True  # noted by `rank.rank` while its step is not measured
+    by = collections.Counter(r.get('pruned') for r in rows)
+    self.log(f'Plan [{self.since()}]: {len(rows)} candidates predicted, '
+             f"{by['bound']} of them by a bound without their collectives (beyond "
+             f'{self.p.close:g} × the best)'
+             + (f", {by['budget']} so as the budget was spent" if by['budget'] else '') + '.')
+    self.rows = rows
+    self.mark('predict')
+
+  def bound(self, c) -> float:
+    """A candidate's step without its collectives."""
+    if c.family == 'async':
+      return async_update(c, self.t_grad, self.overhead, None, 0)
+    return rank.predicted_step(self.t_grad[c.device_batch, c.devices],
+                               self.overhead + self.own_work.get(work_key(c), 0.0), 0.0,
+                               self.inputs_of(c))
+
+  def cost(self, row):
+    """A row's step predicted with its collectives, each at its calibrated cost."""
+    from jaxpar import validation
     c = row['candidate']
     if c.family == 'async':  # not one program: the workers' gradients, a pull and a push each
       if c.backend == 'threads':  # its loop timed in phase 5 where close
-        cfg_c = with_overrides(one, c.overrides())
+        cfg_c = with_overrides(self.one, c.overrides())
         validation.validate(cfg_c)
-        calls_of[c] = probe.step_call(cfg_c, meta, source, variables, lower=False)[1]
+        self.calls_of[c] = probe.step_call(cfg_c, self.meta, self.source, self.variables,
+                                           lower=False)[1]
       row['collectives'] = 0
-      row['t_predicted'] = async_update(c, t_grad, overhead, costs, param_bytes)
+      row['t_predicted'] = async_update(c, self.t_grad, self.overhead, self.costs,
+                                        self.param_bytes)
       row.pop('pruned', None)
       return
-    if c in alone_rows:  # one device of several processes: timed alone, no collectives
+    if c in self.alone_rows:  # one device of several processes: timed alone, no collectives
       collectives = []
     else:
-      cfg_c = with_overrides(one, c.overrides())
+      cfg_c = with_overrides(self.one, c.overrides())
       validation.validate(cfg_c)
-      lowered, calls_of[c] = probe.step_call(cfg_c, meta, source, variables,
-                                             lower=c.exchange not in sent)
-      collectives = sent.setdefault(c.exchange, lowered)
+      lowered, self.calls_of[c] = probe.step_call(cfg_c, self.meta, self.source,
+                                                  self.variables, lower=c.exchange not in self.sent)
+      collectives = self.sent.setdefault(c.exchange, lowered)
     row['collectives'] = len(collectives)
     # Local SGD's average is a conditional taken one step in τ.
-    comm = (costs.step(collectives, 1 / c.period if c.period else 1.0)
-            if costs and collectives else 0.0)
-    row['t_predicted'] = rank.predicted_step(t_grad[c.device_batch, c.devices],
-                                             overhead + work.get(work_key(c), 0.0), comm,
-                                             inputs_of(c))
+    comm = (self.costs.step(collectives, 1 / c.period if c.period else 1.0)
+            if self.costs and collectives else 0.0)
+    row['t_predicted'] = rank.predicted_step(
+        self.t_grad[c.device_batch, c.devices],
+        self.overhead + self.own_work.get(work_key(c), 0.0), comm, self.inputs_of(c))
     row.pop('pruned', None)
 
-  def bound(c):  # the step without collectives
-    if c.family == 'async':
-      return async_update(c, t_grad, overhead, None, 0)
-    return rank.predicted_step(t_grad[c.device_batch, c.devices],
-                               overhead + work.get(work_key(c), 0.0), 0.0, inputs_of(c))
+  # ------------------------------------------------------------- 5. time the close ones
+  def rerank(self) -> list:
+    return rank.rank(self.rows, self.k_b, self.b, self.noise, self.saves, self.spread,
+                     self.methods, fitted=self.fitted is not None,
+                     beyond=self.short and self.short[1:])
 
-  rows = rank.predict(found, lambda c: rank.steps(c, k_b, b, noise[0], methods), bound, cost,
-                      p.close, past_preparing)
-  for row in rows:
-    if row['candidate'] in alone_rows:  # timed already: costed (no collectives), not bound
-      cost(row)
-      row['t_measured'] = alone_rows[row['candidate']]
-    if (row['candidate'].device_batch, row['candidate'].devices) in estimated:
-      row['t_grad_estimated'] = True  # noted by `rank.rank` while its step is not measured
-  by = collections.Counter(r.get('pruned') for r in rows)
-  log(f'Plan [{time.perf_counter() - started:.0f} s]: {len(rows)} candidates predicted, '
-      f"{by['bound']} of them by a bound without their collectives (beyond {p.close:g} × the "
-      f'best)' + (f", {by['budget']} so as the budget was spent" if by['budget'] else '') + '.')
-  mark('predict')
+  def measure(self):
+    ranked = time_the_close_ones(self.rows, self.rerank, self.calls_of, self.cost, self.p,
+                                 self.past_deadline, self.agree, self.log, self.started)
+    choice = _leader(ranked)
+    if not choice.get('t_measured'):  # the budget stopped measuring: the fastest measured
+      choice = _fastest_measured(ranked) or choice
+    # The tie rule: a row that spends less whose range reaches the fastest one's is chosen
+    # (`rank.choose`), its step timed first where it was not and can be here.
+    leader = choice
+    ranked, choice, why = tie_rule(leader, ranked, self.cost, self.rerank)
+    if why and not choice.get('t_measured') and choice['candidate'] in self.calls_of \
+        and not self.past_deadline():
+      _measure([choice], self.calls_of, self.p, self.past_deadline, self.agree, self.log,
+               self.started)
+      ranked, choice, why = tie_rule(leader, self.rerank(), self.cost, self.rerank)
+    if why:
+      self.log(f'Plan: {why}.')
+    self.calls_of.clear()
+    self.ranked, self.choice, self.why = ranked, choice, why
+    self.mark('measure')
 
-  # --------------------------------------------------------------- 5. time the close ones
-  rerank = lambda: rank.rank(rows, k_b, b, noise, saves, spread, methods,
-                             fitted=fitted is not None, beyond=short and short[1:])
-  ranked = time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
-                               started)
-  choice = _leader(ranked)
-  if not choice.get('t_measured'):  # the budget stopped measuring: the fastest measured
-    choice = _fastest_measured(ranked) or choice
-  # The tie rule: a row that spends less whose range reaches the fastest one's is chosen
-  # (`rank.choose`), its step timed first where it was not and can be here.
-  leader = choice
-  ranked, choice, why = tie_rule(leader, ranked, cost, rerank)
-  if why and not choice.get('t_measured') and choice['candidate'] in calls_of \
-      and not past_deadline():
-    _measure([choice], calls_of, p, past_deadline, agree, log, started)
-    ranked, choice, why = tie_rule(leader, rerank(), cost, rerank)
-  if why:
-    log(f'Plan: {why}.')
-  calls_of.clear()
-  mark('measure')
-  elapsed = time.perf_counter() - started
-  log('Plan: planning took ' + ', '.join(f'{k} {v:.0f} s' for k, v in phases.items())
-      + f' = {elapsed:.0f} s' + (f' (budget {p.budget_s:g} s).' if p.budget_s else '.'))
-  # The one-device step at b is its own prediction's input: not judged.
-  errors = [abs(math.log(r['t_predicted'] / np.median(r['t_measured']))) for r in ranked
-            if r.get('t_measured') and (r['candidate'].devices, r['candidate'].batch) != (1, b)]
-  plan = {
-      'tool': 'jaxpar.plan',
-      'created': datetime.datetime.now().isoformat(timespec='seconds'),
-      'machine': probe.machine(), 'versions': probe.versions(),
-      'network': cfg.model, 'image_size': cfg.image_size, 'dataset': cfg.dataset.name,
-      'devices': available, 'processes': processes, 'backend': jax.default_backend(),
-      'host_memory': host_memory.applied(),
-      'setting': _setting(available),
-      'target': target.to_dict(), 'budget_s': p.budget_s, 'planning_s': elapsed,
-      # Phases 2-4 stopped this much short of a budget: timing one candidate in phase 5.
-      'budget_reserve_s': reserve if p.budget_s else None,
-      'phases_s': phases,  # the phases' seconds, in order (the module docstring's 1-5)
-      # What planning cost, as a share of the training it plans.
-      'planning_per_training': elapsed / choice['T'][0] if choice['T'][0] > 0 else None,
-      'serial': {'batch': b, 'K': k_b, 'K_how': how, 'curve': serial['curve'],
-                 'noise': serial['noise'], 't_step': t_one,
-                 'B_noise': [x if math.isfinite(x) else None for x in noise],  # ∞: none
-                 'stopped': serial['stopped'], 'progress': serial.get('progress'),
-                 'metric': serial.get('metric'), 'seeds': serial.get('seeds', []),
-                 'K_spread': list(spread), 'K_backtest': check_k,
-                 'large': alone.get('large'),
-                 'B_noise_how': 'fitted' if fitted is not None else
-                 'bounded' if short else 'measured' if serial['noise'] else 'none'},
-      'methods': methods,
-      't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v,
-                  **({'estimated': True} if k in estimated else {})} for k, v in t_grad.items()],
-      'overhead_s': overhead,
-      'strategy_work': work_rows,  # each program's own work beyond the one-device update
-      'input_s': {'rows': [{'rows': n, 'seconds': v} for n, v in t_in.items()], 'cores': cores},
-      'calls': calls, 'saves': saves,
-      'reused': {'created': entry['created'], 't_grad': sorted(k for k in reused if k in t_grad),
-                 'calls': bool(entry.get('calls')) and processes == 1} if entry else None,
-      'step_prediction_error': {'median_abs_log': float(np.median(errors)) if errors else None,
-                                'measured': len(errors)},
-      'candidates': [_row_json(r) for r in ranked],
-      'choice_rank': ranked.index(choice) + 1,
-      'choice_reason': why,
-      'excluded': excluded,
-      'choice': _row_json(choice),
-  }
-  log(f"Plan: {elapsed:.0f} s; choice {choice['candidate'].label}: {choice['K'][0]:.0f} steps × "
-      f"{choice['t_step'][0] * 1e3:.2f} ms + {choice['saves']} saves × {saves['seconds']:.2f} s "
-      f"= {choice['T'][0]:.2f} s to the target ({choice['T'][1]:.2f}–{choice['T'][2]:.2f}).")
-  return plan
+  # ------------------------------------------------------------- the plan
+  def plan(self) -> dict:
+    from jaxpar import host_memory
+    p, b, choice, ranked, saves = self.p, self.b, self.choice, self.ranked, self.saves
+    elapsed = time.perf_counter() - self.started
+    self.log('Plan: planning took ' + ', '.join(f'{k} {v:.0f} s' for k, v in self.phases.items())
+             + f' = {elapsed:.0f} s' + (f' (budget {p.budget_s:g} s).' if p.budget_s else '.'))
+    # The one-device step at b is its own prediction's input: not judged.
+    errors = [abs(math.log(r['t_predicted'] / np.median(r['t_measured']))) for r in ranked
+              if r.get('t_measured') and (r['candidate'].devices, r['candidate'].batch) != (1, b)]
+    entry, reused = self.entry, self.reused
+    plan = {
+        'tool': 'jaxpar.plan',
+        'created': datetime.datetime.now().isoformat(timespec='seconds'),
+        'machine': probe.machine(), 'versions': probe.versions(),
+        'network': self.cfg.model, 'image_size': self.cfg.image_size,
+        'dataset': self.cfg.dataset.name,
+        'devices': self.available, 'processes': self.processes,
+        'backend': jax.default_backend(), 'host_memory': host_memory.applied(),
+        'setting': _setting(self.available),
+        'target': self.target.to_dict(), 'budget_s': p.budget_s, 'planning_s': elapsed,
+        # Phases 2-4 stopped this much short of a budget: timing one candidate in phase 5.
+        'budget_reserve_s': self.reserve if p.budget_s else None,
+        'phases_s': self.phases,  # the phases' seconds, in order (the module docstring's 1-5)
+        # What planning cost, as a share of the training it plans.
+        'planning_per_training': elapsed / choice['T'][0] if choice['T'][0] > 0 else None,
+        'serial': self._serial_json(),
+        'methods': self.methods,
+        't_grad': [{'batch': k[0], 'devices': k[1], 'seconds': v,
+                    **({'estimated': True} if k in self.estimated else {})}
+                   for k, v in self.t_grad.items()],
+        'overhead_s': self.overhead,
+        'strategy_work': self.work_rows,  # each program's own work beyond the one-device update
+        'input_s': {'rows': [{'rows': n, 'seconds': v} for n, v in self.t_in.items()],
+                    'cores': self.cores},
+        'calls': self.calls_timed, 'saves': saves,
+        'reused': {'created': entry['created'],
+                   't_grad': sorted(k for k in reused if k in self.t_grad),
+                   'calls': bool(entry.get('calls')) and self.processes == 1} if entry else None,
+        'step_prediction_error': {'median_abs_log': float(np.median(errors)) if errors else None,
+                                  'measured': len(errors)},
+        'candidates': [_row_json(r) for r in ranked],
+        'choice_rank': ranked.index(choice) + 1,
+        'choice_reason': self.why,
+        'excluded': self.excluded,
+        'choice': _row_json(choice),
+    }
+    self.log(f"Plan: {elapsed:.0f} s; choice {choice['candidate'].label}: {choice['K'][0]:.0f} "
+             f"steps × {choice['t_step'][0] * 1e3:.2f} ms + {choice['saves']} saves × "
+             f"{saves['seconds']:.2f} s = {choice['T'][0]:.2f} s to the target "
+             f"({choice['T'][1]:.2f}–{choice['T'][2]:.2f}).")
+    return plan
+
+  def _serial_json(self) -> dict:
+    serial, noise = self.serial, self.noise
+    return {'batch': self.b, 'K': self.k_b, 'K_how': self.how, 'curve': serial['curve'],
+            'noise': serial['noise'], 't_step': self.t_one,
+            'B_noise': [x if math.isfinite(x) else None for x in noise],  # ∞: none
+            'stopped': serial['stopped'], 'progress': serial.get('progress'),
+            'metric': serial.get('metric'), 'seeds': serial.get('seeds', []),
+            'K_spread': list(self.spread), 'K_backtest': self.check_k,
+            'large': self.alone.get('large'),
+            'B_noise_how': 'fitted' if self.fitted is not None else
+            'bounded' if self.short else 'measured' if serial['noise'] else 'none'}
 
 
 def _budget(p) -> str:
@@ -568,7 +667,7 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
   for batch in batches:
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': batch}), meta, batch, 1,
                                variables)
-    t_grad[str(batch)] = float(np.median(calibrate.timed(call, p.measure_steps, 2)))
+    t_grad[str(batch)] = float(np.median(call_timing.timed(call, p.measure_steps, 2)))
   calls, windows = {}, {}
   for label, overrides in timed:
     cfg_c = with_overrides(one, overrides)
@@ -705,7 +804,7 @@ def async_run(one, source, target, serial: dict, devices: int, deadline: float, 
   if 'async' not in p.methods or devices < 2 or serial['K'] is None:
     return None
   cap = _cap(serial, p)
-  if _spent(deadline, log, f'Downpour\'s simulated run'):
+  if _spent(deadline, log, "Downpour's simulated run"):
     return None
   log(f'Plan: Downpour with {devices} workers: the serial run at staleness {devices - 1} '
       f'(simulated on one device), at most {cap} steps.')
@@ -830,7 +929,7 @@ def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, l
     collectives, call = probe.update_call(cfg, meta, variables, devices, repeats=steps)
     windows = max(2, -(-p.measure_steps // steps))
     multihost.barrier(f'plan/update/{cfg.server}/{config_lib.num_devices(cfg)}/{period}')
-    seconds = agree(float(np.median(calibrate.timed(call, windows, 1))) / steps)
+    seconds = agree(float(np.median(call_timing.timed(call, windows, 1))) / steps)
     return seconds, collectives
 
   if past_deadline():

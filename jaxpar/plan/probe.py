@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar.plan import noise_scale, steps_model
+from jaxpar.perfmodel import noise_scale, steps_model
 
 
 # =============================================================================== the machine
@@ -499,7 +499,7 @@ def update_call(cfg, meta, variables, devices=None, repeats: int = 1):
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
-  from jaxpar.plan import hlo
+  from jaxpar.perfmodel import hlo
   from jaxpar.step import make_train_step, to_global
 
   n = config_lib.num_devices(cfg)
@@ -563,7 +563,7 @@ def step_call(cfg, meta, source, variables, lower: bool = True):
   from jaxpar import build
   from jaxpar import config as config_lib
   from jaxpar.mesh import make_mesh
-  from jaxpar.plan import hlo
+  from jaxpar.perfmodel import hlo
   from jaxpar.step import make_train_step, to_global
 
   n = config_lib.num_devices(cfg)

@@ -52,7 +52,7 @@ import math
 
 import numpy as np
 
-from jaxpar.plan import steps_model
+from jaxpar.perfmodel import steps_model
 
 
 def steps_at(k_b: float, b: float, b_noise: float, batch: float) -> float:

@@ -1,6 +1,6 @@
 """What one collective costs inside a compiled program, calibrated from chains of calls
-(`time_calls`, run by `jaxpar.plan` and by `analysis.steptime.measure`), and the α-β fits
-reported beside it.
+(timed by `jaxpar.plan.call_timing.time_calls`, which `jaxpar.plan` and
+`analysis.steptime.measure` run), and the α-β fits reported beside it.
 
 A program of k calls of one collective kind on b bytes, each call on the previous one's
 result, takes on average t(k) = t_0 + k·c(b): t_0 launches and synchronises the program, c(b)
@@ -16,19 +16,18 @@ calibrated at 4 bytes: across processes gloo reduces one or two elements in a si
 exchange (0.03 ms on loopback against 0.05 ms from 16 bytes; before gloo's event loop ran at
 idle priority, 0.1 ms against a 4 ms timer tick: docs/performance.md). The
 calibration runs on two devices; for a group of n > 2 devices c is scaled by the ratio of
-the ring model at n and at 2 (`jaxpar.plan.alpha_beta`) with the kind's α-β fit.
+the ring model at n and at 2 (`jaxpar.perfmodel.alpha_beta`) with the kind's α-β fit.
 
 The α-β fit of a kind, t = α + b/β by non-negative least squares on the *relative* error
 (timings are noisy in proportion to their length), is what the report prints and what the
 group scaling uses; its residuals show how far the runtime is from one α and one β.
 """
 import dataclasses
-import time
 
 import numpy as np
 from scipy.optimize import nnls
 
-from jaxpar.plan import alpha_beta, hlo
+from jaxpar.perfmodel import alpha_beta, hlo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +111,7 @@ class CallCosts:
     return float(np.interp(nbytes, b, c))
 
   def cost(self, c: hlo.Collective) -> float:
-    """One collective of a compiled program (`jaxpar.plan.hlo`): its kind's per-call cost at
+    """One collective of a compiled program (`jaxpar.perfmodel.hlo`): its kind's per-call cost at
     the buffer it moves (an all-gather's result, the others' operand), scaled from two
     devices to its group."""
     kind = KIND[c.op]
@@ -158,101 +157,3 @@ def setting_inputs(setting: dict, param_bytes: int):
     return None, None
   costs = from_calls(setting['calls'])
   return costs.per_call('collective_permute', param_bytes), costs
-
-
-# =============================================================================== timing the calls
-def timed(fn, repeats: int, warmup: int) -> list:
-  """Seconds of each of `repeats` calls of `fn` (which blocks), after `warmup` calls."""
-  for _ in range(warmup):
-    fn()
-  samples = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    samples.append(time.perf_counter() - start)
-  return samples
-
-
-CALIBRATED = ('collective_permute', ONE_WAY, 'all_reduce', 'all_gather',
-              'reduce_scatter', SCALAR)
-# The least calibration that costs every program (a plan past its budget): the other kinds
-# fall back to all-reduce's cost (`CallCosts.cost`).
-LEAST = ('collective_permute', 'all_reduce', SCALAR)
-CHAINS = (1, 2, 8, 32)
-CHAIN_BUDGET = 0.3  # seconds: the next chain is timed only while its k·t(1) stays under this
-
-
-def _chain(op: str, k: int):
-  """k calls of collective `op` on axis 'pair', each on the previous one's result, so that
-  none can merge with or overlap another. Between calls only what keeps the buffer's size:
-  all-reduce ×½ (a scalar's too); all-gather's two pieces summed; reduce-scatter's half
-  repeated. A permute is an exchange (both devices send); a one-way permute sends from one
-  device, the direction alternating (a central server's transfers)."""
-  import jax.numpy as jnp
-  from jax import lax
-
-  def body(x):
-    for i in range(k):
-      if op == 'collective_permute':
-        x = lax.ppermute(x, 'pair', [(0, 1), (1, 0)])
-      elif op == 'collective_permute_one_way':
-        x = lax.ppermute(x, 'pair', [(0, 1)] if i % 2 == 0 else [(1, 0)])
-      elif op in ('all_reduce', SCALAR):
-        x = lax.psum(x, 'pair') * 0.5
-      elif op == 'all_gather':
-        x = lax.all_gather(x, 'pair', tiled=True).reshape(2, -1).sum(0)
-      else:
-        half = lax.psum_scatter(x, 'pair', scatter_dimension=1, tiled=True)
-        x = jnp.concatenate([half, half], axis=1)
-    return x
-  return body
-
-
-def _agreed(value: float) -> float:
-  """Process 0's value on every process: decisions that shape the programs must agree."""
-  import jax
-  import numpy as np
-  if jax.process_count() == 1:
-    return value
-  from jax.experimental import multihost_utils
-  return float(multihost_utils.broadcast_one_to_all(np.float64(value)))
-
-
-def time_calls(sizes, repeats: int, warmup: int, ops=CALIBRATED) -> dict:
-  """{op: [{'bytes': b, 'chains': {k: samples}}]}: the programs of k chained calls of each
-  collective kind on devices 0 and 1, for each size b (the buffer an all-reduce or permute
-  moves, an all-gather's result, a reduce-scatter's input; `SCALAR`: one float32 only, the
-  loss's and metrics' all-reduces, which gloo reduces in one exchange). Chains grow 1, 2,
-  8, 32 while the next k times the single call's mean time stays under CHAIN_BUDGET (at
-  least 1, 2)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  from jaxpar import multihost
-  from jaxpar.mesh import make_mesh
-  mesh = make_mesh((2,), ('pair',), jax.devices()[:2])
-  results = {}
-  for op in ops:
-    results[op] = []
-    for size in ([4] if op == SCALAR else sizes):
-      # float32; even (a reduce-scatter halves it) but the scalar
-      elements = 1 if op == SCALAR else max(2, size // 4 // 2 * 2)
-      per_device = elements // 2 if op == 'all_gather' else elements
-      buffer = jax.jit(lambda n=per_device: jnp.ones((2, n), jnp.float32),
-                       out_shardings=NamedSharding(mesh, P('pair')))()
-      chains = {}
-      for k in CHAINS:
-        fn = jax.jit(jax.shard_map(_chain(op, k), mesh=mesh, in_specs=P('pair'),
-                                   out_specs=P('pair'), check_vma=False))
-        multihost.barrier(f'calls {op} {size} {k}')  # each compiles (or loads) at its pace
-        chains[k] = timed(lambda b=buffer, f=fn: jax.block_until_ready(f(b)), repeats, warmup)
-        if k == 1:
-          single = _agreed(float(np.mean(chains[1])))
-        following = CHAINS[CHAINS.index(k) + 1:]
-        if k > 1 and (not following or following[0] * single > CHAIN_BUDGET):
-          break
-      results[op].append({'bytes': elements * 4, 'chains': {str(k): v for k, v in chains.items()}})
-  return results

@@ -1,10 +1,6 @@
-"""α-β cost models of the collectives behind each training scheme.
-
-A message of b bytes between two nodes takes α + b/β: α the per-message latency
-(seconds), β the link bandwidth (bytes/second). Common assumptions unless a model
-says otherwise: links are full duplex (a node sends and receives at once at full
-bandwidth), a node has one port (one send and one receive at a time), the buffer
-splits evenly, and reduction arithmetic is free.
+"""The thesis' server iterations, [L]'s gossip round and [Y]'s 2-D torus all-reduce in α-β
+terms, on the collectives of `jaxpar.perfmodel.alpha_beta` (a message of b bytes takes
+α + b/β).
 
 With t_comm = α + P/β for a network of P bytes (what the thesis measures), the
 thesis' server equations are special cases: the central server's schedules give
@@ -14,28 +10,7 @@ moved 20–500 MB per transfer). For α > 0 the α-β model charges 2(N−1)·α
 the thesis charges 2(N−1)·α/N: one reason [T] found its distributed-server
 estimates optimistic.
 """
-
-
-def point_to_point(nbytes: float, alpha: float, beta: float) -> float:
-  """One message: α + b/β. With b = P (the whole network) this is [T]'s t_comm."""
-  return alpha + nbytes / beta
-
-
-def ring_all_reduce(nbytes: float, n: int, alpha: float, beta: float) -> float:
-  """Ring all-reduce ([L] §6): 2(N−1) steps, each a neighbour exchange of 1/N of
-  the buffer (N−1 reduce-scatter steps, then N−1 all-gather steps)."""
-  return reduce_scatter(nbytes, n, alpha, beta) + all_gather(nbytes, n, alpha, beta)
-
-
-def reduce_scatter(nbytes: float, n: int, alpha: float, beta: float) -> float:
-  """Ring reduce-scatter: N−1 steps of 1/N of the buffer; each node ends with the
-  sum of its own 1/N part."""
-  return (n - 1) * point_to_point(nbytes / n, alpha, beta)
-
-
-def all_gather(nbytes: float, n: int, alpha: float, beta: float) -> float:
-  """Ring all-gather of a buffer of `nbytes` in total (1/N per node): N−1 steps."""
-  return (n - 1) * point_to_point(nbytes / n, alpha, beta)
+from jaxpar.perfmodel.alpha_beta import all_gather, point_to_point, reduce_scatter, ring_all_reduce
 
 
 def torus2d_all_reduce(nbytes: float, x: int, y: int, alpha: float, beta: float) -> float:
@@ -82,19 +57,3 @@ def gossip_round(nbytes: float, alpha: float, beta: float, partners: int = 2) ->
   one after the other: 2·(α + P/β), independent of the number of workers; where r = l
   (2 workers, or s = P/2) one exchange, `partners` = 1 (`jaxpar.parallel.gossip.messages`)."""
   return partners * point_to_point(nbytes, alpha, beta)
-
-
-def collective_time(op: str, nbytes: float, group: int, alpha: float, beta: float) -> float:
-  """One collective of a lowered program (`jaxpar.plan.hlo`: op, operand bytes, devices per
-  group) by the models above: a permute is one message (all pairs at once); all-reduce
-  a ring; reduce-scatter and all-to-all N−1 steps of 1/N of the operand; all-gather N−1
-  steps of its operand (one device's piece)."""
-  if op == 'collective_permute':
-    return point_to_point(nbytes, alpha, beta)
-  if group <= 1:
-    return 0.0
-  if op == 'all_reduce':
-    return ring_all_reduce(nbytes, group, alpha, beta)
-  if op == 'all_gather':
-    return all_gather(nbytes * group, group, alpha, beta)
-  return reduce_scatter(nbytes, group, alpha, beta)  # reduce_scatter, all_to_all
