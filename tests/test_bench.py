@@ -61,11 +61,13 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir, monke
   gap = ratios.max() - ratios.min()
   assert result['shard_map_over_jit_quartiles'] == pytest.approx(
       [ratios.min() + gap / 4, ratios.max() - gap / 4])
+  # Two rounds: the median's interval is their range.
+  assert result['shard_map_over_jit_interval'] == pytest.approx([ratios.min(), ratios.max()])
   assert '| jaxpar shard_map |' in bench.markdown(result)
   row = bench_table.table([result]).splitlines()[-1]
   assert row.startswith('| squeezenet | 32² | float32 | 8 (emulated) | 16 | no BN |')
-  low, high = result['shard_map_over_jit_quartiles']
-  assert (f"| {result['shard_map_over_jit_throughput']:.3f}× ({low:.2f}–{high:.2f}) | – | – |"
+  low, high = result['shard_map_over_jit_interval']
+  assert (f"| {result['shard_map_over_jit_throughput']:.3f}× [{low:.2f}–{high:.2f}] | – | – |"
           in row)
   row = bench_table.methods_table([result]).splitlines()[-1]
   assert row.startswith('| squeezenet | 32² | 8 | 16 | allreduce | sgd |')
@@ -106,15 +108,34 @@ def test_the_ratio_is_taken_round_by_round():
   # ratios stay 2.0, where the ratio of the medians would read 1.0.
   jaxpar, peer = [0.1, 0.1, 0.2, 0.2, 0.2], [0.2, 0.2, 0.4, 0.4, 0.4]
   assert alternate.paired_ratio(peer, [0.1, 0.2, 0.2, 0.1, 0.1]) != alternate.paired_ratio(peer, jaxpar)
-  assert alternate.paired_ratio(peer, jaxpar) == {'median': 2.0, 'q25': 2.0, 'q75': 2.0}
+  assert alternate.paired_ratio(peer, jaxpar) == {'median': 2.0, 'q25': 2.0, 'q75': 2.0,
+                                                  'interval': [2.0, 2.0]}
   spread = alternate.paired_ratio([1.0, 1.1, 1.2, 1.3, 1.4], [1.0] * 5)
-  assert spread == pytest.approx({'median': 1.2, 'q25': 1.1, 'q75': 1.3})
+  assert spread['interval'] == pytest.approx([1.0, 1.4])  # 5 rounds: their range
+  assert {k: spread[k] for k in ('median', 'q25', 'q75')} == pytest.approx(
+      {'median': 1.2, 'q25': 1.1, 'q75': 1.3})
   assert [alternate.in_turn(['a', 'b', 'c'], i) for i in range(4)] == [
       ['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['a', 'b', 'c']]  # each leads in turn
   old = {'shard_map_over_torch_throughput': 1.234}  # a file from before the quartiles
   assert bench_table.ratio(old, 'shard_map_over_torch') == '1.23×'
   assert bench_table.ratio(dict(old, shard_map_over_torch_quartiles=[1.1, 1.3]),
                            'shard_map_over_torch') == '1.23× (1.10–1.30)'
+  new = dict(old, shard_map_over_torch_quartiles=[1.1, 1.3],
+             shard_map_over_torch_interval=[1.2, 1.26])
+  assert bench_table.ratio(new, 'shard_map_over_torch') == '1.23× [1.20–1.26]'
+  assert bench_table.verdict(new, 'shard_map_over_torch') == 'ahead'
+
+
+def test_the_median_s_interval_is_the_binomial_order_statistics():
+  """The 95 % interval of a median from n samples, as the sign test's tables give it: n = 12
+  → the 3rd and 10th, n = 30 → the 10th and 21st, n = 100 → the 40th and 61st; fewer than 6
+  samples, the whole range; and it holds the true median in ~95 % of normal samples."""
+  for n, (j, k) in {12: (3, 10), 30: (10, 21), 100: (40, 61), 5: (1, 5), 6: (1, 6)}.items():
+    assert alternate.median_interval(np.arange(1, n + 1)[::-1]) == (j, k)
+  rng = np.random.default_rng(0)
+  held = [low <= 0 <= high for low, high in
+          (alternate.median_interval(rng.normal(size=30)) for _ in range(2000))]
+  assert 0.93 <= np.mean(held) <= 0.97
 
 
 def test_a_timing_tool_passes_on_every_argument_but_its_own():

@@ -146,9 +146,10 @@ def test_a_session_writes_what_it_ran_and_the_ci_tables_read_it(tmp_path):
   assert ci.time_table([before]).startswith("(Not recorded: CI's first leg's file of ")
 
 
-def test_the_summary_against_pytorch_counts_each_cell_by_where_its_quartiles_lie():
-  """bench-cpu-summary's sentence: a cell is ahead or behind where its rounds' quartiles lie
-  above or below 1×, else level; cells grouped by mesh; bfloat16 and peerless cells left out."""
+def test_the_summary_against_pytorch_counts_each_cell_by_where_its_interval_lies():
+  """bench-cpu-summary's sentence: a cell is ahead or behind where its median's interval (an
+  older file's quartiles) lies above or below 1×, else level; cells grouped by mesh; bfloat16
+  and peerless cells left out."""
   from analysis.benchmarks import bench_table
 
   def run(net, size, ratio, quartiles, mesh=(1,), processes=1, dtype='float32', peer=True):
@@ -157,11 +158,14 @@ def test_the_summary_against_pytorch_counts_each_cell_by_where_its_quartiles_lie
             'config': {'distributed': {'num_processes': processes}}, 'steps': steps,
             'shard_map_over_torch_throughput': ratio, 'shard_map_over_torch_quartiles': quartiles}
   results = [run('resnet34', 32, 1.5, (1.4, 1.6)), run('squeezenet', 224, 1.01, (0.9, 1.1)),
+             dict(run('vgg16e', 224, 1.05, (1.02, 1.08)),
+                  shard_map_over_torch_interval=(0.99, 1.1)),  # the interval decides
              run('vgg16e', 32, 1.2, (1.1, 1.3), dtype='bfloat16'),
              run('googlenet', 32, 1.3, (1.2, 1.4), peer=False),
              run('resnet34', 32, 1.1, (1.05, 1.2), mesh=(2,), processes=2),
              run('resnet34', 32, 0.49, (0.48, 0.5), mesh=(8,))]
   assert bench_table.torch_summary(results).endswith(
-      ': on one device ahead in 1 and level in 1 (squeezenet 224²) of 2, 1.01–1.50×; '
+      ': on one device ahead in 1 and level in 2 (squeezenet 224², vgg16e 224²) of 3, '
+      '1.01–1.50×; '
       'across 2 processes ahead in 1 of 1, 1.10×; '
       'on 8 emulated devices behind in 1 (resnet34 32²) of 1, 0.49×.')

@@ -56,10 +56,29 @@ def paired_ratio(times_a, times_b) -> dict:
   """a's time over b's, round by round: each ratio of two times measured in the same round (a
   few hundred ms apart), so that a host whose speed drifts during the run (20-90 % between
   rounds on a shared VM; docs/benchmark.md) moves both sides of each ratio alike. The median
-  of the rounds' ratios and their quartiles (the noise a table shows)."""
+  of the rounds' ratios, their quartiles (the rounds' spread), and the median's 95 %
+  interval (`median_interval`: what the verdicts rest on)."""
   ratios = np.asarray(times_a, float) / np.asarray(times_b, float)
   q25, median, q75 = np.percentile(ratios, [25, 50, 75])
-  return {'median': float(median), 'q25': float(q25), 'q75': float(q75)}
+  low, high = median_interval(ratios)
+  return {'median': float(median), 'q25': float(q25), 'q75': float(q75),
+          'interval': [low, high]}
+
+
+def median_interval(samples, level: float = 0.95) -> tuple:
+  """The distribution-free interval of a median: the order statistics (j, n + 1 − j) of n
+  samples with P(j ≤ #below the median < n + 1 − j) ≥ `level` under the binomial(n, ½) law
+  (any continuous distribution of independent rounds; no bootstrap, so the same samples give
+  the same interval). Fewer than 6 samples cannot reach 95 %: their whole range."""
+  from scipy.stats import binom
+  x = np.sort(np.asarray(samples, float))
+  n = len(x)
+  j = int(binom.ppf((1 - level) / 2, n, 0.5))  # P(B ≤ j − 1) ≤ (1 − level) / 2
+  while j > 0 and binom.cdf(n - j, n, 0.5) - binom.cdf(j - 1, n, 0.5) < level:
+    j -= 1
+  if j < 1:
+    return float(x[0]), float(x[-1])
+  return float(x[j - 1]), float(x[n - j])
 
 
 def host_speed(calls: int = 5) -> dict:

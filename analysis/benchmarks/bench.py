@@ -237,6 +237,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
     paired = alternate.paired_ratio(result['samples'], results[0]['samples'])
     ratios[f'{key}_throughput'] = paired['median']
     ratios[f'{key}_quartiles'] = [paired['q25'], paired['q75']]
+    ratios[f'{key}_interval'] = paired['interval']
   found = versions()
   if peers:
     import torch

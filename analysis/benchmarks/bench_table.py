@@ -51,10 +51,14 @@ def _peers(steps):
 
 
 def ratio(r, key: str, digits: int = 2) -> str:
-  """A throughput ratio of the run (`key` + '_throughput'), with the quartiles of its rounds'
-  ratios where the run recorded them (`alternate.paired_ratio`; older files have none)."""
+  """A throughput ratio of the run (`key` + '_throughput'): with the median's 95 % interval in
+  square brackets where the run recorded it (`alternate.median_interval`), else the quartiles
+  of its rounds' ratios in round ones (older files), else alone."""
   cell = f"{r[key + '_throughput']:.{digits}f}×"
-  if key + '_quartiles' in r:
+  if key + '_interval' in r:
+    low, high = r[key + '_interval']
+    cell += f' [{low:.2f}–{high:.2f}]'
+  elif key + '_quartiles' in r:
     low, high = r[key + '_quartiles']
     cell += f' ({low:.2f}–{high:.2f})'
   return cell
@@ -187,9 +191,10 @@ def table(results) -> str:
 
 
 def verdict(r, key: str) -> str:
-  """'ahead', 'level' or 'behind': where the rounds' quartiles of a ratio lie against 1
-  (a run without quartiles, by its median alone)."""
-  low, high = r.get(key + '_quartiles') or (r[key + '_throughput'],) * 2
+  """'ahead', 'level' or 'behind': where the median's 95 % interval of a ratio lies against 1
+  (older runs: their rounds' quartiles; a run with neither, its median alone)."""
+  low, high = (r.get(key + '_interval') or r.get(key + '_quartiles')
+               or (r[key + '_throughput'],) * 2)
   return 'ahead' if low > 1 else 'behind' if high < 1 else 'level'
 
 
@@ -219,7 +224,8 @@ def torch_summary(results) -> str:
     span = f'{low:.2f}×' if f'{low:.2f}' == f'{high:.2f}' else f'{low:.2f}–{high:.2f}×'
     parts.append(f"{where} {' and '.join(said)} of {len(rs)}, {span}")
   return ("jaxpar's float32 step against PyTorch's eager step (a cell is ahead or behind "
-          "where its rounds' quartiles lie above or below 1×, else level): "
+          "where its median's 95 % interval — in older runs its rounds' quartiles — lies above "
+          "or below 1×, else level): "
           + '; '.join(parts) + '.')
 
 
