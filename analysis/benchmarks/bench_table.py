@@ -50,17 +50,23 @@ def _peers(steps):
           next((s for name, s in steps.items() if name.startswith('torch.compile')), None))
 
 
+def _spread(r, key: str):
+  """(low, high, brackets) of a ratio's uncertainty: the median's 95 % interval where the run
+  recorded it (`alternate.median_interval`, '[]'), else its rounds' quartiles (older files,
+  '()'); None for a file with neither."""
+  for suffix, brackets in (('_interval', '[]'), ('_quartiles', '()')):
+    if key + suffix in r:
+      return (*r[key + suffix], brackets)
+  return None
+
+
 def ratio(r, key: str, digits: int = 2) -> str:
-  """A throughput ratio of the run (`key` + '_throughput'): with the median's 95 % interval in
-  square brackets where the run recorded it (`alternate.median_interval`), else the quartiles
-  of its rounds' ratios in round ones (older files), else alone."""
+  """A throughput ratio of the run (`key` + '_throughput') with its `_spread` in brackets."""
   cell = f"{r[key + '_throughput']:.{digits}f}×"
-  if key + '_interval' in r:
-    low, high = r[key + '_interval']
-    cell += f' [{low:.2f}–{high:.2f}]'
-  elif key + '_quartiles' in r:
-    low, high = r[key + '_quartiles']
-    cell += f' ({low:.2f}–{high:.2f})'
+  spread = _spread(r, key)
+  if spread:
+    low, high, (opening, closing) = spread
+    cell += f' {opening}{low:.2f}–{high:.2f}{closing}'
   return cell
 
 
@@ -191,17 +197,17 @@ def table(results) -> str:
 
 
 def verdict(r, key: str) -> str:
-  """'ahead', 'level' or 'behind': where the median's 95 % interval of a ratio lies against 1
-  (older runs: their rounds' quartiles; a run with neither, its median alone)."""
-  low, high = (r.get(key + '_interval') or r.get(key + '_quartiles')
-               or (r[key + '_throughput'],) * 2)
+  """'ahead', 'level' or 'behind': where a ratio's `_spread` lies against 1 (a run with
+  none, its median alone)."""
+  spread = _spread(r, key)
+  low, high = spread[:2] if spread else (r[key + '_throughput'],) * 2
   return 'ahead' if low > 1 else 'behind' if high < 1 else 'level'
 
 
 def torch_summary(results) -> str:
   """One sentence on jaxpar's float32 step against PyTorch's eager step, computed from the
-  table's rows: per kind of mesh, how many cells are ahead, level (their rounds' quartiles
-  hold 1) or behind, with the range of the ratios."""
+  table's rows: per kind of mesh, how many cells are ahead, level (their `_spread` holds 1)
+  or behind (`verdict`), with the range of the ratios."""
   groups = {}
   for r in results:
     steps = {s['step']: s for s in r['steps']}

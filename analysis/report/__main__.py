@@ -410,9 +410,14 @@ _MARKED = re.compile(r'(<!-- generated: (?P<name>[\w-]+) \(python -m analysis\.r
 _START = re.compile(r'<!-- generated: ([\w-]+) ')
 
 
+def pages() -> list:
+  """README.md and docs/*.md: the pages a user reads."""
+  return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
+
+
 def documents() -> list:
-  """README.md, docs/*.md and the reports written by hand under analysis/report/ (those
-  not in `FILES`) that hold a marked table."""
+  """`pages` and the reports written by hand under analysis/report/ (those not in `FILES`)
+  that hold a marked table."""
   generated = {os.path.join(REPORT, name) for name in FILES}
   reports = []
   for path in sorted(glob.glob(os.path.join(REPORT, '**', '*.md'), recursive=True)):
@@ -420,8 +425,7 @@ def documents() -> list:
       with open(path) as f:
         if _START.search(f.read()):
           reports.append(path)
-  return ([os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
-          + reports)
+  return pages() + reports
 
 
 # A table cell that is a measurement: a number with a decimal point or a unit, alone in
@@ -453,8 +457,7 @@ def hand_tables(text: str) -> list[int]:
 def hand_tables_in_docs() -> list[str]:
   """'file:line' of each measurement typed by hand into a table of README.md or docs/."""
   out = []
-  docs = sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))
-  for path in [os.path.join(ROOT, 'README.md')] + docs:
+  for path in pages():
     with open(path) as f:
       out += [f'{os.path.relpath(path, ROOT)}:{i}' for i in hand_tables(f.read())]
   return out
