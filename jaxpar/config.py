@@ -5,6 +5,7 @@ module is a leaf (it imports nothing of jaxpar's, nor JAX or TensorFlow), so a c
 file loads in milliseconds; `jaxpar/validation.py` checks a config, with one clear
 `ConfigError` per bad field, and settles the fields left `auto` for the chosen method.
 """
+import copy
 import math
 
 import ml_collections
@@ -327,6 +328,14 @@ def driver_devices(c) -> int:
   return 1 if on_ray(c) else num_devices(c)
 
 
+def with_overrides(c, overrides: dict):
+  """A copy of config `c` with `overrides` ({'field.sub': value}) set."""
+  c = copy.deepcopy(c)
+  c.unlock()
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
 def global_batch(c) -> int:
   """Examples per step: given (sync-split), N × per-device (sync-join), or one worker's
   batch (async, where a step is one applied push), [T] ch. 3. The run's sizes are
@@ -335,6 +344,12 @@ def global_batch(c) -> int:
   if c.scheme == 'async':
     return c.per_device_batch
   return c.global_batch if c.scheme == 'sync-split' else num_devices(c) * c.per_device_batch
+
+
+def run_steps(c, train_examples: int) -> int:
+  """The run's length in steps: `total_steps` where set, else `num_epochs` passes over the
+  `train_examples` of the train split (all processes' shares) at the `global_batch`."""
+  return c.total_steps or math.ceil(c.num_epochs * train_examples / global_batch(c))
 
 
 def device_batch(c) -> int:

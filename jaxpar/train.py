@@ -10,7 +10,6 @@ SIGTERM or SIGINT ends the step in flight, saves it and exits with status 75 (ja
 what a scheduler reads as "requeue"); a bad config is status 2, a run that cannot go on 1.
 """
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -77,8 +76,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   # ------------------------------------------------------------------ data
   source = sources.open_source(cfg.dataset)
   global_batch = config_lib.global_batch(cfg)
-  total_steps = cfg.total_steps or math.ceil(
-      cfg.num_epochs * source.num_train_global / global_batch)
+  total_steps = config_lib.run_steps(cfg, source.num_train_global)
   if plan:
     total_steps = planner.run_length(plan, total_steps)
   validation.validate_schedule(cfg, total_steps)

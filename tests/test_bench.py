@@ -371,3 +371,34 @@ def test_the_checks_leave_jaxs_backend_for_the_processes_to_join(data_dir):
           'sys.exit(3 if xla_bridge.backends_are_initialized() else 0)')
   done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_bench_times_batchnorm_per_device_beside_over_the_group(data_dir):
+  """`--device_bn`: the same step with BatchNorm per device, alternated with the others; its
+  program has BatchNorm's collectives no more, and the ratio is the group's step over it,
+  round by round."""
+  result = bench.bench(_config(data_dir, batch_norm=True, image_size=16), steps=3, warmup=1,
+                       repeat=1, with_device_bn=True)
+  group, jit, device = result['steps']
+  assert (group['step'], device['step']) == ('jaxpar shard_map', bench_table.DEVICE_BN)
+  assert len(device['samples']) == 3
+  # SqueezeNet's 26 BatchNorm layers: 18 calls each way (a fire module's expand layers share
+  # one), and the per-device step's running statistics averaged once a step.
+  assert group['collectives'] - device['collectives'] == 2 * 18 - 1
+  ratios = np.array(group['samples']) / np.array(device['samples'])
+  assert result['sync_bn_over_device_bn'] == pytest.approx(np.median(ratios))
+  assert result['sync_bn_over_device_bn_interval'] == pytest.approx([ratios.min(), ratios.max()])
+  assert "BatchNorm over the group / with BatchNorm per device" in bench.markdown(result)
+  row = bench_table.sync_bn_table([result]).splitlines()[-1]
+  low, high = result['sync_bn_over_device_bn_interval']
+  assert row.startswith(f"| squeezenet | 16² | 16 | 1 | 8 devices | {group['collectives']} / "
+                        f"{device['collectives']} | {group['median_s']:.4f} ")
+  assert f"| {result['sync_bn_over_device_bn']:.2f}× [{low:.2f}–{high:.2f}] |" in row
+
+
+@pytest.mark.parametrize('overrides, error', [
+    ({}, 'config.batch_norm=False is invalid with --device_bn'),
+    ({'batch_norm': True, 'bn_group_size': 1}, 'config.bn_group_size=1 is invalid with')])
+def test_device_bn_is_refused_where_there_is_nothing_to_compare(data_dir, overrides, error):
+  with pytest.raises(config_lib.ConfigError, match=error):
+    bench.bench(_config(data_dir, **overrides), steps=1, warmup=1, with_device_bn=True)

@@ -454,3 +454,16 @@ def test_a_tfds_dataset_without_tensorflow_is_one_line_naming_the_fix(monkeypatc
                             'TensorFlow Datasets, which does not import here (')
   assert "'synthetic'" in message and 'pip install -e .' in message and '\n' not in message
   validation.validate(_config(**{'dataset.name': 'synthetic'}))
+
+
+def test_the_run_length_is_total_steps_or_the_epochs_at_the_global_batch():
+  """By hand: 8 epochs of the digits' 1,437 training images at 64 a step are 179.6 steps, so
+  180; sync-join's global batch is N × the device batch; `total_steps` wins."""
+  c = config_lib.with_overrides(config_lib.defaults(), {
+      'scheme': 'sync-split', 'global_batch': 64, 'num_epochs': 8.0})
+  assert config_lib.run_steps(c, 1437) == 180
+  join = config_lib.with_overrides(c, {'scheme': 'sync-join', 'mesh.shape': (4,),
+                                       'mesh.axes': ('data',), 'per_device_batch': 32})
+  assert config_lib.run_steps(join, 1437) == 90  # 11,496 / 128 = 89.8
+  assert config_lib.run_steps(config_lib.with_overrides(c, {'total_steps': 50}), 1437) == 50
+  assert c.global_batch == 64 and config_lib.defaults().global_batch == 128  # a copy

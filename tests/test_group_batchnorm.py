@@ -148,3 +148,54 @@ def test_batch_norm_sums_its_statistics_once_each_way_and_computes_flaxs_numbers
     assert_trees_close(mine, flax_, rtol=1e-6, atol=1e-6)
   calls = [f.lower(x, w).as_text().count('"stablehlo.all_reduce"') for f in (ours, theirs)]
   assert calls == [2, 3]
+
+
+def _branches(name, norm):
+  """A fire module's two expand layers, or an Inception module's six, small."""
+  from jaxpar.models.googlenet import Inception
+  from jaxpar.models.squeezenet import Fire
+  return (Fire(2, 3, 4, norm=norm) if name == 'fire'
+          else Inception((3, 2, 4, 2, 3, 2), norm=norm))
+
+
+@pytest.mark.parametrize('name, channels, calls', [('fire', 7, 2), ('inception', 12, 2)])
+def test_parallel_branches_all_reduce_their_statistics_together_with_the_whole_batchs_numbers(
+    name, channels, calls):
+  """A fire module's expand layers and an Inception module's two sets of independent layers
+  (`layers.together`) over 2 devices: the output, the running statistics and the gradients
+  of a weighted sum are those of the module on one device with both devices' rows (BatchNorm
+  over the whole batch), the variables are named as without it, and the lowered program
+  all-reduces once each way per set of layers: fire 1 + 1 (the squeeze layer, then both
+  expand layers; 3 without), Inception 2 (four layers, then two; 6 without)."""
+  mesh = make_mesh((2,), ('d',), jax.devices()[:2])
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(2, 3, 6, 6, 5)).astype(np.float32) + np.arange(2)[:, None, None, None,
+                                                                           None]
+  whole = _branches(name, batch_norm(True, None, jnp.float32))
+  variables = whole.init(jax.random.key(0), x[0])
+  sharded = _branches(name, batch_norm(True, 'd', jnp.float32))
+  assert (jax.tree.structure(jax.eval_shape(sharded.init, jax.random.key(0), x[0]))
+          == jax.tree.structure(variables))
+  w = rng.normal(size=(2, 3, 6, 6, channels)).astype(np.float32)
+
+  def loss(module, params, x, w):
+    y, new = module.apply({'params': params, 'batch_stats': variables['batch_stats']}, x,
+                          mutable=['batch_stats'])
+    return jnp.sum(y * w), (y, new['batch_stats'])
+
+  grad = jax.value_and_grad(loss, argnums=(1, 2), has_aux=True)
+  (_, (y, stats)), (g_params, g_x) = grad(whole, variables['params'], x.reshape(6, 6, 6, 5),
+                                          w.reshape((6,) + w.shape[2:]))
+
+  def body(x, w):
+    params = jax.tree.map(lambda p: jax.lax.pcast(p, 'd', to='varying'), variables['params'])
+    (_, (y, stats)), (g_params, g_x) = grad(sharded, params, x[0], w[0])
+    return y[None], stats, jax.tree.map(lambda g: g[None], g_params), g_x[None]
+  program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P('d'), P('d')),
+                                  out_specs=(P('d'), P(), P('d'), P('d'))))
+  got = program(x, w)
+  summed = jax.tree.map(lambda g: g.sum(0), got[2])  # the devices' gradients, summed here
+  assert_trees_close((got[0].reshape(y.shape), got[1], summed, got[3].reshape(g_x.shape)),
+                     (y, stats, g_params, g_x), rtol=2e-5, atol=2e-5)
+  # BatchNorm's collectives alone: `calls` forward and as many backward.
+  assert program.lower(x, w).as_text().count('"stablehlo.all_reduce"') == 2 * calls

@@ -1,8 +1,9 @@
-"""The input benchmark times input and train step for one config, on a generated JPEG folder."""
+"""The input benchmarks: input and train step for one config on a generated JPEG folder, and
+the ImageNet stream's images/s on k cores beside the GPU steps' appetite."""
 import os
 
 from jaxpar import config as config_lib
-from analysis.benchmarks import input_bench
+from analysis.benchmarks import input_bench, input_rate
 
 
 def test_input_bench_on_generated_jpegs(tmp_path, monkeypatch):
@@ -16,3 +17,27 @@ def test_input_bench_on_generated_jpegs(tmp_path, monkeypatch):
   result = input_bench.measure(c, batches=3, steps=1)
   assert result['dataset'] == 'image_folder' and result['augment'] == 'inception_crop'
   assert result['input_images_per_s'] > 0 and result['step_images_per_s'] > 0
+
+
+def test_input_rate_writes_imagenet_shapes_and_times_the_stream_on_k_cores(tmp_path,
+                                                                          monkeypatch):
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+  images = input_rate.write_images(str(tmp_path / 'jpegs'), 10, classes=2)
+  assert images['count'] == 10 and images['mean_bytes'] > 0
+  assert images['mean_pixels'] == sum(h * w for h, w in input_rate.SHAPES) / 5
+  rates = input_rate.measure(str(tmp_path / 'jpegs'), rounds=1, batches=1, max_cores=1)
+  assert list(rates) == [1] and rates[1]['median'] > 0 and len(rates[1]['samples']) == 1
+
+
+def test_the_input_rate_tables_on_hand_made_rates():
+  result = {'rates': {'1': {'median': 500.0, 'interval': [480.0, 520.0]},
+                      '2': {'median': 800.0, 'interval': [700.0, 900.0]}}}
+  lines = input_rate.table(result).splitlines()
+  assert lines[2] == '| 1 | 500 [480–520] | 500 | 1.00× |'
+  assert lines[3] == '| 2 | 800 [700–900] | 400 | 1.60× |'
+  gpu = {'device_kind': 'NVIDIA H200', 'network': 'resnet34', 'dtype': 'bfloat16',
+         'global_batch': 64, 'created': '2026-11-29T10:00:00',
+         'steps': [{'step': 'jaxpar shard_map', 'images_per_s': 6000.0}]}
+  lines = input_rate.cores_needed(result, [gpu]).splitlines()
+  assert 'at 400 images/s a core' in lines[0]
+  assert lines[2] == '| H200 | resnet34 | bfloat16 | 64 | 6,000 | 15 | 2026-11-29 |'

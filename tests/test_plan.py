@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from jaxpar import config as config_lib
+from jaxpar.config import with_overrides
 from jaxpar import validation
 from jaxpar.perfmodel import steps_model
 from jaxpar.plan import candidates, planner, rank
@@ -275,7 +276,7 @@ def test_the_one_device_process_reads_the_config_it_was_given():
 
 def test_a_candidate_s_overrides_make_a_valid_config_of_its_method():
   for c in candidates.enumerate_candidates(_config(), 2)[0]:
-    cfg = planner.with_overrides(_config(), c.overrides())
+    cfg = with_overrides(_config(), c.overrides())
     validation.validate(cfg)
     assert config_lib.num_devices(cfg) == c.devices
     assert config_lib.global_batch(cfg) == c.batch
@@ -316,7 +317,7 @@ def test_a_candidate_is_lowered_from_its_state_s_shapes_as_from_the_state(server
   split, join = (candidates.Candidate(scheme, server, 2, batch, 'all')
                  for scheme, batch in (('sync-split', 64), ('sync-join', 32)))
   assert split.exchange == join.exchange
-  sent = [probe.step_call(planner.with_overrides(c, x.overrides()), meta, None, variables)[0]
+  sent = [probe.step_call(with_overrides(c, x.overrides()), meta, None, variables)[0]
           for x in (split, join)]
   assert sent[0] and sent[0] == sent[1]
   if server != 'distributed':
@@ -339,7 +340,7 @@ def test_t_grad_on_n_devices_is_each_device_s_own_gradients_in_one_program():
   import jax
   from jaxpar.plan import probe
   meta = {'num_classes': 10, 'channels': 1}
-  c = planner.with_overrides(_config(), probe.one_device_overrides(_config(), 16))
+  c = with_overrides(_config(), probe.one_device_overrides(_config(), 16))
   variables = probe.initial_variables(c, meta)
   one = jax.device_get(probe.gradient_call(c, meta, 16, 1, variables)())
   two = probe.gradient_call(c, meta, 16, 2, variables)()
@@ -633,7 +634,7 @@ def test_downpour_s_simulated_run_at_staleness_0_is_the_serial_run(data_dir):
   keys, optimizer): the same curve, to float rounding."""
   from jaxpar.data import sources
   from jaxpar.plan import probe
-  c = planner.with_overrides(_config(**{'dataset.data_dir': data_dir}),
+  c = with_overrides(_config(**{'dataset.data_dir': data_dir}),
                              probe.one_device_overrides(_config(), 16))
   c.model, c.image_size = 'squeezenet', 16
   source = sources.open_source(c.dataset)
@@ -780,7 +781,7 @@ def test_the_update_program_is_the_step_with_its_gradients_stood_in_for():
   reduced = sum(x.size * 4 for x in collectives if x.op == 'all_reduce' and x.size > 1)
   weights = nbytes(variables['params'])
   assert weights <= reduced < weights + nbytes(variables['batch_stats']) + 64
-  one = planner.with_overrides(c, {'mesh.shape': (1,), 'global_batch': 32})
+  one = with_overrides(c, {'mesh.shape': (1,), 'global_batch': 32})
   collectives, call = probe.update_call(one, meta, variables, jax.local_devices()[:1])
   call()
   assert collectives == []
@@ -1105,7 +1106,7 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   # What a second plan here would reuse: every t_grad and the calls' costs, as measured.
   from jaxpar import user_cache
   from jaxpar.plan import cache, probe
-  one = planner.with_overrides(c, {**probe.one_device_overrides(c, 16), 'total_steps': 200})
+  one = with_overrides(c, {**probe.one_device_overrides(c, 16), 'total_steps': 200})
   validation.validate(one)
   entry = cache.load(user_cache.folder('plan'), cache.key(
       one, probe.machine(), probe.versions(), 'cpu', plan['setting']))

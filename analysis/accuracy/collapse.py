@@ -172,8 +172,6 @@ def preset(data_dir: str = ''):
 
 def train(cfg) -> dict:
   """Trains `cfg` on one device for its epochs: {'steps', 'top1', 'classifier_dead'}."""
-  import math
-
   from jaxpar import validation
   from jaxpar.evaluation import evaluate
   from jaxpar.mesh import make_mesh
@@ -181,7 +179,7 @@ def train(cfg) -> dict:
   validation.validate(cfg)
   source = sources.open_source(cfg.dataset, shard=(0, 1))
   mesh = make_mesh((1,), ('data',), jax.devices()[:1])
-  steps = math.ceil(cfg.num_epochs * source.num_train_global / cfg.global_batch)
+  steps = config_lib.run_steps(cfg, source.num_train_global)
   validation.validate_schedule(cfg, steps)
   model = build.model(cfg, source.num_classes, source.channels, mesh)
   method = build.strategy(cfg, mesh, model)

@@ -60,12 +60,12 @@ def judge(curve: list, k: float, threshold: float, reach: float) -> dict:
 def run(cfg, target: probe.Target, seeds: int, reach: float, max_steps: int) -> list:
   from jaxpar import validation
   from jaxpar.data import sources
-  from jaxpar.plan import planner
+  from jaxpar import config as config_lib
   source = sources.open_source(cfg.dataset)
   out = []
   for i in range(seeds):
-    one = planner.with_overrides(cfg, {**probe.one_device_overrides(cfg, cfg.per_device_batch),
-                                       'total_steps': max_steps, 'seed': cfg.seed + i})
+    one = config_lib.with_overrides(cfg, {**probe.one_device_overrides(cfg, cfg.per_device_batch),
+                                          'total_steps': max_steps, 'seed': cfg.seed + i})
     validation.validate(one)
     serial = probe.serial_run(one, source, target, eval_every=cfg.plan.eval_every,
                               max_steps=max_steps, deadline=math.inf, noise_batches=0,

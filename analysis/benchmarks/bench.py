@@ -137,6 +137,19 @@ def check(cfg, with_torch: bool, flag: str = '--torch'):
         f"{flag} needs PyTorch and torchvision: pip install -e '.[bench]'")
 
 
+def check_device_bn(cfg):
+  """`--device_bn` compares BatchNorm over a group of devices with BatchNorm per device:
+  it needs a network with BatchNorm and a group of more than one device."""
+  if cfg.model != 'resnet34' and not cfg.batch_norm:
+    raise config_lib.ConfigError(
+        f'config.batch_norm=False is invalid with --device_bn: {cfg.model} has no BatchNorm to '
+        f'compare; set --config.batch_norm=True')
+  if cfg.bn_group_size == 1:
+    raise config_lib.ConfigError(
+        'config.bn_group_size=1 is invalid with --device_bn: the step already normalises per '
+        'device; set --config.bn_group_size=0 (all devices) or a group size above 1')
+
+
 def _torch_device() -> str:
   """The PyTorch peer runs where JAX does: a GPU of this process or the CPU. Asks JAX's
   backend, so only after `build.mesh` has joined the processes (jax.distributed must start
@@ -171,11 +184,14 @@ REPEAT = 2
 
 
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False,
-          with_torch_compile: bool = False, repeat: int = REPEAT) -> dict:
+          with_torch_compile: bool = False, repeat: int = REPEAT,
+          with_device_bn: bool = False) -> dict:
   peers = [compiled for compiled, wanted in ((False, with_torch), (True, with_torch_compile))
            if wanted]
   check(cfg, bool(peers), '--torch_compile' if with_torch_compile and not with_torch
         else '--torch')
+  if with_device_bn:
+    check_device_bn(cfg)
   mesh = build.mesh(cfg)
   speed = alternate.host_speed()  # before anything compiles or runs: BLAS's threads then sleep
   torch_device = _torch_device() if peers else None
@@ -200,6 +216,12 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
                         init_state(model, base_tx, baseline, mesh,
                                    (1, cfg.image_size, cfg.image_size, channels), key),
                         batch, key, mesh.size))
+  if with_device_bn:  # the same step, each device normalising over its own examples
+    per_device = config_lib.with_overrides(cfg, {'bn_group_size': 1})
+    model_1, strategy_1, _, state_1 = build.for_timing(per_device, source.num_classes,
+                                                        channels, mesh)
+    runners.append(Runner(bench_table.DEVICE_BN, make_train_step(model_1, tx, mesh, strategy_1), state_1,
+                          batch, key, mesh.size))
   for compiled in peers:
     runners.append(torch_peer.TorchRunner(
         cfg, source.num_classes, local_batch, optim.peak_learning_rate(cfg.optimizer, global_batch),
@@ -227,12 +249,19 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   if profile_steps:
     for r, result in zip(runners[:2], results):
       result['profile'] = r.profile(profile_steps)
-  for r in runners[2:]:
-    r.close()
+  for r in runners:
+    if isinstance(r, torch_peer.TorchRunner):
+      r.close()
   ratios = {}
+  peer_results = results[3:] if with_device_bn else results[2:]
+  if with_device_bn:
+    # jaxpar's step (BatchNorm over the group) over its per-device-BN twin, round by round
+    paired = alternate.paired_ratio(results[0]['samples'], results[2]['samples'])
+    ratios['sync_bn_over_device_bn'] = paired['median']
+    ratios['sync_bn_over_device_bn_interval'] = paired['interval']
   for key, result in [('shard_map_over_jit', results[1])] + [
       (f"shard_map_over_torch{'_compile' if compiled else ''}", result)
-      for compiled, result in zip(peers, results[2:])]:
+      for compiled, result in zip(peers, peer_results)]:
     # jaxpar's throughput over the other's: the other's step over jaxpar's, round by round
     paired = alternate.paired_ratio(result['samples'], results[0]['samples'])
     ratios[f'{key}_throughput'] = paired['median']
@@ -282,6 +311,10 @@ def markdown(r) -> str:
                     ('shard_map_over_torch_compile', "torch.compile's")):
     if f'{key}_throughput' in r:
       lines.append(f"jaxpar's throughput / {peer}: {bench_table.ratio(r, key, 3)}")
+  if 'sync_bn_over_device_bn' in r:
+    low, high = r['sync_bn_over_device_bn_interval']
+    lines.append(f"jaxpar's step with BatchNorm over the group / with BatchNorm per device: "
+                 f"{r['sync_bn_over_device_bn']:.3f}× [{low:.2f}–{high:.2f}]")
   profiled = [s for s in r['steps'] if 'profile' in s]  # the two JAX steps
   if profiled:
     profiles = [s['profile']['seconds_per_step'] for s in profiled]
@@ -304,7 +337,7 @@ def main(argv):
                          'least 0.')
   try:
     result = bench(FLAGS.config, FLAGS.steps, FLAGS.warmup, FLAGS.profile, FLAGS.torch,
-                   FLAGS.torch_compile, FLAGS.repeat)
+                   FLAGS.torch_compile, FLAGS.repeat, FLAGS.device_bn)
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
@@ -328,6 +361,9 @@ if __name__ == '__main__':
   flags.DEFINE_bool('torch_compile', False, 'Also time the PyTorch peer under torch.compile '
                     '(its first step, the compilation, reported apart), alternated.')
   flags.DEFINE_integer('profile', 0, 'Then profile this many steps of each: time by HLO op.')
+  flags.DEFINE_bool('device_bn', False, 'Also time jaxpar\'s step with BatchNorm per device '
+                    '(bn_group_size=1): the ratio sync_bn_over_device_bn is the configured '
+                    'group\'s step time over it, round by round.')
   flags.DEFINE_string('out', '', 'Also write the results as JSON here.')
   flags.mark_flag_as_required('config')
   app.run(main)

@@ -3,6 +3,8 @@
   python -m analysis.benchmarks.bench_table runs/*.json
   python -m analysis.benchmarks.bench_table --methods runs/methods/*.json
       # (analysis/benchmarks/bench_methods.sh runs both)
+  python -m analysis.benchmarks.bench_table --sync_bn runs/*_2p.json
+      # runs of `bench --device_bn` (analysis/benchmarks/bench_sync_bn.sh): `sync_bn_table`
 
 A row per run: network, input size, compute dtype, devices, global batch, the devices
 jaxpar's BatchNorm shares statistics over (jit's always: all; PyTorch's: each process),
@@ -293,6 +295,31 @@ def host_memory_table(results) -> str:
   return '\n'.join(lines)
 
 
+# The name of `bench --device_bn`'s step: jaxpar's, with BatchNorm per device.
+DEVICE_BN = 'jaxpar shard_map, BN per device'
+
+
+def sync_bn_table(results) -> str:
+  """BatchNorm over a group of devices against BatchNorm per device (`bench --device_bn`):
+  each network's two jaxpar steps from one run, alternated round by round, their compiled
+  programs' collectives, and the step-time ratio with the median's 95 % interval."""
+  lines = ['| network | input | batch | processes | BN over | collectives: BN over group / per '
+           'device | step (s): BN over group | step (s): BN per device | BN over group / per '
+           'device (step time) | measured |', '|---|---|---:|---:|---:|---:|---:|---:|---:|---|']
+  for r in sorted(results, key=lambda r: (r['network'], r['image_size'])):
+    steps = {s['step']: s for s in r['steps']}
+    group, device = steps['jaxpar shard_map'], steps[DEVICE_BN]
+    low, high = r['sync_bn_over_device_bn_interval']
+    size = r['config']['bn_group_size'] or math.prod(r['mesh'])
+    lines.append(
+        f"| {r['network']} | {r['image_size']}² | {r['global_batch']} "
+        f"| {r['config']['distributed']['num_processes']} | {size} devices "
+        f"| {group['collectives']} / {device['collectives']} | {group['median_s']:.4f} "
+        f"| {device['median_s']:.4f} | {r['sync_bn_over_device_bn']:.2f}× "
+        f"[{low:.2f}–{high:.2f}] | {_date(r)} |")
+  return '\n'.join(lines)
+
+
 FUSIONS = ('per_tensor', 'one_buffer', 'by_size')
 
 
@@ -334,8 +361,8 @@ def fusion_table(results) -> str:
 
 
 def main(argv):
-  methods = argv[:1] == ['--methods']
-  paths = argv[1:] if methods else argv
+  kind = argv[0] if argv[:1] in (['--methods'], ['--sync_bn']) else ''
+  paths = argv[1:] if kind else argv
   if not paths or any(p.startswith('-') for p in paths):
     print(__doc__, file=sys.stderr)
     sys.exit(2 if paths else 1)
@@ -347,7 +374,7 @@ def main(argv):
     except (OSError, json.JSONDecodeError) as e:
       sys.exit(f'bench_table: {path}: not a JSON written by analysis.benchmarks.bench ({e}); '
                'pass the files its --out wrote')
-  print(methods_table(results) if methods else table(results))
+  print({'--methods': methods_table, '--sync_bn': sync_bn_table}.get(kind, table)(results))
 
 
 if __name__ == '__main__':

@@ -43,14 +43,14 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
 
   from jaxpar import build, host_memory, validation
   from jaxpar.data import sources
-  from jaxpar.plan import planner, probe
+  from jaxpar.plan import probe
   from jaxpar import config as config_lib
   cfg = config_lib.from_file(
       os.path.join(os.path.dirname(__file__), '..', '..', 'configs', f'{net}.py'))
   cfg.image_size = 16
   cfg.update_from_flattened_dict({'conv_impl': conv, 'plan.target_loss': 0.5,
                                   **({'dataset.data_dir': data_dir} if data_dir else {})})
-  one = planner.with_overrides(cfg, probe.one_device_overrides(cfg, batch))
+  one = config_lib.with_overrides(cfg, probe.one_device_overrides(cfg, batch))
   validation.validate(one)
   # What 'auto' would choose here, from the estimate (before the backend starts), then the
   # setting this process is timed in.

@@ -52,6 +52,11 @@ def _bench_summary(*patterns):
   return bench_table.torch_summary(_load(*patterns))
 
 
+def _bench_sync_bn(*patterns):
+  from analysis.benchmarks import bench_table
+  return bench_table.sync_bn_table(_load(*patterns))
+
+
 def _fusion():
   from analysis.benchmarks import bench_table
   return bench_table.fusion_table(_load('bench/fusion/*.json'))
@@ -250,6 +255,15 @@ def _small_collectives():
   return small_collectives.table(_load('collectives/small_collectives.json')[0])
 
 
+def _input_rate(what):
+  from analysis.benchmarks import bench_table, input_rate
+  result = _load('input/rate.json')[0]
+  if what == 'table':
+    return input_rate.table(result)
+  gpus = bench_table.newest(_load('bench/gpu/*.json', 'bench/gpu_h100/*.json'))
+  return input_rate.cores_needed(result, [r for r in gpus if r['image_size'] == 224])
+
+
 def _ci(what):
   from analysis.report import ci
   return getattr(ci, what)(_load('ci/*.json'))
@@ -337,6 +351,9 @@ TABLES = {
     'bench-gpu-2026-11-28': lambda: _bench('bench/gpu/*_2026-11-28.json'),
     'bench-gpu-2026-11-29': lambda: _bench('bench/gpu/*_2026-11-29.json'),
     'grad-fusion': _fusion,
+    'input-rate': lambda: _input_rate('table'),
+    'input-cores-per-gpu': lambda: _input_rate('cores'),
+    'bench-sync-bn': lambda: _bench_sync_bn('bench/sync_bn/*.json'),
     'bench-gpus': lambda: _bench('bench/gpu/*.json', 'bench/gpu_h100/*.json', newest=True),
     'bench-methods': _methods,
     'host-memory-faults': _host_memory,
@@ -383,13 +400,14 @@ TABLES['test-files'] = _test_files
 def _digits_recipes() -> str:
   """`DIGITS_RECIPES` as the trainer reads them: rate per 256 examples, epochs of the
   digits' training split, and the steps these make at global batch 64."""
-  import math
   from jaxpar import config as config_lib
-  train_images, batch = 1437, 64
+  train_images = 1437  # the digits' training split (test_percent 20)
   lines = ['| network | learning rate (per 256) | epochs | steps (batch 64) | BatchNorm |',
            '|---|---:|---:|---:|---|']
   for model, recipe in config_lib.DIGITS_RECIPES.items():
-    steps = math.ceil(recipe['num_epochs'] * train_images / batch)
+    run = config_lib.with_overrides(config_lib.defaults(), {
+        'scheme': 'sync-split', 'global_batch': 64, 'num_epochs': recipe['num_epochs']})
+    steps = config_lib.run_steps(run, train_images)
     norm = 'after every convolution (a variant)' if recipe.get('batch_norm') else 'as published'
     lines.append(f"| {model} | {recipe['base_lr']:g} | {recipe['num_epochs']} | {steps} | {norm} |")
   return '\n'.join(lines)

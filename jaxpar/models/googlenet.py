@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxpar.models.layers import (ConvReLU, Dropout, batch_norm, dense, dense_init,
-                                  global_avg_pool, max_pool, max_pool_ceil)
+                                  global_avg_pool, max_pool, max_pool_ceil, together)
 
 # Module name → (1×1, 3×3 reduce, 3×3, 5×5 reduce, 5×5, pool proj); 'M' is a 3×3/2 max-pool.
 INCEPTIONS = (
@@ -30,10 +30,13 @@ class Inception(nn.Module):
   def __call__(self, x):
     c1, r3, c3, r5, c5, pp = self.widths
     conv = functools.partial(ConvReLU, norm=self.norm, dtype=self.dtype, conv=self.conv)
-    b1 = conv(c1, 1)(x)
-    b3 = conv(c3, 3)(conv(r3, 1)(x))
-    b5 = conv(c5, 5)(conv(r5, 1)(x))
-    bp = conv(pp, 1)(self.pool(x, (3, 3), (1, 1), padding='SAME'))
+    # Made in the published order (their names); run as two sets of independent layers,
+    # whose BatchNorm statistics travel together (`together`): 2 collectives, not 6.
+    one, reduce3, three, reduce5, five, proj = (
+        conv(c1, 1), conv(r3, 1), conv(c3, 3), conv(r5, 1), conv(c5, 5), conv(pp, 1))
+    b1, b3, b5, bp = together(self, [one, reduce3, reduce5, proj],
+                              [x, x, x, self.pool(x, (3, 3), (1, 1), padding='SAME')])
+    b3, b5 = together(self, [three, five], [b3, b5])
     return jnp.concatenate([b1, b3, b5, bp], axis=-1)
 
 

@@ -6,6 +6,7 @@ import flax.linen as nn
 from flax.linen import normalization
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax.linen.dtypes import promote_dtype
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -60,14 +61,44 @@ class ConvReLU(nn.Module):
   conv: ModuleDef = nn.Conv
 
   @nn.compact
-  def __call__(self, x):
-    x = self.conv(self.features, (self.kernel, self.kernel), (self.strides, self.strides),
-                padding=same_padding(self.kernel) if self.padding is None else self.padding,
-                use_bias=self.norm is None, dtype=self.dtype,
-                kernel_init=nn.initializers.kaiming_normal())(x)
+  def __call__(self, x, stage: str = 'all', shared=None):
+    """`stage` 'all': the layer. `together` runs it in three: 'conv' (the convolution),
+    'stats' (the norm's per-device statistics of the convolution's output `x`) and 'norm'
+    (norm, with the group's statistics `shared`, then ReLU); each call makes only its own
+    sub-modules, so the variables are named as in one call."""
+    if stage in ('all', 'conv'):
+      x = self.conv(self.features, (self.kernel, self.kernel), (self.strides, self.strides),
+                    padding=same_padding(self.kernel) if self.padding is None else self.padding,
+                    use_bias=self.norm is None, dtype=self.dtype,
+                    kernel_init=nn.initializers.kaiming_normal())(x)
+      if stage == 'conv':
+        return x
+    if stage == 'stats':
+      return self.norm()(x, local_stats=True)
     if self.norm is not None:
-      x = self.norm()(x)
+      x = self.norm()(x, shared=shared) if stage == 'norm' else self.norm()(x)
     return nn.relu(x)
+
+
+def together(parent: nn.Module, layers: list, inputs: list) -> list:
+  """`[layer(x) for layer, x in zip(layers, inputs)]` for `ConvReLU` layers that do not
+  depend on each other (an Inception module's or a fire module's parallel branches), made
+  by `parent`: with BatchNorm over devices their statistics are all-reduced together, one
+  collective each way for all of them instead of one each. The same numbers: a channel's
+  statistics are its own wherever they travel (tests/test_models.py)."""
+  norm = layers[0].norm
+  keywords = getattr(norm, 'keywords', {})
+  if (norm is None or keywords.get('axis_name') is None or keywords.get('use_running_average')
+      or parent.is_initializing() or len(layers) == 1):
+    return [layer(x) for layer, x in zip(layers, inputs)]
+  convolved = [layer(x, 'conv') for layer, x in zip(layers, inputs)]
+  local = [layer(y, 'stats') for layer, y in zip(layers, convolved)]
+  axis = keywords['axis_name']
+  shared = lax.pmean(jnp.concatenate(local, axis=-1), axis)
+  ends = [int(n) for n in np.cumsum([s.shape[-1] for s in local])[:-1]]
+  parts = zip(jnp.split(shared, ends, axis=-1),
+              jnp.split(lax.pcast(shared, axis, to='varying'), ends, axis=-1))
+  return [layer(y, 'norm', part) for layer, y, part in zip(layers, convolved, parts)]
 
 
 def same_padding(kernel: int):
@@ -125,18 +156,27 @@ class BatchNorm(nn.BatchNorm):
   72 of a step's 111 collectives). Here the stacked pair is converted once
   (`lax.pcast(..., to='varying')`) before it is split, so the backward pass sums one
   stacked cotangent (∂L/∂μ, ∂L/∂E[x²]) per layer: one call each way, the same numbers (a
-  conversion changes no value; its transpose sums what the two psums summed). The running
+  conversion changes no value; its transpose sums what the two psums summed). Layers that
+  do not depend on each other share that one call each way (`together`). The running
   averages take the invariant statistics, as flax's do. Without `axis_name`, during `init`
   and with running averages it is flax's module unchanged; variables and names are
   flax's, so checkpoints are interchangeable.
   """
 
   @nn.compact
-  def __call__(self, x, use_running_average=None, *, mask=None):
+  def __call__(self, x, use_running_average=None, *, mask=None, local_stats=False,
+               shared=None):
+    """`local_stats`: return this device's stacked (E[x], E[x²]) only (`together`
+    all-reduces several layers' at once); `shared`: the group's, all-reduced already, and
+    the same converted to per-device values (converted once for all the layers: one
+    backward all-reduce)."""
     running = nn.merge_param('use_running_average', self.use_running_average,
                              use_running_average)
     if (self.axis_name is None or running or self.is_initializing() or mask is not None
         or not self.use_fast_variance or self.axis_index_groups is not None):
+      if local_stats or shared is not None:
+        raise ValueError('local_stats and shared are for BatchNorm over devices in training '
+                         '(layers.together)')
       return super().__call__(x, use_running_average, mask=mask)
     feature_axes = normalization._canonicalize_axes(x.ndim, self.axis)
     reduction_axes = tuple(i for i in range(x.ndim) if i not in feature_axes)
@@ -152,14 +192,20 @@ class BatchNorm(nn.BatchNorm):
     x32 = x.astype(dtype)
     local = jnp.stack([x32.mean(reduction_axes),
                        normalization._abs_sq(x32).mean(reduction_axes)])
-    shared = lax.pmean(local, self.axis_name)  # invariant over the group
+    if local_stats:
+      return local
+    if shared is None:
+      shared = lax.pmean(local, self.axis_name)  # invariant over the group
+      converted = lax.pcast(shared, self.axis_name, to='varying')
+    else:
+      shared, converted = shared
 
     def mean_var(stats):
       return stats[0], jnp.maximum(0.0, stats[1] - normalization._abs_sq(stats[0]))
     mean, var = mean_var(shared)
     ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean
     ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * var
-    mean, var = mean_var(lax.pcast(shared, self.axis_name, to='varying'))
+    mean, var = mean_var(converted)
     return normalization._normalize(
         self, x, mean, var, reduction_axes, feature_axes, self.dtype, self.param_dtype,
         self.epsilon, self.use_bias, self.use_scale, self.bias_init, self.scale_init,

@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxpar.models.layers import (ConvReLU, Dropout, batch_norm, global_avg_pool, max_pool,
-                                  max_pool_ceil)
+                                  max_pool_ceil, together)
 
 # (squeeze, expand 1×1, expand 3×3) for fire2..fire9; 'M' is a 3×3/2 max-pool.
 FIRES = ((16, 64, 64), (16, 64, 64), (32, 128, 128), 'M',
@@ -26,7 +26,9 @@ class Fire(nn.Module):
   def __call__(self, x):
     conv = functools.partial(ConvReLU, norm=self.norm, dtype=self.dtype, conv=self.conv)
     x = conv(self.squeeze, 1)(x)
-    return jnp.concatenate([conv(self.expand1, 1)(x), conv(self.expand3, 3)(x)], axis=-1)
+    # The two expand layers read the same input: their BatchNorm statistics travel together.
+    return jnp.concatenate(together(self, [conv(self.expand1, 1), conv(self.expand3, 3)],
+                                    [x, x]), axis=-1)
 
 
 class SqueezeNet(nn.Module):

@@ -43,7 +43,6 @@ rest on all devices together, each decision on process 0's numbers (`_Agree`); t
 reads the plan (`plan.file`).
 """
 import collections
-import copy
 import datetime
 import json
 import math
@@ -58,6 +57,7 @@ import numpy as np
 from absl import logging
 
 from jaxpar import config as config_lib
+from jaxpar.config import with_overrides
 from jaxpar import user_cache
 from jaxpar.perfmodel import calibrate, steps_model
 from jaxpar.plan import cache as plan_cache
@@ -65,13 +65,6 @@ from jaxpar.plan import call_timing, candidates, probe, rank
 
 PLAN_FILE = 'plan.json'
 OUTCOME_FILE = 'plan_outcome.json'  # scheme=auto: the time to the target, measured
-
-
-def with_overrides(cfg, overrides: dict):
-  c = copy.deepcopy(cfg)
-  c.unlock()
-  c.update_from_flattened_dict(overrides)
-  return c
 
 
 def target_of(cfg) -> probe.Target:

@@ -1,0 +1,179 @@
+"""How many 224² training images a second jaxpar's input pipeline makes on k cores, and how
+many cores a GPU's step would need from it.
+
+  python -m analysis.benchmarks.input_rate --out analysis/report/input/rate.json
+
+The pipeline is the training stream a run reads from an image folder with ImageNet's
+augmentation (`jaxpar.data.pipeline.train_batches`, `augment.kind='inception_crop'`, flip):
+per image, read the file, decode only the randomly drawn window of 8–100 % of its area
+(`decode_and_crop_jpeg`), resize it to 224² (bilinear, antialiased), scale to [−1, 1] and
+flip; then batches of 64. The images: `--images` JPEGs written first (quality 90) at
+ImageNet's common shapes (500×375, 375×500, 500×333, 500×400, 333×500), smooth random
+fields with pixel noise: ImageNet's mean size (the JSON records their mean pixels and
+bytes; ImageNet's training set averages 108 KB a file, 138 GB for 1.28 M images). The files
+sit in the page cache: this is the decode-and-augment rate, not a disk's.
+
+For each core count k (1 up to the machine's cores), a fresh process pinned to k cores
+(`os.sched_setaffinity` before TensorFlow starts, so tf.data's thread pools have k threads)
+takes 2 batches to warm up, then times `--batches` batches; the rounds alternate the core
+counts' order, and each count's rate is the median over rounds with its 95 % interval
+(`alternate.median_interval`). Per core = rate / k. `analysis.report`'s `input-rate` table
+sets the rates beside the committed GPU steps' images/s (`cores_needed`).
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SHAPES = ((375, 500), (500, 375), (333, 500), (400, 500), (500, 333))  # (height, width)
+BATCH = 64
+IMAGE_SIZE = 224
+
+
+def write_images(root: str, count: int, classes: int = 8, noise: float = 25.0) -> dict:
+  """`count` JPEGs in `classes` folders, cycling through `SHAPES`; their mean bytes and
+  pixels."""
+  import numpy as np
+
+  from jaxpar.data import tf_import
+  tf = tf_import.tensorflow()
+  rng = np.random.default_rng(0)
+  sizes, pixels = [], []
+  for i in range(count):
+    height, width = SHAPES[i % len(SHAPES)]
+    folder = os.path.join(root, f'class_{i % classes}')
+    os.makedirs(folder, exist_ok=True)
+    low = rng.uniform(0, 255, (12, 16, 3)).astype(np.float32)
+    image = tf.image.resize(low[None], (height, width), method='bicubic')[0]
+    image += rng.normal(0, noise, image.shape)
+    data = tf.io.encode_jpeg(tf.cast(tf.clip_by_value(image, 0, 255), tf.uint8), quality=90)
+    path = os.path.join(folder, f'{i}.jpg')
+    tf.io.write_file(path, data)
+    sizes.append(os.path.getsize(path))
+    pixels.append(height * width)
+  return {'count': count, 'mean_bytes': float(np.mean(sizes)),
+          'mean_pixels': float(np.mean(pixels)), 'shapes': [list(s) for s in SHAPES],
+          'jpeg_quality': 90}
+
+
+def child(folder: str, cores: int, batches: int) -> dict:
+  """Images/s of the training stream on the first `cores` cores (run in a fresh process)."""
+  os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
+  from jaxpar import config as config_lib
+  from jaxpar.data import pipeline, sources
+  c = config_lib.defaults()
+  # Half the files a test split (never read here): neither split empty, however few files.
+  c.dataset.name, c.dataset.path, c.dataset.test_percent = sources.IMAGE_FOLDER, folder, 50
+  source = sources.open_source(c.dataset)
+  stream = pipeline.train_batches(
+      source, batch=BATCH, start=0, seed=0, image_size=IMAGE_SIZE, augment='inception_crop',
+      crop_padding=0, flip=True, shuffle_buffer=source.num_train, cache=True)
+  for _ in range(2):
+    batch = next(stream)
+  assert batch['image'].shape == (BATCH, IMAGE_SIZE, IMAGE_SIZE, 3), batch['image'].shape
+  start = time.perf_counter()
+  for _ in range(batches):
+    next(stream)
+  return {'cores': cores, 'images_per_s': batches * BATCH / (time.perf_counter() - start)}
+
+
+def measure(folder: str, rounds: int, batches: int, max_cores: int) -> dict:
+  from analysis.benchmarks import alternate
+  counts = list(range(1, max_cores + 1))
+  samples = {k: [] for k in counts}
+  for r in range(rounds):
+    for k in counts[r % len(counts):] + counts[:r % len(counts)]:
+      run = subprocess.run(
+          [sys.executable, '-m', 'analysis.benchmarks.input_rate', '--child', folder,
+           '--cores', str(k), '--batches', str(batches)],
+          capture_output=True, text=True, env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+      if run.returncode:
+        raise RuntimeError(f'input_rate: the timing process on {k} cores failed:\n'
+                           + run.stderr[-2000:])
+      samples[k].append(json.loads(run.stdout.strip().splitlines()[-1])['images_per_s'])
+      print(f'\rround {r + 1}/{rounds}, {k} cores: {samples[k][-1]:.0f} images/s', end='',
+            file=sys.stderr, flush=True)
+  print(file=sys.stderr)
+  import numpy as np
+  return {k: {'median': float(np.median(s)), 'interval': list(alternate.median_interval(s)),
+              'samples': s} for k, s in samples.items()}
+
+
+def table(result) -> str:
+  """The rate on each core count: images/s (median, 95 % interval), per core, and the
+  scaling from one core."""
+  rates = {int(k): v for k, v in result['rates'].items()}
+  one = rates[min(rates)]['median']
+  lines = ['| cores | images/s: median [95 % interval] | images/s a core | speedup over 1 core |',
+           '|---:|---:|---:|---:|']
+  for k, v in sorted(rates.items()):
+    low, high = v['interval']
+    lines.append(f"| {k} | {v['median']:.0f} [{low:.0f}–{high:.0f}] | {v['median'] / k:.0f} "
+                 f"| {v['median'] / one:.2f}× |")
+  return '\n'.join(lines)
+
+
+def cores_needed(result, gpu_results) -> str:
+  """Each GPU step's images/s (jaxpar's step, from `analysis.benchmarks.bench` runs) beside
+  the cores this pipeline needs to keep up with it, at the per-core rate of the most cores
+  measured (linear in cores from there: the scaling measured is the evidence)."""
+  rates = {int(k): v for k, v in result['rates'].items()}
+  most = max(rates)
+  per_core = rates[most]['median'] / most
+  lines = ['| GPU | network | compute | batch | GPU step images/s | cores to feed it '
+           f'(at {per_core:.0f} images/s a core) | GPU measured |',
+           '|---|---|---|---:|---:|---:|---|']
+  for r in sorted(gpu_results, key=lambda r: (r['device_kind'], r['network'], r['dtype'])):
+    step = next(s for s in r['steps'] if s['step'] == 'jaxpar shard_map')
+    lines.append(f"| {r['device_kind'].removeprefix('NVIDIA ')} | {r['network']} "
+                 f"| {r['dtype']} | {r['global_batch']} | {step['images_per_s']:,.0f} "
+                 f"| {step['images_per_s'] / per_core:.0f} | {r['created'][:10]} |")
+  return '\n'.join(lines)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--images', type=int, default=512, help='JPEGs to write and read')
+  p.add_argument('--rounds', type=int, default=10, help='timings of each core count')
+  p.add_argument('--batches', type=int, default=8, help=f'batches of {BATCH} timed a round')
+  p.add_argument('--max_cores', type=int, default=len(os.sched_getaffinity(0)))
+  p.add_argument('--out', default='', help='write the JSON here')
+  p.add_argument('--child', default='', help=argparse.SUPPRESS)
+  p.add_argument('--cores', type=int, default=1, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.child:
+    print(json.dumps(child(args.child, args.cores, args.batches)))
+    return
+  if not 1 <= args.max_cores <= len(os.sched_getaffinity(0)) or min(
+      args.images, args.rounds, args.batches) < 1:
+    p.error(f'--max_cores must be 1-{len(os.sched_getaffinity(0))} (this machine\'s cores); '
+            '--images, --rounds and --batches at least 1')
+  from jaxpar.data import tf_import
+  from jaxpar.plan.probe import machine, versions
+  with tempfile.TemporaryDirectory() as folder:
+    images = write_images(folder, args.images)
+    rates = measure(folder, args.rounds, args.batches, args.max_cores)
+  result = {'tool': 'analysis.benchmarks.input_rate',
+            'created': datetime.datetime.now().isoformat(timespec='seconds'),
+            'machine': machine(),
+            'versions': {**versions(), 'tensorflow': tf_import.tensorflow().__version__},
+            'command': ' '.join(['python -m analysis.benchmarks.input_rate'] + sys.argv[1:]),
+            'pipeline': {'augment': 'inception_crop', 'flip': True, 'image_size': IMAGE_SIZE,
+                         'batch': BATCH, 'batches_timed': args.batches},
+            'images': images, 'rounds': args.rounds,
+            'rates': {str(k): v for k, v in rates.items()}}
+  for k, v in rates.items():
+    low, high = v['interval']
+    print(f"{k} cores: {v['median']:.0f} images/s [{low:.0f}–{high:.0f}], "
+          f"{v['median'] / k:.0f} a core")
+  if args.out:
+    with open(args.out, 'w') as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == '__main__':
+  main()
