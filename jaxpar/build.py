@@ -13,6 +13,7 @@ from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import compile_cache, host_memory, models, multihost, optim, validation
 from jaxpar.data import pipeline, sources
+from jaxpar.models import live_taps
 from jaxpar.models.conv import conv_general_dilated
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.async_ray import RayDownpour
@@ -167,7 +168,8 @@ def strategy(cfg, mesh, model):
           mesh.axis_sizes, mesh.axis_names, cfg.local_sgd_group_size)),
       'central': lambda: CentralServer(mesh, dtype, cfg.central_schedule),
       'distributed': lambda: DistributedServer(mesh, dtype, cfg.placement, one_buffer),
-      'allreduce': lambda: AllReduce(mesh.axis_names, cfg.grad_reduce, dtype, fusion),
+      'allreduce': lambda: AllReduce(mesh.axis_names, cfg.grad_reduce, dtype, fusion,
+                                     live_taps.boxes(model, cfg.image_size)),
   }
   return make[config_lib.method(cfg)]()
 

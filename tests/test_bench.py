@@ -48,13 +48,17 @@ def test_bench_runs_both_steps_and_reads_their_compiled_programs(data_dir, monke
   jaxpar, jit = result['steps']
   assert (jaxpar['step'], jit['step']) == ('jaxpar shard_map', 'auto-sharded jit')
   param_bytes = 731_146 * 4  # SqueezeNet at 10 classes, float32
+  # Less fire 9's 3×3 kernel (64 → 256) on its 1×1 map: its 8 taps that read padding only.
+  sent_bytes = {'jaxpar shard_map': param_bytes - 8 * 64 * 256 * 4,
+                'auto-sharded jit': param_bytes}
   for s in (jaxpar, jit):
     assert len(s['samples']) == 2 and s['median_s'] > 0 and s['compile_s'] > 0
     assert s['flops_per_device'] > 0 and s['peak_memory_bytes_per_device'] > param_bytes
     assert 0 < s['temp_bytes_per_device'] < s['peak_memory_bytes_per_device']
     assert s['page_faults_per_step'] >= 0
     # Both compiled programs all-reduce the gradients over the 8 devices (+ a few metrics).
-    assert s['collective_bytes_per_device'] == pytest.approx(2 * 7 / 8 * param_bytes, rel=1e-4)
+    assert s['collective_bytes_per_device'] == pytest.approx(2 * 7 / 8 * sent_bytes[s['step']],
+                                                             rel=1e-4)
   # Round by round: each round's jit step over its jaxpar step, the median of the two.
   ratios = np.array(jit['samples']) / np.array(jaxpar['samples'])
   assert result['shard_map_over_jit_throughput'] == pytest.approx(ratios.mean())

@@ -90,7 +90,8 @@ def step_cell(cfg, meta) -> dict:
   def volume_row():
     abstract = build.abstract_variables(cfg, model, meta['channels'])
     return volume.row(cfg, stablehlo, abstract['params'], abstract.get('batch_stats', {}),
-                      reported=float(box['metrics']['sent_bytes']))
+                      reported=float(box['metrics']['sent_bytes']),
+                      live=getattr(strategy, 'live', None))
   text = compiled.as_text()
   return {'run': run, 'volume': volume_row, 'hlo': text,
           'compiled': volume.program_collectives(hlo.compiled_collectives(text),

@@ -18,6 +18,7 @@ from jaxpar.perfmodel import hlo
 from jaxpar import config as config_lib
 from jaxpar.parallel import gossip
 from jaxpar.collectives import nbytes
+from jaxpar.models import live_taps
 from jaxpar.parallel.sparsify import capacity_of
 
 
@@ -38,7 +39,7 @@ def method(cfg) -> str:
           'distributed': f'distributed {cfg.placement}'}.get(name, name)
 
 
-def analytic_bytes(cfg, params, batch_stats):
+def analytic_bytes(cfg, params, batch_stats, live=None):
   """The bytes a device sends per step by the method's equations, or None where the
   volume depends on activations inside the model (hybrid: its own `sent_bytes` counts
   them, [H] §4 counts them for its own algorithm).
@@ -51,7 +52,9 @@ def analytic_bytes(cfg, params, batch_stats):
   both are the other device; none on one). Sparsified gossip: a message of ⌈c·size⌉ values
   and int32 indices per tensor to each partner. Local SGD ([S], [L]), an averaging step: an all-reduce of weights and BN statistics, 2(N−1)/N·(P_w + S), and
   with groups of G (hierarchical) their gradients' all-reduce, 2(G−1)/G·P_g.
-  Gossip with Local SGD(p): a step that exchanges sends what gossip's does.
+  Gossip with Local SGD(p): a step that exchanges sends what gossip's does. `live`: the
+  all-reduce's kernel boxes (`models.live_taps`): its P_g leaves out the taps that read
+  padding only, whose gradients are zero.
   """
   shape = tuple(cfg.mesh.shape)
   n = math.prod(shape)
@@ -73,6 +76,9 @@ def analytic_bytes(cfg, params, batch_stats):
     return partners * p_w
   if name in ('central', 'distributed'):
     return (n - 1) / n * (p_g + p_w)
+  if live:
+    p_g = nbytes(jax.eval_shape(lambda p: live_taps.compact(p, live), params),
+                 jnp.dtype(cfg.grad_reduce_dtype))
   if cfg.grad_reduce == 'torus2d':
     x, y = shape
     return (2 * (x - 1) / x + 2 * (y - 1) / (x * y)) * p_g
@@ -95,12 +101,12 @@ def from_row(collective: dict) -> hlo.Collective:
                         tuple(tuple(b) for b in collective['branch']))
 
 
-def row(cfg, stablehlo: str, params, batch_stats, reported=None) -> dict:
-  """One line of the volume table for a config's lowered step."""
+def row(cfg, stablehlo: str, params, batch_stats, reported=None, live=None) -> dict:
+  """One line of the volume table for a config's lowered step (`live`: as `analytic_bytes`)."""
   devices = math.prod(cfg.mesh.shape)
   found = hlo.collectives(stablehlo)
   program = hlo.step_bytes(found, devices)
-  analytic = analytic_bytes(cfg, params, batch_stats)
+  analytic = analytic_bytes(cfg, params, batch_stats, live)
   return {'method': method(cfg), 'mesh': list(cfg.mesh.shape), 'devices': devices,
           'analytic_bytes': analytic, 'reported_bytes': reported, 'program_bytes': program,
           'ratio': program / analytic if analytic else None,

@@ -21,6 +21,7 @@ from jaxpar import optim
 from jaxpar.collectives import (SMALL_TENSOR_BYTES, fused_psum, nbytes, replicate,
                                         ring_psum, sized_psum, spanning, torus2d_psum,
                                         travelling)
+from jaxpar.models import live_taps
 from jaxpar.step import ReplicatedParams
 
 SUMS = {'psum': lax.psum, 'ring': ring_psum, 'torus2d': torus2d_psum}
@@ -40,7 +41,8 @@ def all_reduce_bytes(kind: str, message: int, axes) -> float:
   return 2 * (n - 1) / n * message
 
 
-def mean_all_reduce(axes, kind: str = 'psum', dtype=None, fusion: str = 'per_tensor'):
+def mean_all_reduce(axes, kind: str = 'psum', dtype=None, fusion: str = 'per_tensor',
+                    live=None):
   """The mean over the data `axes` of a gradient tree, inside `shard_map`.
 
   `kind` names the sum in `SUMS`; `torus2d` needs exactly two axes. `dtype`
@@ -48,16 +50,20 @@ def mean_all_reduce(axes, kind: str = 'psum', dtype=None, fusion: str = 'per_ten
   `fusion` (psum only; ring and torus2d always send one buffer): `per_tensor`, one
   all-reduce per gradient; `one_buffer`, every gradient in one (`collectives.fused_psum`);
   `by_size`, those under 64 KiB in one and each larger one alone (`collectives.sized_psum`).
+  `live` (`models.live_taps.boxes`): kernels whose taps outside a box read padding only, so
+  their gradients there are zero; only the box travels, the zeros are put back after.
   """
   total = PSUMS[fusion] if kind == 'psum' else SUMS[kind]
 
   def reduce(grads):
-    sent = grads if dtype is None else jax.tree.map(lambda g: g.astype(dtype), grads)
     # Axes of one device sum nothing (the torus keeps both of its axes by definition).
-    live = axes if kind == 'torus2d' else spanning(axes)
-    summed = total(sent, live) if live else sent
+    summing = axes if kind == 'torus2d' else spanning(axes)
+    cut = live_taps.compact(grads, live) if live and summing else grads
+    sent = cut if dtype is None else jax.tree.map(lambda g: g.astype(dtype), cut)
+    summed = total(sent, summing) if summing else sent
     n = lax.axis_size(axes)
-    return jax.tree.map(lambda s, g: s.astype(g.dtype) / n, summed, grads)
+    mean = jax.tree.map(lambda s, g: s.astype(g.dtype) / n, summed, cut)
+    return live_taps.expand(mean, live, grads) if cut is not grads else mean
   return reduce
 
 
@@ -65,9 +71,10 @@ class AllReduce(ReplicatedParams, optim.WholeTensors):
   """The step's strategy for all-reduce data parallelism: every device holds the whole
   parameters and optimizer state (replicated), averages the gradients with
   `mean_all_reduce` and applies the same update."""
-  def __init__(self, axes, kind: str = 'psum', dtype=None, fusion: str = 'per_tensor'):
-    self.axes, self.kind, self.dtype, self.fusion = axes, kind, dtype, fusion
-    self.reduce = mean_all_reduce(axes, kind, dtype, fusion)
+  def __init__(self, axes, kind: str = 'psum', dtype=None, fusion: str = 'per_tensor',
+               live=None):
+    self.axes, self.kind, self.dtype, self.fusion, self.live = axes, kind, dtype, fusion, live
+    self.reduce = mean_all_reduce(axes, kind, dtype, fusion, live)
 
   def describe(self):
     fusion = {'per_tensor': '', 'one_buffer': ', one buffer',
@@ -86,6 +93,7 @@ class AllReduce(ReplicatedParams, optim.WholeTensors):
 
   def update(self, tx, grads, batch_stats, state):
     updates, opt_state = tx.update(self.reduce(grads), state.opt_state, state.params)
-    sent = all_reduce_bytes(self.kind, nbytes(grads, self.dtype), self.axes)
+    cut = live_taps.compact(grads, self.live) if self.live else grads
+    sent = all_reduce_bytes(self.kind, nbytes(cut, self.dtype), self.axes)
     return (optax.apply_updates(state.params, updates), replicate(batch_stats), opt_state,
             {'sent_bytes': sent})
