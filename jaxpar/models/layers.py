@@ -85,7 +85,7 @@ def together(parent: nn.Module, layers: list, inputs: list) -> list:
   depend on each other (an Inception module's or a fire module's parallel branches), made
   by `parent`: with BatchNorm over devices their statistics are all-reduced together, one
   collective each way for all of them instead of one each. The same numbers: a channel's
-  statistics are its own wherever they travel (tests/test_models.py)."""
+  statistics are its own wherever they travel (tests/test_group_batchnorm.py)."""
   norm = layers[0].norm
   keywords = getattr(norm, 'keywords', {})
   if (norm is None or keywords.get('axis_name') is None or keywords.get('use_running_average')
