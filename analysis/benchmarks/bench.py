@@ -220,8 +220,8 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
     per_device = config_lib.with_overrides(cfg, {'bn_group_size': 1})
     model_1, strategy_1, _, state_1 = build.for_timing(per_device, source.num_classes,
                                                         channels, mesh)
-    runners.append(Runner(bench_table.DEVICE_BN, make_train_step(model_1, tx, mesh, strategy_1), state_1,
-                          batch, key, mesh.size))
+    runners.append(Runner(bench_table.DEVICE_BN, make_train_step(model_1, tx, mesh, strategy_1),
+                          state_1, batch, key, mesh.size))
   for compiled in peers:
     runners.append(torch_peer.TorchRunner(
         cfg, source.num_classes, local_batch, optim.peak_learning_rate(cfg.optimizer, global_batch),
