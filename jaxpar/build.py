@@ -38,7 +38,7 @@ def mesh(cfg):
     logging.info('Downpour on Ray: %d worker actors; this process (the driver) evaluates on '
                  'one device.', config_lib.num_devices(cfg))
     validation.validate_devices(cfg, 1, jax.process_count())
-    return mesh_lib.make_mesh((1,), cfg.mesh.axes[:1], devices=jax.devices()[:1])
+    return driver_mesh(cfg)
   if cfg.mesh.emulate_cpu_devices:
     mesh_lib.emulate_cpu_devices(config_lib.num_devices(cfg) // processes)
   logging.info('%s', multihost.describe_process())
@@ -49,6 +49,12 @@ def mesh(cfg):
     devices = jax.devices()[:n]
   return mesh_lib.make_mesh(cfg.mesh.shape, cfg.mesh.axes, devices=devices,
                             bn_group_size=cfg.bn_group_size)
+
+
+def driver_mesh(cfg):
+  """Downpour on Ray's mesh in this process, the driver's: its first device (the workers
+  are Ray's actors, each with devices of its own)."""
+  return mesh_lib.make_mesh((1,), cfg.mesh.axes[:1], devices=jax.devices()[:1])
 
 
 def keep_freed_memory(cfg, batch: int | None = None) -> bool:

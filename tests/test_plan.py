@@ -526,6 +526,39 @@ def test_rows_left_at_their_bound_ahead_of_the_tie_s_choice_are_costed_and_it_ch
   assert choice is tied and ranked == [leader, tied, bound]
 
 
+def test_timed_windows_take_turns_and_close_every_loop_even_when_one_fails(monkeypatch):
+  """The one-device process's timings (and Downpour's on Ray, one run at a time): a
+  warm-up, then windows in turn; every loop closed — Ray's actors stopped — also where a
+  window raises, and the failure reaches the caller (which leaves that row at its bound)."""
+  from jaxpar.plan import probe
+  calls, closed = [], []
+
+  def step_call(cfg, meta, source, variables, lower=True):
+    def window(k):
+      calls.append((cfg.server, k))
+      if cfg.server == 'central' and len([c for c in calls if c[0] == 'central']) > 2:
+        raise RuntimeError('an actor died')
+      return {'allreduce': 0.01, 'central': 0.02}[cfg.server]
+    window.close = lambda: closed.append(cfg.server)
+    return None, window
+
+  monkeypatch.setattr(probe, 'step_call', step_call)
+  one = with_overrides(config_lib.defaults(), {'plan.measure_windows': 3,
+                                                 'plan.measure_steps': 5})
+  sync = with_overrides(one, {'server': 'allreduce'})
+  downpour = with_overrides(one, {'server': 'central', 'scheme': 'async',
+                                  'mesh.shape': (2,)})
+  said = []
+  got = planner.timed_windows({'a': sync}, None, None, None, said.append, '{label}: {ms:.1f}')
+  assert got == {'a': [0.01] * 3} and calls == [('allreduce', 2)] + [('allreduce', 5)] * 3
+  assert closed == ['allreduce'] and said == ['  a: 10.0.']
+  calls.clear()
+  with pytest.raises(RuntimeError, match='an actor died'):
+    planner.timed_windows({'a': sync, 'd': downpour}, None, None, None, said.append, '')
+  assert calls[:2] == [('allreduce', 2), ('central', 4)]  # Downpour: two pushes a worker
+  assert closed == ['allreduce', 'allreduce', 'central']
+
+
 def test_each_family_s_steps_follow_its_own_run_by_hand():
   """rank.steps on hand-worked numbers: K_b = 100 at b = 16, B_noise ∞ (K = K_b·b/B)."""
   c = candidates.Candidate
@@ -553,15 +586,20 @@ def test_each_family_s_steps_follow_its_own_run_by_hand():
   downpour = c('async', 'central', 2, 16, 'device', backend='threads')
   assert rank.steps(downpour, 100, 16, math.inf, methods) == pytest.approx(130)
   # Ranked: each row rests on its family's run; a run stopped short is a lower bound, never
-  # chosen; Downpour on Ray is not timed, never chosen.
-  rows = [{'candidate': x, 't_predicted': 0.01} for x in (
-      sync, local, downpour, dataclasses.replace(downpour, backend='ray'))]
+  # chosen; Downpour on Ray untimed is a bound, never chosen — timed, it is a row as others.
+  on_ray = dataclasses.replace(downpour, backend='ray')
+  rows = [{'candidate': x, 't_predicted': 0.01} for x in (sync, local, downpour, on_ray)]
   ranked = {r['label']: r for r in rank.rank(rows, 100, 16, (math.inf,) * 3, None, (1, 1),
                                              methods)}
   basis = {label: r['basis'] for label, r in ranked.items()}
   assert basis == {sync.label: 'sync', local.label: 'local_sgd', downpour.label: 'async',
-                   dataclasses.replace(downpour, backend='ray').label: None}
-  assert not rank.choosable(ranked[dataclasses.replace(downpour, backend='ray').label])
+                   on_ray.label: None}
+  assert not rank.choosable(ranked[on_ray.label])
+  assert any('(a lower bound); ranked, not chosen' in n for n in ranked[on_ray.label]['notes'])
+  timed = rank.rank([{'candidate': on_ray, 't_predicted': 0.01, 't_measured': [0.05, 0.04]}],
+                    100, 16, (math.inf,) * 3, None, (1, 1), methods)[0]
+  assert timed['basis'] == 'async' and rank.choosable(timed)
+  assert timed['t_step'][0] == pytest.approx(0.045) and timed['T'][0] == pytest.approx(130 * 0.045)
   methods['local_sgd'] = {**methods['local_sgd'], 'stopped': 'max_steps'}
   again = rank.rank([{'candidate': local, 't_predicted': 0.01}], 100, 16, (math.inf,) * 3,
                     None, (1, 1), methods)[0]
@@ -1190,12 +1228,19 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
   # Local SGD runs on both processes — each evaluating the examples process 0's timing chose —
   # and Downpour is simulated in the one-device process (BN per device, SPMD as Local SGD, and
   # the seeds' spread are the emulated test's: not ranked here); Downpour across processes
-  # (Ray's actors) is ranked, never chosen.
+  # (Ray's actors, driven by one process) is timed in the one-device process.
   assert len(plan['candidates']) == 13 and plan['choice']['choosable']
   assert set(plan['methods']) == {'local_sgd', 'async'} and not plan['serial']['seeds']
   assert plan['methods']['local_sgd']['stopped'] == 'reached'
   assert not any(r['family'] == 'bn_device' for r in plan['candidates'])
-  assert all(not r['choosable'] for r in plan['candidates'] if r['family'] == 'async')
+  on_ray = [r for r in plan['candidates'] if r['family'] == 'async']
+  assert {(r['server'], r['backend']) for r in on_ray} == {('central', 'ray'),
+                                                          ('distributed', 'ray')}
+  # Timed, no longer a bound (not chosen here: their workers' BN per device is not measured).
+  assert all(len(r['t_measured']) == 3 and not r.get('pruned') and not r['choosable']
+             and any("an update timed on Ray's actors" in n for n in r['notes'])
+             and not any('lower bound' in n for n in r['notes']) for r in on_ray)
+  assert "on Ray's actors:" in done.stdout + (tmp_path / 'process_0.log').read_text()
   alone = [r for r in plan['candidates'] if r['devices'] == 1]
   assert len(alone) == 2 and all(len(r['t_measured']) == 3 and r['collectives'] == 0
                                  and not r.get('pruned') for r in alone)

@@ -191,9 +191,11 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = ''
         path = os.path.join(scratch, f'plan_{i}.json')
         with open(path, 'w') as f:
           json.dump({**plan, 'choice': row}, f)
-        # One device runs as one process; all devices as the processes the plan was made by.
-        processes = (0 if made == 1 else 1 if row['devices'] == 1 or row.get('backend') == 'ray'
-                     else made)
+        # One device runs as one process (pinned to a core, as the plan's processes were);
+        # all devices as the processes the plan was made by; Downpour on Ray's actors as one
+        # process given the host, its actors spread over the cores (as the plan timed it).
+        processes = (0 if made == 1 or row.get('backend') == 'ray' else 1
+                     if row['devices'] == 1 else made)
         outcome = train(configuration, path, seed, os.path.join(scratch, f'run_{i}_{seed}'),
                         processes, rate)
         runs[i].append({'seed': seed, 'step': outcome['step'], 'seconds': outcome['seconds']})

@@ -158,7 +158,8 @@ PLANS_WITH_DEFAULTS = ('googlenet32_p2_loopback', 'squeezenet32_p2_loopback',
 # Every method ranked (BN per device, Local SGD, Downpour: their own runs) and the batch model
 # through two measured points; one plan made before the second point, kept to compare.
 PLANS_WITH_METHODS = ('methods/squeezenet32_p2_loopback', 'methods/googlenet32_p2_loopback',
-                      'methods/resnet34_32_p2_loopback', 'methods/vgg16e32_p2_loopback')
+                      'methods/resnet34_32_p2_loopback', 'methods/vgg16e32_p2_loopback',
+                      'methods/squeezenet32_p2_loopback_ray')
 PLANS_BEFORE_THE_SECOND_POINT = ('methods/squeezenet32_p2_loopback_noise_scale',)
 
 

@@ -208,8 +208,10 @@ class _Planning:
         f'gradients every {p.eval_every} steps).')
     singles = sorted(x for x in {c.device_batch for c in self.found if c.devices == 1} | {b}
                      if (x, 1) not in self.reused)
-    self.timed_alone = ([c for c in self.found if c.devices == 1] if self.processes > 1
-                        else [])
+    # Across processes a one-device run is a process of its own, and so is Downpour on
+    # Ray's actors (its driver): both timed in the process that makes the serial run.
+    self.timed_alone = ([c for c in self.found if c.devices == 1 or c.backend == 'ray']
+                        if self.processes > 1 else [])
     # The batch model's second point: the largest batch a candidate of the serial maths takes.
     large = max(c.batch for c in self.found if c.exact)
     # The network's initial weights, made once: every state and gradient below starts there.
@@ -416,7 +418,8 @@ class _Planning:
     (`Candidate.exchange`): one of each is lowered (the 2-device SqueezeNet plan: 6 programs,
     not 12)."""
     self.calls_of, self.sent = {}, {}
-    self.alone_rows = {c: self.alone['windows'][c.label] for c in self.timed_alone}
+    self.alone_rows = {c: self.alone['windows'][c.label] for c in self.timed_alone
+                       if c.label in self.alone['windows']}
     rows = rank.predict(self.found,
                         lambda c: rank.steps(c, self.k_b, self.b, self.noise[0], self.methods),
                         self.bound, self.cost, self.p.close, self.past_preparing)
@@ -645,7 +648,6 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
   [s, ...]}, 'async': Downpour's run (`async_run`), 'large': the run at `large`
   (`large_run`)}. `variables`: the network's initial weights (`probe.initial_variables`),
   made here without them; `devices`: the run's N (its Downpour has N workers)."""
-  from jaxpar import validation
   p = one.plan
   if variables is None:
     variables = probe.initial_variables(one, meta)
@@ -661,22 +663,50 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
     call = probe.gradient_call(with_overrides(one, {'per_device_batch': batch}), meta, batch, 1,
                                variables)
     t_grad[str(batch)] = float(np.median(call_timing.timed(call, p.measure_steps, 2)))
-  calls, windows = {}, {}
-  for label, overrides in timed:
-    cfg_c = with_overrides(one, overrides)
-    validation.validate(cfg_c)
-    calls[label] = probe.step_call(cfg_c, meta, source, variables, lower=False)[1]
-    calls[label](2)  # compiles, starts the input pipeline
-    windows[label] = []
-  labels = list(calls)
-  for w in range(p.measure_windows if labels else 0):
-    for label in labels[w % len(labels):] + labels[:w % len(labels)]:
-      windows[label].append(calls[label](p.measure_steps))
-  for label, call in calls.items():
-    call.close()
-    log(f'  one device: {label}: {np.median(windows[label]) * 1e3:.2f} ms a step.')
+  configs = {label: with_overrides(one, overrides) for label, overrides in timed}
+  ray = {label: c for label, c in configs.items() if config_lib.on_ray(c)}
+  windows = timed_windows({k: c for k, c in configs.items() if k not in ray}, meta, source,
+                          variables, log, 'one device: {label}: {ms:.2f} ms a step')
+  # Trained as one process given the host (`_check_processes`): its actors spread over
+  # every core, not only this process's.
+  for label, cfg_c in ray.items():  # one at a time: each run's actors take the cores
+    if _spent(deadline, log, f"timing {label} on Ray's actors"):
+      break
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    try:
+      windows.update(timed_windows({label: cfg_c}, meta, source, variables, log,
+                                   "{label} on Ray's actors: {ms:.2f} ms an update"))
+    except Exception as e:  # Ray missing or failing: the row keeps its bound, never chosen
+      log(f"Plan: {label} on Ray's actors not timed ({type(e).__name__}: {e}).")
   return {'serial': serial, 't_grad': t_grad, 'windows': windows, 'async': stale,
           'large': at_large}
+
+
+def timed_windows(configs: dict, meta, source, variables, log, said: str) -> dict:
+  """{label: [seconds a step of each window]} of each config of `configs` ({label: config}):
+  its training loop warmed up (compiled, its input started; Downpour: two pushes of every
+  worker), then `plan.measure_windows` windows of `plan.measure_steps` steps, the configs in
+  turn; each one's median said in the log (`said`, with {label} and {ms}). Every loop is
+  closed (Ray's actors stopped) even where one fails."""
+  from jaxpar import validation
+  calls, windows = {}, {}
+  try:
+    for label, cfg_c in configs.items():
+      validation.validate(cfg_c)
+      calls[label] = probe.step_call(cfg_c, meta, source, variables, lower=False)[1]
+      calls[label](2 * config_lib.num_devices(cfg_c) if cfg_c.scheme == 'async' else 2)
+      windows[label] = []
+    labels = list(calls)
+    p = configs[labels[0]].plan if labels else None
+    for w in range(p.measure_windows if labels else 0):
+      for label in labels[w % len(labels):] + labels[:w % len(labels)]:
+        windows[label].append(calls[label](p.measure_steps))
+  finally:
+    for call in calls.values():
+      call.close()
+  for label in calls:
+    log('  ' + said.format(label=label, ms=np.median(windows[label]) * 1e3) + '.')
+  return windows
 
 
 def _spent(deadline, log, what: str) -> bool:

@@ -552,7 +552,8 @@ def input_seconds(cfg, source, rows: int, batches: int = 20, seconds: float = 2.
 
 
 def step_call(cfg, meta, source, variables, lower: bool = True):
-  """A candidate's synchronous step on the first N devices: (the collectives of its lowered
+  """A candidate's step on the first N devices (Downpour: one applied push; on Ray's
+  actors, with the driver's one device: `build.driver_mesh`): (the collectives of its lowered
   program — None without `lower`, for a candidate whose twin's were read: `Candidate.
   exchange` —, `window(k)`: the mean time of k steps of the training loop on `source`'s
   batches — dispatched ahead as training does, blocked at the end; its first call compiles
@@ -566,8 +567,11 @@ def step_call(cfg, meta, source, variables, lower: bool = True):
   from jaxpar.perfmodel import hlo
   from jaxpar.step import make_train_step, to_global
 
-  n = config_lib.num_devices(cfg)
-  mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
+  if config_lib.on_ray(cfg):
+    mesh = build.driver_mesh(cfg)
+  else:
+    n = config_lib.num_devices(cfg)
+    mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axes, jax.devices()[:n], cfg.bn_group_size)
   box = {}
 
   def program():

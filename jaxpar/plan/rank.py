@@ -106,7 +106,8 @@ def reference(methods: dict, candidate, k_b: float, b: int, b_noise: float) -> d
 def choosable(row: dict) -> bool:
   """A row the plan may choose: its K modelled from what the plan measured (the serial
   maths, or a family's own run that reached the target: `rank`'s 'basis'), and its step
-  one that phase 5 can time (Downpour on Ray's actors is not: ranked by its prediction)."""
+  one that the plan times or can time in phase 5 (Downpour on Ray's actors only where it
+  was timed beside the serial run: otherwise ranked by its lower bound)."""
   return row.get('basis') is not None
 
 
@@ -210,10 +211,13 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     if c.family == 'async':
       if row['basis'] is not None:
         notes.append(f"K: updates at staleness {methods['async']['staleness']}, simulated")
-      if c.backend == 'ray':
-        notes.append("Downpour on Ray's actors is not timed by the plan: its step predicted "
-                     "without Ray's own cost of a call (a lower bound); ranked, not chosen")
+      if c.backend == 'ray' and not measured:
+        notes.append("Downpour on Ray's actors not timed: its step predicted without Ray's "
+                     "own cost of a call (a lower bound); ranked, not chosen")
         row['basis'] = None
+      elif c.backend == 'ray':
+        notes.append("an update timed on Ray's actors, the driver a process of its own on "
+                     "the host's cores")
     elif c.family == 'local_sgd' and row['basis'] is not None:
       run = methods['local_sgd']
       notes.append(f"K(τ) = K_1·(1 + c·(τ − 1)), K_1 {run['K_1']:.0f}, τ = {run['period']}: "
@@ -225,7 +229,7 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
       notes.append('collectives not costed: the budget was spent; T is at least this bound')
     elif row.get('pruned'):
       notes.append('collectives not costed: T is at least this bound, beyond the close ones')
-    elif not measured and not (c.family == 'async' and c.backend == 'ray'):
+    elif not measured and c.backend != 'ray':
       notes.append('step time predicted, not measured')
     if row.get('t_grad_estimated') and not measured:
       notes.append(f't_grad at b={c.device_batch} on {c.devices} devices scaled from the '
