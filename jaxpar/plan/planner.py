@@ -672,8 +672,8 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
   for label, cfg_c in ray.items():  # one at a time: each run's actors take the cores
     if _spent(deadline, log, f"timing {label} on Ray's actors"):
       break
-    os.sched_setaffinity(0, range(os.cpu_count() or 1))
     try:
+      os.sched_setaffinity(0, range(os.cpu_count() or 1))
       windows.update(timed_windows({label: cfg_c}, meta, source, variables, log,
                                    "{label} on Ray's actors: {ms:.2f} ms an update"))
     except Exception as e:  # Ray missing or failing: the row keeps its bound, never chosen
