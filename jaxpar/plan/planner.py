@@ -698,15 +698,21 @@ def timed_windows(configs: dict, meta, source, variables, log, said: str) -> dic
       windows[label] = []
     labels = list(calls)
     p = configs[labels[0]].plan if labels else None
-    for w in range(p.measure_windows if labels else 0):
-      for label in labels[w % len(labels):] + labels[:w % len(labels)]:
-        windows[label].append(calls[label](p.measure_steps))
+    for label in in_turns(labels, p.measure_windows if labels else 0):
+      windows[label].append(calls[label](p.measure_steps))
   finally:
     for call in calls.values():
       call.close()
   for label in calls:
     log('  ' + said.format(label=label, ms=np.median(windows[label]) * 1e3) + '.')
   return windows
+
+
+def in_turns(items: list, rounds: int):
+  """`items` `rounds` times over, round w starting at item w (mod their number): timed
+  windows taken in turn, so that a machine whose speed drifts favours none of them."""
+  for w in range(rounds if items else 0):
+    yield from items[w % len(items):] + items[:w % len(items)]
 
 
 def _spent(deadline, log, what: str) -> bool:
@@ -1077,9 +1083,8 @@ def _measure(group, calls_of, p, past_deadline, agree, log, started) -> list:
     calls_of[row['candidate']](2)  # compiles, starts the input pipeline
     row['t_measured'] = []
     chosen.append(row)
-  for w in range(p.measure_windows if chosen else 0):
-    for row in chosen[w % len(chosen):] + chosen[:w % len(chosen)]:
-      row['t_measured'].append(agree(calls_of[row['candidate']](p.measure_steps)))
+  for row in in_turns(chosen, p.measure_windows):
+    row['t_measured'].append(agree(calls_of[row['candidate']](p.measure_steps)))
   for row in chosen:
     calls_of[row['candidate']].close()
     log(f"Plan [{time.perf_counter() - started:.0f} s]: measured {row['candidate'].label}: "
