@@ -7,6 +7,7 @@ a killed worker finishes and evaluates every test example."""
 import logging
 import os
 import signal
+import time
 
 import jax
 import numpy as np
@@ -134,6 +135,58 @@ def test_each_worker_reserves_its_cpus_and_runs_onednn_on_as_many_threads(cpus, 
   said = [r.getMessage() for r in caplog.records if 'Downpour on Ray' in r.getMessage()]
   assert len(said) == 1 and f'{expected} CPU' in said[0]
   assert ("the cluster's 8 CPUs / 3 workers" in said[0]) == (cpus == 0)
+
+
+def test_a_worker_waiting_for_cpus_is_said_and_starts_when_they_free_up(monkeypatch, caplog):
+  """Another holder of 6 of the cluster's 8 CPUs leaves one of two 2-CPU workers unplaced:
+  the run says, every `STARTING_LOG_S`, how many have started and what a worker Ray cannot
+  place waits for, naming the field (it had waited without a word); once the holder is gone
+  the worker starts and the step runs."""
+  import threading
+  monkeypatch.setattr(async_ray, 'STARTING_LOG_S', 0.5)
+  holder = ray.remote(num_cpus=6)(_Holder).remote()
+  ray.get(holder.ready.remote())
+  loop, state = _loop('central', 2, optax.sgd(0.05), 1, cpus_per_worker=2)
+  said = lambda: [r.getMessage() for r in caplog.records
+                  if '1 of 2 workers started after' in r.getMessage()]
+
+  def free_when_said():
+    deadline = time.monotonic() + 120
+    while not said() and time.monotonic() < deadline:
+      time.sleep(0.1)
+    ray.kill(holder)
+  freeing = threading.Thread(target=free_when_said)
+  freeing.start()
+  try:
+    with caplog.at_level(logging.INFO):
+      loop(state)
+  finally:
+    freeing.join()
+    loop.close()
+  assert said(), 'the wait was not said'
+  assert ('each reserves 2 CPUs' in said()[0] and 'the cluster has 0 of 8 CPUs free' in said()[0]
+          and 'Lower async_sgd.cpus_per_worker' in said()[0]), said()[0]
+  assert len(loop.where) == 2
+
+
+def test_a_local_ray_has_a_cpu_for_every_cpu_the_workers_reserve(monkeypatch):
+  """Started for the run (no cluster), Ray counts enough logical CPUs for every worker's
+  reservation (3 × 4 on a 2-core host: 13, the driver's one with them), so none waits for a
+  CPU that will never come; without a reservation, one a worker."""
+  asked = []
+  monkeypatch.setattr(ray, 'is_initialized', lambda: False)
+  monkeypatch.setattr(ray, 'init', lambda **kw: asked.append(kw))
+  monkeypatch.setattr(ray, 'cluster_resources', lambda: {})
+  monkeypatch.setattr(ray, 'nodes', lambda: [])
+  monkeypatch.setattr(os, 'cpu_count', lambda: 2)
+  monkeypatch.delenv('RAY_ADDRESS', raising=False)
+  assert async_ray.start('', 3, 4) and async_ray.start('', 3)
+  assert [kw['num_cpus'] for kw in asked] == [13, 4]
+
+
+class _Holder:
+  def ready(self):
+    return True
 
 
 def _kill_worker(worker, after):

@@ -394,9 +394,13 @@ def test_a_stopped_run_resumes_a_lost_process_stops_the_other_and_a_restart_fini
   assert checkpoints()[-1] == STEPS
   losses = train_losses(workdir)
   assert sorted(losses) == list(range(1, STEPS + 1))
-  for step in range(1, STEPS + 1):  # a step the lost run took beyond `saved`: twice, equal
+  # A step the lost run took beyond `saved`: twice, equal up to float32's summation order
+  # (the second start's processes were unpinned, the third's pinned one core each, so their
+  # convolutions summed with other thread counts: 10 ulps apart once, at step 18). A lost
+  # momentum or a shifted batch moves the loss by far more than 1e-5.
+  for step in range(1, STEPS + 1):
     assert len(losses[step]) == (2 if step > saved and step in second else 1), step
-    assert losses[step] == pytest.approx([losses[step][0]] * len(losses[step]), rel=1e-6), step
+    assert losses[step] == pytest.approx([losses[step][0]] * len(losses[step]), rel=1e-5), step
   assert losses[STEPS] != losses[1]
 
 

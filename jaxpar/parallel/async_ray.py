@@ -51,6 +51,10 @@ from jaxpar.host_memory import keep_freed_memory
 from jaxpar.parallel.async_sgd import Ledger, apply_update, gradient_fn
 
 
+# How often a run whose workers have not all started says so (`RayDownpour._started`).
+STARTING_LOG_S = 30.0
+
+
 def ray_module():
   try:
     import ray
@@ -73,9 +77,10 @@ def ray_forks():
     yield
 
 
-def start(address: str, workers: int) -> bool:
+def start(address: str, workers: int, cpus_each: int = 1) -> bool:
   """Connects to the Ray cluster at `address` (or $RAY_ADDRESS), or starts a local Ray for
-  this run: as many logical CPUs as the workers need (they share the cores, as threads).
+  this run: as many logical CPUs as the workers reserve (`cpus_each` a worker; they share
+  the cores, as threads), so that every worker can start.
   True where it started Ray for this process alone (no cluster, not initialised before):
   the run then stops it when its workers are done (`RayDownpour.close`), before its last
   line, rather than at the interpreter's exit (1.4-2 s idle, 6 s on a busy host — past the
@@ -84,7 +89,7 @@ def start(address: str, workers: int) -> bool:
   if ray.is_initialized():
     return False
   address = address or os.environ.get('RAY_ADDRESS') or None
-  local = {} if address else {'num_cpus': max(workers + 1, os.cpu_count() or 1)}
+  local = {} if address else {'num_cpus': max(workers * cpus_each + 1, os.cpu_count() or 1)}
   token = os.environ.get('RAY_AUTH_TOKEN') or os.path.exists(
       os.environ.get('RAY_AUTH_TOKEN_PATH') or os.path.expanduser('~/.ray/auth_token'))
   if address and 'RAY_AUTH_MODE' not in os.environ and token:
@@ -306,14 +311,15 @@ class RayDownpour:
   # ---------------------------------------------------------------- start, pull, loss
   def _start(self, state):
     ray = ray_module()
-    self.owns_ray = start(self.address, self.workers)
+    self.owns_ray = start(self.address, self.workers, max(1, self.cpus_per_worker))
     resources = ray.cluster_resources()
     cluster_cpus = int(resources.get('CPU', 0))
     cpus = self.cpus_per_worker or max(1, cluster_cpus // self.workers)
     for kind, each in (('GPU', self.gpus_per_worker), ('CPU', cpus)):
       if each and resources.get(kind, 0) < self.workers * each:
         logging.warning('%d asynchronous workers reserve %g %ss each but the Ray cluster has '
-                        '%g: the others wait until one is free.', self.workers, each, kind,
+                        '%g: training starts once every worker has (as the cluster frees '
+                        'them or its autoscaler adds nodes).', self.workers, each, kind,
                         resources.get(kind, 0))
     first = int(state.step)
     self.ledger = Ledger(self.count, first, self.max_staleness, self.lr_staleness)
@@ -343,7 +349,8 @@ class RayDownpour:
     self.actors = {w: worker_actor.remote(w, self.model, self.batches, self.micro_batches,
                                           rng_data, treedef, parts, self.host_memory)
                    for w in range(self.workers)}
-    self.where = dict(zip(self.actors, ray.get([a.where.remote() for a in self.actors.values()])))
+    self.where = dict(zip(self.actors, self._started([a.where.remote()
+                                                      for a in self.actors.values()], cpus)))
     self.position = {w: first // self.workers for w in self.actors}
     if first % self.workers:
       logging.info('Resumed at step %d: each worker starts at batch %d of its shard (the '
@@ -359,6 +366,28 @@ class RayDownpour:
                  plural(len(self.servers), 'server actor'), self.server.server)
     for w in self.actors:
       self._draw(w)
+
+  def _started(self, refs, cpus: int) -> list:
+    """`ray.get(refs)` of the workers' first answers, saying every `STARTING_LOG_S` seconds
+    how many have started and what the rest wait for: a worker Ray cannot place yet (its
+    CPUs or GPU taken) starts only when they free up or an autoscaler adds a node, and
+    until then the run would wait without a word."""
+    ray = ray_module()
+    begun = time.monotonic()
+    while True:
+      ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=STARTING_LOG_S)
+      if not waiting:
+        return ray.get(refs)
+      free = ray.available_resources()
+      logging.warning(
+          'Downpour on Ray: %d of %d workers started after %.0f s (each reserves %d CPU%s%s; '
+          'the cluster has %g of %g CPUs free%s): a worker Ray cannot place waits until they '
+          'free up or an autoscaler adds a node. Lower async_sgd.cpus_per_worker (0: the '
+          'cluster\'s / N) or the mesh\'s devices, or free the cluster.',
+          len(ready), len(refs), time.monotonic() - begun, cpus, '' if cpus == 1 else 's',
+          f' and {self.gpus_per_worker:g} GPU' if self.gpus_per_worker else '',
+          free.get('CPU', 0), ray.cluster_resources().get('CPU', 0),
+          f", {free.get('GPU', 0):g} GPUs" if self.gpus_per_worker else '')
 
   def _draw(self, worker):
     """The worker draws its next batch and pulls the current version from every server."""
