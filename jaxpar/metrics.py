@@ -4,6 +4,7 @@ The summaries are written with TensorFlow's `tf.summary` (as flax's `metrics.ten
 writes them), not through flax's writer, whose module imports TensorBoard's hparams plugin
 and with it Keras and scikit-learn: 1.5 s of every process's start (`data.tf_import`)."""
 import contextlib
+import resource
 import sys
 import time
 
@@ -12,7 +13,13 @@ import numpy as np
 import tqdm
 from absl import logging
 
+from jaxpar import host_memory
 from jaxpar.data import tf_import
+
+# Minor page faults a step past which a window of steps says that malloc hands the step's
+# temporaries back every step (`Reporter.report`): 2,000 pages of 4 KiB = 8 MB mapped and
+# zeroed afresh a step; steps that keep their memory fault tens to hundreds (docs/performance.md).
+FAULTS_A_STEP = 2000
 
 
 def quiet_libraries(keep: str = '/jaxpar/'):
@@ -29,7 +36,11 @@ class Reporter:
   Step metrics stay on device until a report, so the loop never waits on them.
   The clock restarts after the first step, whose time is mostly compilation, and stops
   while the loop evaluates or saves (`paused`, as big_vision's `chrono.pause`): `step_time`
-  and `images_per_sec` are the training steps' alone.
+  and `images_per_sec` are the training steps' alone. The process's minor page faults are
+  counted over the same steps: from the second report on, a window of more than
+  `FAULTS_A_STEP` a step under `host_memory` 'mapped' or 'system' is said once, with the
+  setting that keeps the memory (`host_memory.resolve` decides before anything compiles,
+  from an estimate of the step's temporaries, and can be wrong near its line).
   """
 
   def __init__(self, workdir: str, total_steps: int, first_step: int, global_batch: int):
@@ -48,6 +59,9 @@ class Reporter:
     self.pending = []
     self.history = {}  # step → train loss, for every step run in this process
     self.clock = None
+    self.faults = None       # the process's minor faults when the clock last started
+    self.reports = 0         # windows of steps timed so far
+    self.faults_said = False
 
   def step(self, step: int, metrics):
     self.pending.append((step, metrics))
@@ -55,6 +69,7 @@ class Reporter:
     if self.clock is None:  # first step of this process: compiled just now
       jax.block_until_ready(metrics)
       self.clock, self.clock_step = time.perf_counter(), step
+      self.faults = _minor_faults()
 
   @contextlib.contextmanager
   def paused(self):
@@ -65,11 +80,12 @@ class Reporter:
       return
     if self.pending:
       jax.block_until_ready(self.pending[-1][1])
-    start = time.perf_counter()
+    start, faults = time.perf_counter(), _minor_faults()
     try:
       yield
     finally:
       self.clock += time.perf_counter() - start
+      self.faults += _minor_faults() - faults
 
   def report(self, step: int, lr: float):
     fetched = jax.device_get(self.pending)
@@ -83,10 +99,27 @@ class Reporter:
     if steps > 0:
       summary['step_time'] = (now - self.clock) / steps
       summary['images_per_sec'] = self.global_batch / summary['step_time']
-    self.clock, self.clock_step = now, step
+      self._faulted(step - steps + 1, step, (_minor_faults() - self.faults) / steps)
+      self.reports += 1  # windows of steps timed
+    self.clock, self.clock_step, self.faults = now, step, _minor_faults()
     self._write('train', step, summary)
     self.bar.set_postfix(loss=f"{summary['loss']:.4f}",
                          img_s=f"{summary.get('images_per_sec', 0):.0f}")
+
+  def _faulted(self, first: int, last: int, a_step: float):
+    """Says once that steps `first`-`last` faulted `a_step` pages each, where that is the
+    step's temporaries mapped afresh (not the first window: a heap still growing)."""
+    setting = host_memory.applied()
+    if (self.faults_said or not self.reports or a_step <= FAULTS_A_STEP
+        or setting not in ('mapped', 'system')):
+      return
+    self.faults_said = True
+    logging.warning(
+        "host_memory=%s: steps %d-%d faulted %.0f pages each (%.0f MB of memory mapped and "
+        "zeroed afresh every step: the step's temporaries pass what malloc keeps%s); "
+        "config.host_memory='keep' keeps them (docs/performance.md, host memory).", setting,
+        first, last, a_step, a_step * resource.getpagesize() / 1e6,
+        ", 64 MiB in a thread's own arena" if setting == 'mapped' else '')
 
   def evaluation(self, step: int, results: dict):
     self._write('eval', step, results)
@@ -137,3 +170,8 @@ class Reporter:
                     'without them.', self.workdir, type(e).__name__,
                     str(e).strip().splitlines()[0] if str(e).strip() else '')
     self.writer = None
+
+
+def _minor_faults() -> int:
+  """This process's minor page faults so far (the kernel's count)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -2,8 +2,9 @@
 processes. One worker is sequential SGD exactly; N workers apply every batch once, in
 version order, with the weights equal to the sequential replay of the applied updates and
 the staleness under its bound; a worker killed with SIGKILL is named, its batch in flight
-counted, and the run goes on (a restarted worker rejoins); a whole `jaxpar.train` run with
-a killed worker finishes and evaluates every test example."""
+counted, and the run goes on (a restarted worker rejoins); a worker waiting for CPUs is said
+and starts when they free up; a whole `jaxpar.train` run with a killed worker finishes and
+evaluates every test example."""
 import logging
 import os
 import signal

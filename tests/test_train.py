@@ -1,4 +1,5 @@
-"""End to end through `train_and_evaluate`: summaries, checkpoint/resume, exhaustive eval."""
+"""End to end through `train_and_evaluate`: summaries, checkpoint/resume, exhaustive eval;
+the reporter's step time and page faults with evaluations and checkpoints left out."""
 import pytest
 
 pytest.importorskip('tensorflow')  # jaxpar.train's summaries (jaxpar.metrics) need it
@@ -98,4 +99,43 @@ def test_the_step_time_leaves_out_evaluations_and_checkpoints(tmp_path, monkeypa
   reporter.step(5, {'loss': jnp.float32(1.0)})
   reporter.report(5, 0.1)
   assert logged[-1]['step_time'] == pytest.approx(0.25)
+  reporter.close()
+
+
+@pytest.mark.parametrize('setting, said', [('mapped', True), ('system', True), ('keep', False)])
+def test_a_step_that_faults_its_memory_in_every_step_is_said_once(tmp_path, monkeypatch,
+                                                                   caplog, setting, said):
+  """The process's minor faults over each window of steps, evaluations and checkpoints left
+  out: a window past `FAULTS_A_STEP` a step (the step's temporaries mapped afresh) is said
+  once, with the setting that keeps them — not in the first window (a heap still growing),
+  not under 'keep' (whose heap only grows), not for the faults of a paused block."""
+  import logging
+
+  import jax.numpy as jnp
+
+  from jaxpar import host_memory, metrics
+  faults = [0]
+  monkeypatch.setattr(metrics, '_minor_faults', lambda: faults[0])
+  monkeypatch.setattr(host_memory, '_applied', (setting, True))
+  reporter = metrics.Reporter(str(tmp_path), total_steps=13, first_step=0, global_batch=8)
+  monkeypatch.setattr(reporter, '_write', lambda prefix, step, values: None)
+
+  def window(first, last, a_step, paused=0):
+    for step in range(first, last + 1):
+      faults[0] += a_step
+      reporter.step(step, {'loss': jnp.float32(1.0)})
+    with reporter.paused():
+      faults[0] += paused                     # an evaluation's or a checkpoint's faults
+    reporter.report(last, 0.1)
+
+  with caplog.at_level(logging.WARNING):
+    window(1, 4, 9000)                         # the first window: the heap grows
+    window(5, 7, 100, paused=10 ** 6)          # a steady step; a checkpoint faulted
+    window(8, 10, 5000)
+    window(11, 13, 5000)
+  lines = [r.getMessage() for r in caplog.records if 'faulted' in r.getMessage()]
+  assert len(lines) == said, lines
+  if said:
+    assert lines[0].startswith(f'host_memory={setting}: steps 8-10 faulted 5000 pages each')
+    assert "config.host_memory='keep'" in lines[0]
   reporter.close()
