@@ -69,7 +69,7 @@ class Reporter:
     if self.clock is None:  # first step of this process: compiled just now
       jax.block_until_ready(metrics)
       self.clock, self.clock_step = time.perf_counter(), step
-      self.faults = _minor_faults()
+      self.faults = host_memory.minor_faults()
 
   @contextlib.contextmanager
   def paused(self):
@@ -80,28 +80,28 @@ class Reporter:
       return
     if self.pending:
       jax.block_until_ready(self.pending[-1][1])
-    start, faults = time.perf_counter(), _minor_faults()
+    start, faults = time.perf_counter(), host_memory.minor_faults()
     try:
       yield
     finally:
       self.clock += time.perf_counter() - start
-      self.faults += _minor_faults() - faults
+      self.faults += host_memory.minor_faults() - faults
 
   def report(self, step: int, lr: float):
     fetched = jax.device_get(self.pending)
     self.pending = []
     for s, m in fetched:
       self.history[s] = float(m['loss'])
-    now = time.perf_counter()
+    now, faults = time.perf_counter(), host_memory.minor_faults()
     steps = step - self.clock_step
     summary = {k: float(np.mean([m[k] for _, m in fetched])) for k in fetched[0][1]}
     summary['learning_rate'] = lr
     if steps > 0:
       summary['step_time'] = (now - self.clock) / steps
       summary['images_per_sec'] = self.global_batch / summary['step_time']
-      self._faulted(step - steps + 1, step, (_minor_faults() - self.faults) / steps)
+      self._faulted(step - steps + 1, step, (faults - self.faults) / steps)
       self.reports += 1  # windows of steps timed
-    self.clock, self.clock_step, self.faults = now, step, _minor_faults()
+    self.clock, self.clock_step, self.faults = now, step, faults
     self._write('train', step, summary)
     self.bar.set_postfix(loss=f"{summary['loss']:.4f}",
                          img_s=f"{summary.get('images_per_sec', 0):.0f}")
@@ -170,8 +170,3 @@ class Reporter:
                     'without them.', self.workdir, type(e).__name__,
                     str(e).strip().splitlines()[0] if str(e).strip() else '')
     self.writer = None
-
-
-def _minor_faults() -> int:
-  """This process's minor page faults so far (the kernel's count)."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

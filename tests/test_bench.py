@@ -94,19 +94,6 @@ def test_the_host_memory_table_pairs_the_two_settings_of_one_step():
   assert len(table.splitlines()) == 3
 
 
-def test_minor_faults_count_the_pages_a_step_maps_afresh():
-  import mmap
-  pages = 2048
-  region = mmap.mmap(-1, pages * mmap.PAGESIZE)
-  if hasattr(mmap, 'MADV_NOHUGEPAGE'):  # one fault per 4 KiB page, not per huge page
-    region.madvise(mmap.MADV_NOHUGEPAGE)
-  before = bench._minor_faults()
-  for i in range(pages):  # the first write to each fresh page faults it in
-    region[i * mmap.PAGESIZE] = 1
-  assert bench._minor_faults() - before >= pages
-  region.close()
-
-
 def test_the_ratio_is_taken_round_by_round():
   # A host that runs the third round at half speed slows both of its steps: the rounds'
   # ratios stay 2.0, where the ratio of the medians would read 1.0.

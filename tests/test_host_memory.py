@@ -150,3 +150,16 @@ def test_an_installed_accelerator_plugin_is_found_unless_jax_platforms_says_cpu(
   assert 'xla_cuda13' in host_memory.accelerator_plugins()
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
   assert host_memory.accelerator_plugins() == []
+
+
+def test_minor_faults_count_the_pages_a_step_maps_afresh():
+  import mmap
+  pages = 2048
+  region = mmap.mmap(-1, pages * mmap.PAGESIZE)
+  if hasattr(mmap, 'MADV_NOHUGEPAGE'):  # one fault per 4 KiB page, not per huge page
+    region.madvise(mmap.MADV_NOHUGEPAGE)
+  before = host_memory.minor_faults()
+  for i in range(pages):  # the first write to each fresh page faults it in
+    region[i * mmap.PAGESIZE] = 1
+  assert host_memory.minor_faults() - before >= pages
+  region.close()

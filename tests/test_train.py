@@ -115,7 +115,7 @@ def test_a_step_that_faults_its_memory_in_every_step_is_said_once(tmp_path, monk
 
   from jaxpar import host_memory, metrics
   faults = [0]
-  monkeypatch.setattr(metrics, '_minor_faults', lambda: faults[0])
+  monkeypatch.setattr(host_memory, 'minor_faults', lambda: faults[0])
   monkeypatch.setattr(host_memory, '_applied', (setting, True))
   reporter = metrics.Reporter(str(tmp_path), total_steps=13, first_step=0, global_batch=8)
   monkeypatch.setattr(reporter, '_write', lambda prefix, step, values: None)

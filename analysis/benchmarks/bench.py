@@ -25,7 +25,6 @@ the others. On a GPU (`bench_gpu.sh`) the PyTorch peers run on CUDA, and XLA's F
 import datetime
 import json
 import os
-import resource
 import sys
 import time
 
@@ -45,7 +44,7 @@ from jaxpar.perfmodel import hlo  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
 from jaxpar import config as config_lib  # noqa: E402
-from jaxpar import optim, validation  # noqa: E402
+from jaxpar import host_memory, optim, validation  # noqa: E402
 from jaxpar.data import sources  # noqa: E402
 from jaxpar.parallel.allreduce import AllReduce  # noqa: E402
 from jaxpar.step import batch_spec, gradients, init_state, make_train_step, to_global  # noqa: E402
@@ -164,12 +163,6 @@ def _torch_device() -> str:
   return device
 
 
-def _minor_faults() -> int:
-  """The process's minor page faults so far: a step that has the kernel map and zero its
-  temporaries again each time (docs/performance.md, host memory) shows ~one a 4 KiB page."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 # Idle before each runner's turn: the previous step's thread pools (XLA's, oneDNN's and
 # PyTorch's OpenMP teams) go to sleep before the next step starts, instead of spinning on the
 # cores it needs (SqueezeNet 224², one device: jaxpar's step after PyTorch's 54-62 ms without
@@ -239,9 +232,9 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
       time.sleep(PAUSE_S)
       for _ in range(repeat - 1):
         r(timed=False)
-      before = _minor_faults()
+      before = host_memory.minor_faults()
       r()
-      counted.append(_minor_faults() - before)
+      counted.append(host_memory.minor_faults() - before)
     print(f'\rround {i + 1}/{steps}', end='', file=sys.stderr, flush=True)
   print(file=sys.stderr)
   results = [r.result(global_batch) | {'page_faults_per_step': float(np.mean(counted))}

@@ -37,8 +37,6 @@ SETTINGS = ('system', 'keep', 'mapped')
 
 
 def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
-  import resource
-
   import numpy as np
 
   from jaxpar import build, host_memory, validation
@@ -62,9 +60,9 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
   _, window = probe.step_call(one, meta, source, probe.initial_variables(one, meta),
                              lower=False)
   window(5)
-  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  faults = host_memory.minor_faults()
   ms = [window(10) * 1e3 for _ in range(5)]
-  faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 50
+  faults = (host_memory.minor_faults() - faults) / 50
   window.close()
   return {'ms': ms, 'median_ms': float(np.median(ms)), 'faults_a_step': faults,
           'arenas': host_memory.arenas(), 'estimated_temp_bytes': estimate, 'auto': auto,
