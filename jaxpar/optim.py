@@ -64,11 +64,11 @@ def peak_learning_rate(opt_config, global_batch: int) -> float:
 class WholeTensors:
   """For strategies whose devices update whole tensors (all-reduce, the central server,
   per-device replicas): the optimizer of `config.optimizer`, its masks read from the
-  tensors' shapes."""
+  tensors' shapes once, here — a per-device layout updates its tensors with a leading
+  dimension of one (`layouts.PerDevice`), where a bias would look like a kernel."""
 
   def make_optimizer(self, opt_config, schedule, params) -> optax.GradientTransformation:
-    del params
-    return make_optimizer(opt_config, schedule)
+    return make_optimizer(opt_config, schedule, mask=decay_mask(params))
 
 
 def make_optimizer(opt_config, schedule: optax.Schedule, mask=decay_mask,

@@ -2,6 +2,9 @@
 the replicas differ between averaging points and are identical right after; warm-up
 steps are synchronous; a resumed run equals an uninterrupted one; hierarchical Local SGD
 (groups synchronous inside) equals a simulation of the groups."""
+import math
+import re
+
 import jax
 import numpy as np
 import optax
@@ -11,6 +14,7 @@ from jaxpar.checkpoint import Checkpoints
 from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.averaging import LocalSGD
+from jaxpar.parallel.servers import CentralServer
 from jaxpar.step import init_state, make_train_step, model_loss, to_global
 from runs import TinyResNet, assert_trees_close, init_plain, random_batches, sharded_run
 
@@ -131,3 +135,37 @@ def test_hierarchical_local_sgd_equals_a_simulation_of_the_groups():
   # Every step all-reduces the gradients within the group (3/4 of them out of each
   # device, twice); step 2 also averages the model over all 8 devices.
   assert sent[0] == sent[2] < sent[1]
+
+
+def _copied_state_bytes(compiled_text: str) -> int:
+  """Bytes of the program's parameters (its inputs: the donated state, the batch) that its
+  entry computation copies whole."""
+  entry = compiled_text[compiled_text.index('\nENTRY'):]
+  sizes = {'f32': 4, 's32': 4, 'u32': 4, 'bf16': 2, 'pred': 1}
+  shapes = {name: (dtype, dims) for name, dtype, dims in
+            re.findall(r'%(param[\w.]*) = (\w+)\[([\d,]*)\]\S* parameter\(', entry)}
+  copied = 0
+  for name in re.findall(r' copy\(%(param[\w.]*)\)', entry):
+    dtype, dims = shapes[name]
+    copied += sizes[dtype] * math.prod(int(d) for d in dims.split(',') if d)
+  return copied
+
+
+@pytest.mark.parametrize('make', [lambda mesh: LocalSGD(mesh, every=4),
+                                  lambda mesh: CentralServer(mesh)], ids=['local_sgd', 'central'])
+def test_a_per_device_state_is_updated_where_it_lies(make):
+  """A state with a copy per device (`layouts.PerDevice`: a leading dimension of one on each
+  device) is updated as it lies: the compiled step copies none of its donated parameter
+  or optimizer buffers. Reshaped to the tensors' own shapes for the update and back, XLA
+  copied every one of them every step (ResNet34 32²'s Local SGD step on 2 processes
+  1.2-1.3 x the all-reduce step's time, sending nothing). Gossip's step still copies
+  part of its state (its exchange's branches)."""
+  mesh = make_mesh((2,), ('data',))
+  strategy = make(mesh)
+  model = TinyResNet(bn_axis_name=None)
+  state = init_state(model, TX, strategy, mesh, IMAGE, jax.random.key(0))
+  step = make_train_step(model, TX, mesh, strategy)
+  batch = to_global(mesh, random_batches(1, batch=8)[0])
+  text = step.lower(state, batch, jax.random.key(7)).compile().as_text()
+  kernels = sum(x.nbytes for x in jax.tree.leaves(state.params) if x.ndim > 2)
+  assert _copied_state_bytes(text) < 0.01 * kernels

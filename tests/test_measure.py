@@ -743,28 +743,44 @@ def test_other_work_during_a_run_is_recorded_and_named_in_a_warning(tmp_path, ca
 
 def test_plan_steps_judges_each_row_with_and_without_the_programs_own_work():
   """`analysis.steptime.plan_steps` by hand: the rows it trains (all devices, not Downpour,
-  not left at a bound), a step time from the clock's readings (the first interval left
-  out), each row's errors with and without its program's own work."""
+  not left at a bound; or those named), a step time from the clock's readings (the first
+  interval left out), each row's errors with and without its program's own work, on one
+  launch and on the median of several (the launches' spread its range and `run_noise`)."""
   from analysis.steptime import plan_steps
   row = lambda label, devices, family='sync', server='allreduce', period=0, **kw: {
       'label': label, 'devices': devices, 'family': family, 'server': server,
       'period': period, 't_predicted': 0.12, **kw}
   plan = {'devices': 2, 'candidates': [
       row('one', 1), row('two', 2), row('async', 2, 'async'), row('far', 2, pruned='bound'),
-      row('local', 2, 'local_sgd', period=8)],
+      row('local τ=8', 2, 'local_sgd', period=8)],
       'strategy_work': [{'server': 'allreduce', 'devices': 2, 'period': 0, 'seconds': 0.02}]}
   assert plan_steps.rows_to_run(plan) == [1, 4]
+  assert plan_steps.rows_to_run(plan, ['τ=8']) == [4]
+  assert plan_steps.rows_to_run(plan, ['tw', 'far', 'one']) == [1]  # 'one' is on 1 device
   # Readings at steps 16, 32, 48, 64: 0.1 s a step, then 0.15 and 0.1; the first interval
   # (0.3 s a step) left out.
   curve = [[16, 2.3, 1.0], [32, 2.2, 5.8], [48, 2.1, 8.2], [64, 2.0, 9.8]]
   assert plan_steps.step_seconds(curve) == pytest.approx((0.125, 0.1, 0.15))
   assert plan_steps.step_seconds(curve[:3]) is None
-  judged = plan_steps.judged(plan, plan['candidates'][1], (0.125, 0.1, 0.15))
+  judged = plan_steps.judged(plan, plan['candidates'][1], [(0.125, 0.1, 0.15)])
   assert judged['own_work_s'] == 0.02 and judged['predicted_without_work_s'] == pytest.approx(0.1)
   assert judged['error'] == pytest.approx(abs(math.log(0.12 / 0.125)))
   assert judged['error_without_work'] == pytest.approx(math.log(0.125 / 0.1))
-  assert judged['noise'] == pytest.approx(math.log(1.5) / 2)
-  local = plan_steps.judged(plan, plan['candidates'][4], None)  # no own work measured: 0
+  assert judged['noise'] == pytest.approx(math.log(1.5) / 2) and judged['run_noise'] is None
+  local = plan_steps.judged(plan, plan['candidates'][4], [None])  # no own work measured: 0
   assert local['own_work_s'] == 0.0 and local['error'] is None
   text = plan_steps.table({'rows': [judged, local]})
   assert '| two | 20.0 | 120.0 | 4% | 100.0 | 22% | 125.0 (100.0–150.0) |' in text
+  # Three launches (one gave too few readings): the median of their steps, their range.
+  three = plan_steps.judged(plan, plan['candidates'][1],
+                            [(0.10, 0.099, 0.101), None, (0.14, 0.13, 0.15), (0.12, 0.11, 0.13)])
+  assert three['measured_s'] == pytest.approx(0.12) and three['runs_s'] == [0.10, 0.14, 0.12]
+  assert three['measured_range_s'] == [0.10, 0.14] and three['error'] == pytest.approx(0.0)
+  assert three['run_noise'] == pytest.approx(math.log(1.4) / 2)
+  assert three['noise'] == pytest.approx(math.log(0.15 / 0.13) / 2)  # the launches' median
+  result = {'network': 'googlenet', 'image_size': 32, 'setting': '2 processes',
+            'link': 'loopback', 'created': '2026-12-03T01:00:00', 'rows': [three, judged],
+            'median_error': 0.02, 'median_error_without_work': 0.2, 'median_noise': 0.05,
+            'median_run_noise': 0.08}
+  assert ('median error 2% with the programs\' own work, 20% without it; the steps\' own '
+          'noise 5% within a launch, 8% between launches of a row') in plan_steps.table(result)

@@ -13,8 +13,13 @@ predicted by the step model), `python -m jaxpar.train` with that row as the plan
 (`link.launch`, as `analysis.accuracy.plan_regret` trains them), `--steps` steps; the plan's
 clock (`planner.TargetClock`, its target set out of reach) reads the training time at every
 `--every`-th step, evaluations excluded. A row's measured step is the median over those
-intervals after the first (which holds the early steps that fault memory in: docs/performance.md),
-its noise their range.
+intervals after the first (which holds the early steps that fault memory in: docs/performance.md).
+Each row is trained `--repeats` times, in rounds over all the rows (every other round in
+reverse order, so that a drift of the machine's speed moves every row alike): one launch's
+steps agree within ~2 %, but two launches of the same row can differ by ~10 % (where the
+processes' memory lands, the host's other load), so a row's measured step is the median of
+its launches' and both noises are reported — within a launch (the half-range of its
+intervals) and between launches (the half-range of their medians).
 
 The prediction is never fitted to these steps: its parts (t_grad, the calls' costs, the
 programs' own work) were each measured on other programs, in phases 2-3b of the plan. Each
@@ -47,17 +52,22 @@ def define_flags():
                       'default: loopback).')
   flags.DEFINE_integer('steps', 80, 'Steps each row trains.')
   flags.DEFINE_integer('every', 16, 'Steps between two readings of the training time.')
+  flags.DEFINE_integer('repeats', 2, 'Launches of each row (in rounds over all the rows).')
   flags.DEFINE_string('out', None, 'The JSON file to write.')
+  flags.DEFINE_list('rows', [], "Only the rows whose label contains one of these (e.g. "
+                    "'local-sgd τ=8'); default: every row the step model predicts.")
 
 
-def rows_to_run(plan: dict) -> list:
+def rows_to_run(plan: dict, only: list = ()) -> list:
   """Indices of the plan's rows on all its devices that the step model predicts: not
   Downpour (its updates are another model's, and on Ray's actors not predicted at all), and
   not a row left at its bound (`pruned`: its collectives not costed; make the plan with a
-  large `plan.close` to cost them all)."""
+  large `plan.close` to cost them all); of those, only the ones whose label contains one of
+  `only` where it is given."""
   return [i for i, row in enumerate(plan['candidates'])
           if row['devices'] == plan['devices'] and row['devices'] > 1
-          and row['family'] != 'async' and not row.get('pruned')]
+          and row['family'] != 'async' and not row.get('pruned')
+          and (not only or any(part in row['label'] for part in only))]
 
 
 def step_seconds(curve: list) -> tuple:
@@ -79,18 +89,29 @@ def own_work(plan: dict, row: dict) -> float:
   return 0.0
 
 
-def judged(plan: dict, row: dict, measured: tuple | None) -> dict:
-  """One row's prediction with and without the programs' own work beside its measured step."""
+def judged(plan: dict, row: dict, runs: list) -> dict:
+  """One row's prediction with and without the programs' own work beside its measured step:
+  the median of its launches' steps (`runs`: `step_seconds` of each launch, None where one
+  gave too few readings). The range is the launches' lowest and highest step where there
+  are several, one launch's intervals' otherwise; `noise` is the half-range of a launch's
+  intervals (the median over launches), `run_noise` that of the launches' steps."""
   with_work = row['t_predicted']
   without = with_work - own_work(plan, row)
   out = {'label': row['label'], 'predicted_s': with_work, 'predicted_without_work_s': without,
          'own_work_s': own_work(plan, row), 'measured_s': None, 'measured_range_s': None,
-         'error': None, 'error_without_work': None, 'noise': None}
-  if measured:
-    out.update(measured_s=measured[0], measured_range_s=list(measured[1:]),
-               error=abs(float(np.log(with_work / measured[0]))),
-               error_without_work=abs(float(np.log(without / measured[0]))),
-               noise=float(np.log(measured[2] / measured[1])) / 2)
+         'runs_s': [], 'error': None, 'error_without_work': None, 'noise': None,
+         'run_noise': None}
+  done = [r for r in runs if r]
+  if done:
+    steps = [r[0] for r in done]
+    measured = float(np.median(steps))
+    spread = (min(steps), max(steps)) if len(done) > 1 else done[0][1:]
+    out.update(measured_s=measured, measured_range_s=list(spread), runs_s=steps,
+               error=abs(float(np.log(with_work / measured))),
+               error_without_work=abs(float(np.log(without / measured))),
+               noise=float(np.median([np.log(r[2] / r[1]) / 2 for r in done])),
+               run_noise=(float(np.log(max(steps) / min(steps))) / 2 if len(done) > 1
+                          else None))
   return out
 
 
@@ -122,7 +143,9 @@ def summary(plan: dict, results: list) -> dict:
           'setting': plan['setting'], 'processes': plan.get('processes', 1),
           'link': plan.get('link', 'loopback'), 'plan_created': plan['created'],
           'rows': results, 'median_error': med('error'),
-          'median_error_without_work': med('error_without_work'), 'median_noise': med('noise')}
+          'median_error_without_work': med('error_without_work'), 'median_noise': med('noise'),
+          'median_run_noise': (med('run_noise') if all(r['run_noise'] is not None for r in done)
+                               else None)}
 
 
 def table(*results: dict) -> str:
@@ -148,7 +171,10 @@ def table(*results: dict) -> str:
       lines.append(f"{res['network']} {res['image_size']}², {res['setting']}, {res['link']} "
                    f"({res['created'][:10]}): median error {res['median_error']:.0%} with the "
                    f"programs' own work, {res['median_error_without_work']:.0%} without it; "
-                   f"the steps' own noise {res['median_noise']:.0%} (median half-range).")
+                   f"the steps' own noise {res['median_noise']:.0%} within a launch"
+                   + (f", {res['median_run_noise']:.0%} between launches of a row"
+                      if res.get('median_run_noise') is not None else '')
+                   + ' (median half-ranges).')
   return '\n'.join(lines)
 
 
@@ -158,22 +184,25 @@ def main(argv):
   del argv
   plan = planner.read(FLAGS.plan)
   configuration = config_args(sys.argv[1:])
-  results = []
+  indices = rows_to_run(plan, FLAGS.rows)
+  runs = {i: [] for i in indices}
   with tempfile.TemporaryDirectory() as scratch:
-    for i in rows_to_run(plan):
-      row = plan['candidates'][i]
-      curve = train_row(configuration, plan, i, os.path.join(scratch, f'row_{i}'),
-                        FLAGS.processes, FLAGS.link, FLAGS.steps, FLAGS.every,
-                        FLAGS.config.seed)
-      results.append(judged(plan, row, step_seconds(curve)))
-      r = results[-1]
-      print(f"{row['label']}: predicted {r['predicted_s'] * 1e3:.1f} ms (without the own work "
-            f"{r['predicted_without_work_s'] * 1e3:.1f}), measured "
-            + ('—' if r['measured_s'] is None else f"{r['measured_s'] * 1e3:.1f} ms"),
-            file=sys.stderr, flush=True)
-      if FLAGS.out:
-        with open(FLAGS.out, 'w') as f:
-          json.dump(summary(plan, results), f, indent=1)
+    for round_ in range(FLAGS.repeats):
+      for i in (indices if round_ % 2 == 0 else indices[::-1]):
+        row = plan['candidates'][i]
+        curve = train_row(configuration, plan, i, os.path.join(scratch, f'row_{i}_{round_}'),
+                          FLAGS.processes, FLAGS.link, FLAGS.steps, FLAGS.every,
+                          FLAGS.config.seed)
+        runs[i].append(step_seconds(curve))
+        got = runs[i][-1]
+        print(f"{row['label']} (launch {round_ + 1}): predicted {row['t_predicted'] * 1e3:.1f} "
+              'ms, measured ' + ('—' if got is None else f'{got[0] * 1e3:.1f} ms'),
+              file=sys.stderr, flush=True)
+        results = [judged(plan, plan['candidates'][j], runs[j]) for j in indices if runs[j]]
+        if FLAGS.out:
+          with open(FLAGS.out, 'w') as f:
+            json.dump(summary(plan, results), f, indent=1)
+  results = [judged(plan, plan['candidates'][j], runs[j]) for j in indices]
   result = summary(plan, results)
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:

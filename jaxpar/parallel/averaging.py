@@ -81,11 +81,12 @@ class LocalSGD(Replicas):
             f'{inner}')
 
   def update(self, tx, grads, batch_stats, state):
-    params, opt_state = self.layout.own((state.params, state.opt_state))
+    # Updated in the layout (`PerDevice.own`): the gradients and statistics join it.
+    params, opt_state = state.params, state.opt_state
+    grads, batch_stats = self.layout.stack((grads, batch_stats))
     if self.devices == 1:  # one replica: every average is the identity
       updates, opt_state = tx.update(grads, opt_state, params)
-      params = optax.apply_updates(params, updates)
-      return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': 0.0})
+      return optax.apply_updates(params, updates), batch_stats, opt_state, {'sent_bytes': 0.0}
     # Without warm-up no step is synchronous: the program then has no gradient all-reduce.
     synchronous = state.step < self.warmup if self.warmup else False
     if self.warmup:
@@ -102,7 +103,7 @@ class LocalSGD(Replicas):
     sent = jnp.where(synchronous, all_reduce_bytes('psum', nbytes(grads), self.axes),
                      jnp.where(average, all_reduce_bytes('psum', nbytes((params, batch_stats)),
                                                          self.axes), 0.0) + inner_bytes)
-    return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
+    return params, batch_stats, opt_state, {'sent_bytes': sent}
 
   def _average(self, tree, axes=None):
     """The mean over `axes` (all devices), kept typed per device (as the other branch is)."""

@@ -127,7 +127,9 @@ class Gossip(Replicas):
     return sent if exchanging is None else jnp.where(exchanging, sent, 0.0)
 
   def update(self, tx, grads, batch_stats, state):
-    params, opt_state = self.layout.own((state.params, state.opt_state))
+    # Updated in the layout (`PerDevice.own`): the gradients and statistics join it.
+    params, opt_state = state.params, state.opt_state
+    grads, batch_stats = self.layout.stack((grads, batch_stats))
     cycle = distances(self.devices)
     branches = [lambda g, s=s: gossip_mean(g, self.axes, s, self.fusion) for s in cycle]
     exchanging = self.exchanges(state.step)
@@ -147,7 +149,7 @@ class Gossip(Replicas):
       sent = nbytes((params, batch_stats))
     # What is mixed, to each partner, on a step that exchanges.
     sent = self.sent_when(exchanging, self.messages_on(state.step) * sent)
-    return (*self.layout.stack((params, batch_stats, opt_state)), {'sent_bytes': sent})
+    return params, batch_stats, opt_state, {'sent_bytes': sent}
 
   def messages_on(self, step):
     """Messages a device sends on `step` (traced) if it exchanges: one per partner, by the

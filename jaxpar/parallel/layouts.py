@@ -37,7 +37,12 @@ class PerDevice:
         **{field: self.specs(getattr(state, field)) for field in fields})
 
   def own(self, tree):
-    """Inside shard_map: this device's copy."""
+    """Inside shard_map: this device's copy, to read (the forward pass). The update runs on
+    the copies as they are, a leading dimension of one, and `stack`s what joins them (the
+    gradients, the new BatchNorm statistics): a donated state reshaped on its way in and out
+    of the update is copied whole by XLA every step (every parameter and optimizer
+    buffer: ResNet34's Local SGD step 1.2-1.3 x its all-reduce step's time on 2 processes,
+    with no exchange at all)."""
     if self.n == 1:
       return tree
     return jax.tree.map(lambda x: x.reshape(x.shape[1:]), tree)

@@ -101,20 +101,21 @@ class CentralServer(optim.WholeTensors):
     return self.layout.own(state.params), state.batch_stats
 
   def update(self, tx, grads, batch_stats, state):
-    params, opt_state = self.layout.own((state.params, state.opt_state))
+    # Updated in the layout (`PerDevice.own`): the gradients join it.
+    params, opt_state = state.params, state.opt_state
+    grads = self.layout.stack(grads)
 
     def serve(params, opt_state, grads):
       updates, opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state
     if self.devices == 1:  # the server is the only worker: no round, no one to skip
-      params, opt_state = self.layout.stack(serve(params, opt_state, grads))
+      params, opt_state = serve(params, opt_state, grads)
       return params, batch_stats, opt_state, {'sent_bytes': 0.0}
     me = lax.axis_index(self.axes)
     mean = fused(grads, lambda g: self._to_server(g) / self.devices)
     params, opt_state = lax.cond(me == SERVER, serve, lambda p, o, _: (p, o),
                                  params, opt_state, mean)
     params = fused(params, lambda w: self._from_server(w, me))
-    params, opt_state = self.layout.stack((params, opt_state))
     # A worker sends its gradients once; the server sends the weights N−1 times.
     grads_bytes, weights_bytes = nbytes(grads, self.dtype), nbytes(grads)
     sent = jnp.where(me == SERVER, (self.devices - 1) * weights_bytes, grads_bytes)

@@ -102,7 +102,9 @@ class SparseGossip(Gossip):
     return self.layout.copies((params, batch_stats, (tx.init(params), residual)))
 
   def update(self, tx, grads, batch_stats, state):
-    params, (opt_state, residual) = self.layout.own((state.params, state.opt_state))
+    # Updated in the layout (`PerDevice.own`): the gradients and statistics join it.
+    params, (opt_state, residual) = state.params, state.opt_state
+    grads, batch_stats = self.layout.stack((grads, batch_stats))
     residual = residual if self.error_feedback else None
     cycle = distances(self.devices)
     branches = [lambda g, r, s=s: sparse_gossip_mean(g, self.axes, s, self.threshold,
@@ -123,4 +125,4 @@ class SparseGossip(Gossip):
         sum(capacity_of(g.size, self.capacity) * (g.dtype.itemsize + 4) for g in leaves)))
     report = {'sent_bytes': wire, 'sent_fraction': sent / entries}
     residual = residual if self.error_feedback else ()
-    return (*self.layout.stack((params, batch_stats, (opt_state, residual))), report)
+    return params, batch_stats, (opt_state, residual), report
