@@ -68,7 +68,10 @@ class WholeTensors:
   dimension of one (`layouts.PerDevice`), where a bias would look like a kernel."""
 
   def make_optimizer(self, opt_config, schedule, params) -> optax.GradientTransformation:
-    return make_optimizer(opt_config, schedule, mask=decay_mask(params))
+    """`params`: the model's parameters or their shapes (None: the masks read the tensors
+    the update is given, right only for a layout that keeps the tensors' own shapes)."""
+    return make_optimizer(opt_config, schedule,
+                          mask=decay_mask if params is None else decay_mask(params))
 
 
 def make_optimizer(opt_config, schedule: optax.Schedule, mask=decay_mask,

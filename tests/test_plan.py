@@ -940,6 +940,16 @@ def test_a_close_row_the_budget_left_at_its_bound_is_costed_before_it_is_timed()
   assert planner._fastest_measured(ranked)['candidate'] == a
 
 
+def test_t_grad_at_the_serial_batch_is_timed_again_beside_the_serial_step():
+  """A reused t_grad serves every one-device batch but b: the one-device step's other work
+  is the serial run's step less t_grad at b, both read in the same process and minutes."""
+  from jaxpar.plan import planner
+  reused = {(16, 1): 0.05, (64, 1): 0.2, (16, 2): 0.06}
+  assert planner.fresh_singles({16, 32, 64}, 16, reused) == [16, 32]
+  assert planner.fresh_singles(set(), 16, {}) == [16]
+  assert planner.fresh_singles({64}, 16, reused) == [16]
+
+
 def test_the_cache_reuses_what_depends_on_nothing_that_changed(tmp_path):
   """plan/cache.py: an entry under the key of (machine, versions, backend, setting, the
   one-device config less the fields that cannot change a step's time) is found again; a
