@@ -2,14 +2,15 @@
 largest mmap threshold (32 MiB) stops faulting its pages in again on every call. Counted in
 minor page faults (the kernel's count, not a time), each setting in a fresh process.
 
-Counted call by call over 40 calls, and judged by the median of the last 20: with 'keep'
+Counted call by call over 80 calls, and judged by the median of the last 20: with 'keep'
 an occasional call still faults its 36 MB in once more (8,792 pages, on jaxlib 0.10 and
 0.12 alike), when the previous call's temporaries are freed on another thread after its
 result is ready and the next call's allocation finds them still in use: the kept heap
 grows by one buffer, a few times in the first calls and rarely after. With 'mapped' each
 thread that runs a call has an arena of its own, which faults the buffer in at that
 thread's first calls (jaxlib 0.12 ran them on several of its 12 threads: the median of 15
-calls still faulted in one of three processes; of the last 20 of 40, none in five). With
+calls still faulted in one of three processes; of the last 20 of 40, none in five — but
+once in a whole suite's run on 2 busy cores, so 80 now). With
 'system' every call faults them in."""
 import importlib
 import json
@@ -34,7 +35,7 @@ f = jax.jit(lambda a, b: jnp.tanh(a @ b).sum(axis=0) + jnp.tanh(b.T @ a.T).sum(a
 a, b = jnp.ones((3000, 8), jnp.float32) / 8, jnp.ones((8, 3000), jnp.float32)
 f(a, b).block_until_ready()
 calls = []
-for _ in range(40):
+for _ in range(80):
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   f(a, b).block_until_ready()
   calls.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)

@@ -880,7 +880,7 @@ def fresh_singles(batches: set, b: int, reused: dict) -> list:
   plan measured (`reused`), and always b — the one-device step's other work is its step less
   t_grad at b, and two readings from different sittings differ by the host's drift
   (ResNet34 32², 2 processes, t_grad at b from an earlier plan: that work came out 5 and 38
-  ms in two plans an hour apart, 18 ms where both were timed together)."""
+  ms in two plans half an hour apart, 17-18 ms where both were timed together)."""
   return sorted(x for x in set(batches) | {b} if x == b or (x, 1) not in reused)
 
 
