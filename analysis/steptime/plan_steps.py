@@ -16,9 +16,9 @@ clock (`planner.TargetClock`, its target set out of reach) reads the training ti
 intervals after the first (which holds the early steps that fault memory in: docs/performance.md).
 Each row is trained `--repeats` times, in rounds over all the rows (every other round in
 reverse order, so that a drift of the machine's speed moves every row alike): one launch's
-steps agree within ~2 %, but two launches of the same row can differ by ~10 % (where the
-processes' memory lands, the host's other load), so a row's measured step is the median of
-its launches' and both noises are reported — within a launch (the half-range of its
+steps agree within ~2 %, but two launches of the same row have differed by 10-20 % on the
+2-core machines (the host's speed from one launch to the next), so a row's measured step is
+the median of its launches' and both noises are reported — within a launch (the half-range of its
 intervals) and between launches (the half-range of their medians).
 
 The prediction is never fitted to these steps: its parts (t_grad, the calls' costs, the
