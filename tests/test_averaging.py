@@ -15,6 +15,7 @@ from jaxpar.mesh import make_mesh
 from jaxpar.parallel.allreduce import AllReduce
 from jaxpar.parallel.averaging import LocalSGD
 from jaxpar.parallel.servers import CentralServer
+from jaxpar.perfmodel import hlo
 from jaxpar.step import init_state, make_train_step, model_loss, to_global
 from runs import TinyResNet, assert_trees_close, init_plain, random_batches, sharded_run
 
@@ -141,13 +142,12 @@ def _copied_state_bytes(compiled_text: str) -> int:
   """Bytes of the program's parameters (its inputs: the donated state, the batch) that its
   entry computation copies whole."""
   entry = compiled_text[compiled_text.index('\nENTRY'):]
-  sizes = {'f32': 4, 's32': 4, 'u32': 4, 'bf16': 2, 'pred': 1}
   shapes = {name: (dtype, dims) for name, dtype, dims in
             re.findall(r'%(param[\w.]*) = (\w+)\[([\d,]*)\]\S* parameter\(', entry)}
   copied = 0
   for name in re.findall(r' copy\(%(param[\w.]*)\)', entry):
     dtype, dims = shapes[name]
-    copied += sizes[dtype] * math.prod(int(d) for d in dims.split(',') if d)
+    copied += hlo.BYTES[dtype] * math.prod(int(d) for d in dims.split(',') if d)
   return copied
 
 

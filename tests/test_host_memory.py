@@ -27,8 +27,8 @@ from tests.runs import process_env
 # outputs are the program's temporaries, above glibc's largest mmap threshold; the inner
 # dimension of 8 keeps a call to milliseconds (3000 × 3000 × 3000 products: 2 s a call).
 _CHILD = """
-import json, resource, sys
-from jaxpar.host_memory import keep_freed_memory
+import json, sys
+from jaxpar.host_memory import keep_freed_memory, minor_faults
 kept = keep_freed_memory(sys.argv[1])
 import jax, jax.numpy as jnp
 f = jax.jit(lambda a, b: jnp.tanh(a @ b).sum(axis=0) + jnp.tanh(b.T @ a.T).sum(axis=1))
@@ -36,9 +36,9 @@ a, b = jnp.ones((3000, 8), jnp.float32) / 8, jnp.ones((8, 3000), jnp.float32)
 f(a, b).block_until_ready()
 calls = []
 for _ in range(80):
-  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  before = minor_faults()
   f(a, b).block_until_ready()
-  calls.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+  calls.append(minor_faults() - before)
 temp = f.lower(a, b).compile().memory_analysis().temp_size_in_bytes
 from jaxpar.host_memory import arenas
 late = sorted(calls[-20:])  # after every thread XLA runs calls on has had its first
