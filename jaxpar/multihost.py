@@ -99,10 +99,19 @@ class IdleGlooLoops(threading.Thread):
   scheduler statistics show it (`/proc/self/task/<tid>/schedstat`: time spent runnable but
   waiting for a core, and the number of runs): without another process the loop waits at
   most 0.14 ms per run (0.01 ms for small calls), starved 2–2.7 ms. So every `period_s` the
-  loop's mean wait per run since the last decision (once it has run `MIN_RUNS` times) is
-  judged: `STARVED_S` or more puts it back at normal priority, logged with the numbers;
+  loop's mean wait per run since the last decision (once it has run `MIN_RUNS` times over
+  at least `MIN_WINDOW_S`) is judged: `STARVED_S` or more while other processes used
+  `OTHERS_BUSY` of its cores puts it back at normal priority, logged with the numbers;
   idle priority is tried again `retry_s` later, doubling while it keeps starving (up to
   `MAX_RETRY_S`), and back to `retry_s` once idle priority has held that long.
+
+  The window is 2 s, not a fraction of one: a burst of the kernel's own work on the core
+  (0.10 s of system time in 0.31 s, charged to no process of the run, while the process
+  waited for its peer to compile) read as another process using 29 % of it, and put the
+  loop back for 30 s in about one launch in four — where ResNet34 32²'s all-reduce step on
+  2 processes took 220–245 ms a step against 105–140 ms at idle priority (2026-12-03).
+  Over 2 s such a burst is 5 %; a process that keeps the core busy is still found within
+  ~2 s.
 
   The loop thread is found by its system call: an epoll wait for 64 events with a 10 ms
   timeout (gRPC's pollers, the other epoll threads of a JAX process, wait for 100). Looked
@@ -113,7 +122,7 @@ class IdleGlooLoops(threading.Thread):
   STARVED_S = 0.5e-3  # a mean wait for a core per run of the loop that starves it,
   OTHERS_BUSY = 0.25  # while other processes use this many cores' worth of its cores
   MIN_RUNS = 20       # runs of the loop a judgement needs (fewer: no collective in flight)
-  MIN_WINDOW_S = 0.25  # and seconds
+  MIN_WINDOW_S = 2.0  # and seconds (a kernel burst is not another process)
   RETRY_S = 30.0
   MAX_RETRY_S = 1800.0
 

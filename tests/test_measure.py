@@ -784,3 +784,24 @@ def test_plan_steps_judges_each_row_with_and_without_the_programs_own_work():
             'median_run_noise': 0.08}
   assert ('median error 2% with the programs\' own work, 20% without it; the steps\' own '
           'noise 5% within a launch, 8% between launches of a row') in plan_steps.table(result)
+
+
+def test_plan_steps_marks_a_launch_whose_gloo_loop_left_idle_priority(tmp_path):
+  """A launch whose gloo loop went back to normal priority (the warning
+  `multihost.IdleGlooLoops` logs, in any process's log) is marked; one without is not; the
+  table says how many launches of a row were."""
+  from analysis.steptime import plan_steps
+  (tmp_path / 'process_0.log').write_text('I1203 gloo\'s TCP loop thread 7 runs at idle '
+                                          'priority (SCHED_IDLE)\n')
+  (tmp_path / 'process_1.log').write_text('step 16\n')
+  assert not plan_steps.left_idle_priority(str(tmp_path))
+  (tmp_path / 'process_1.log').write_text(
+      'W1203 Other processes used 29 % of a core ... Back at normal priority (a small '
+      'collective may wait for a 4 ms timer tick); idle priority is tried again in 30 s.\n')
+  assert plan_steps.left_idle_priority(str(tmp_path))
+  assert not plan_steps.left_idle_priority(str(tmp_path / 'none'))
+  row = {'label': 'two', 'own_work_s': 0.0, 'predicted_s': 0.1, 'error': 0.0,
+         'predicted_without_work_s': 0.1, 'error_without_work': 0.0, 'measured_s': 0.1,
+         'measured_range_s': [0.1, 0.2], 'launches_at_normal_priority': 1}
+  assert "100.0 (100.0–200.0), 1 launch(es) with gloo's loop at normal priority |" in \
+      plan_steps.table({'rows': [row]})

@@ -80,6 +80,18 @@ def step_seconds(curve: list) -> tuple:
   return float(np.median(rates)), float(min(rates)), float(max(rates))
 
 
+def left_idle_priority(logs: str) -> bool:
+  """Whether gloo's loop went back to normal priority in any process of a launch (its logs
+  in `logs`: `multihost.IdleGlooLoops` logs it), which makes a large all-reduce's step up to
+  2x slower (docs/performance.md): such a launch is marked in the record."""
+  import glob
+  for path in glob.glob(os.path.join(logs, 'process_*.log')):
+    with open(path, errors='replace') as f:
+      if 'Back at normal priority' in f.read():
+        return True
+  return False
+
+
 def own_work(plan: dict, row: dict) -> float:
   """The row's programs' own work (the plan's phase 3b), 0 where the plan has none."""
   for w in plan.get('strategy_work') or []:
@@ -161,6 +173,8 @@ def table(*results: dict) -> str:
     measured = ('—' if r['measured_s'] is None else
                 f"{r['measured_s'] * 1e3:.1f} ({r['measured_range_s'][0] * 1e3:.1f}–"
                 f"{r['measured_range_s'][1] * 1e3:.1f})")
+    if r.get('launches_at_normal_priority'):
+      measured += f", {r['launches_at_normal_priority']} launch(es) with gloo's loop at normal priority"
     net = f"| {res['network']} {res['image_size']}² " if several else ''
     lines.append(net + f"| {r['label']} | {r['own_work_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} "
                  f"| {pct(r['error'])} | {r['predicted_without_work_s'] * 1e3:.1f} | "
@@ -186,6 +200,7 @@ def main(argv):
   configuration = config_args(sys.argv[1:])
   indices = rows_to_run(plan, FLAGS.rows)
   runs = {i: [] for i in indices}
+  normal = {i: 0 for i in indices}  # launches where gloo's loop left idle priority
   with tempfile.TemporaryDirectory() as scratch:
     for round_ in range(FLAGS.repeats):
       for i in (indices if round_ % 2 == 0 else indices[::-1]):
@@ -195,14 +210,18 @@ def main(argv):
                           FLAGS.config.seed)
         runs[i].append(step_seconds(curve))
         got = runs[i][-1]
+        if left_idle_priority(os.path.join(scratch, f'row_{i}_{round_}', 'logs')):
+          normal[i] += 1
         print(f"{row['label']} (launch {round_ + 1}): predicted {row['t_predicted'] * 1e3:.1f} "
               'ms, measured ' + ('—' if got is None else f'{got[0] * 1e3:.1f} ms'),
               file=sys.stderr, flush=True)
-        results = [judged(plan, plan['candidates'][j], runs[j]) for j in indices if runs[j]]
+        results = [{**judged(plan, plan['candidates'][j], runs[j]),
+                    'launches_at_normal_priority': normal[j]} for j in indices if runs[j]]
         if FLAGS.out:
           with open(FLAGS.out, 'w') as f:
             json.dump(summary(plan, results), f, indent=1)
-  results = [judged(plan, plan['candidates'][j], runs[j]) for j in indices]
+  results = [{**judged(plan, plan['candidates'][j], runs[j]),
+              'launches_at_normal_priority': normal[j]} for j in indices]
   result = summary(plan, results)
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:
