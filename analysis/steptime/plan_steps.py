@@ -16,10 +16,12 @@ clock (`planner.TargetClock`, its target set out of reach) reads the training ti
 intervals after the first (which holds the early steps that fault memory in: docs/performance.md).
 Each row is trained `--repeats` times, in rounds over all the rows (every other round in
 reverse order, so that a drift of the machine's speed moves every row alike): one launch's
-steps agree within ~2 %, but two launches of the same row have differed by 10-20 % on the
-2-core machines (the host's speed from one launch to the next), so a row's measured step is
-the median of its launches' and both noises are reported — within a launch (the half-range of its
-intervals) and between launches (the half-range of their medians).
+steps agree within ~3 %, two launches of the same row by ~7 % (ResNet34 32², 2 processes;
+10-20 % before gloo's loop stopped leaving idle priority on a moment's kernel work), so a
+row's measured step is the median of its launches' and both noises are reported — within a
+launch (the half-range of its intervals) and between launches (the half-range of their
+medians). A launch whose gloo loop left idle priority (a large all-reduce then takes up to
+2x as long) is counted in the row's `launches_at_normal_priority`.
 
 The prediction is never fitted to these steps: its parts (t_grad, the calls' costs, the
 programs' own work) were each measured on other programs, in phases 2-3b of the plan. Each
