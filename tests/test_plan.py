@@ -144,6 +144,9 @@ def test_k_s_range_is_widened_by_the_seeds_spread():
   assert ranked['K'][0] == pytest.approx(187.5)
   assert ranked['K'][1] == pytest.approx(0.8 * rank.steps_at(300, 16, 200, 32))
   assert ranked['K'][2] == pytest.approx(1.2 * rank.steps_at(300, 16, 16, 32))
+  # The range the tie rule compares leaves the seeds' spread out (every row shares it).
+  assert ranked['T_own'] == pytest.approx([0.01 * 187.5, 0.01 * rank.steps_at(300, 16, 200, 32),
+                                           0.01 * rank.steps_at(300, 16, 16, 32)])
 
 
 def test_the_serial_run_s_metric_costs_at_most_its_share_of_the_steps():
@@ -460,6 +463,35 @@ def test_the_tie_rule_chooses_fewer_devices_where_the_ranges_overlap():
   assert rank.choose([four, per_device, two, pruned, one_slow, one], four)[0] is one_slow
   assert rank.choose([four, per_device], four) == (four, '')
   assert rank.choose([two, four], two) == (two, '')
+
+
+def test_the_tie_rule_leaves_out_the_seeds_spread_both_rows_share():
+  """The regret check that lost to the tie (ResNet34 32², loss 0.5): Local SGD τ = 8 on 2
+  processes 10.77 s (8.99–13.41 with the seeds' spread, 10.26–11.29 without), one device
+  11.70 s (10.61–13.71; 11.63–12.60 without). With the seeds' spread the ranges overlap;
+  without it they do not, and the leader stays. Ranges that overlap without it still tie."""
+  leader = {**_ranged(2, 10.77, 8.99, 13.41, basis='sync'), 'T_own': [10.77, 10.26, 11.29]}
+  one = {**_ranged(1, 11.70, 10.61, 13.71), 'T_own': [11.70, 11.63, 12.60]}
+  assert rank.choose([leader, one], leader) == (leader, '')
+  one['T_own'] = [11.70, 11.20, 12.60]
+  choice, why = rank.choose([leader, one], leader)
+  assert choice is one
+  assert ('+9% predicted time to the target (11.70 s, range 11.20–12.60, against 10.77 s, '
+          "10.26–11.29; without the seeds' spread, which both share): the ranges overlap") in why
+  # Ranked from K and the measured step: T_own is K without the spread × the step's range.
+  row = {'candidate': candidates.Candidate('sync-join', 'allreduce', 1, 16, ''),
+         't_predicted': 0.07, 't_measured': [0.067, 0.068, 0.073]}
+  ranked = rank.rank([row], 173.0, 16, (48, 48, 48), spread=(0.91, 1.09))[0]
+  assert ranked['T'] == pytest.approx([173 * 0.068, 0.91 * 173 * 0.067, 1.09 * 173 * 0.073])
+  assert ranked['T_own'] == pytest.approx([173 * 0.068, 173 * 0.067, 173 * 0.073])
+
+
+def test_a_local_sgd_window_is_whole_periods():
+  """Phase 5 times Local SGD in whole periods (its average is one step in τ): 10 steps at
+  τ = 8 are 16; at τ = 2, 10; other rows 10."""
+  assert planner.whole_periods(10, 8) == 16
+  assert planner.whole_periods(10, 2) == 10 and planner.whole_periods(10, 4) == 12
+  assert planner.whole_periods(10, 0) == 10 and planner.whole_periods(10, 1) == 10
 
 
 def test_the_tie_rule_chooses_bn_per_device_where_its_measured_range_overlaps():

@@ -160,7 +160,8 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
   seeds' `spread` of K_b, (low, high) as factors of it), its 'basis' (the family whose
   measured K it rests on, None where it has none: `choosable`), step time 't_step' [mid,
   low, high] (measured if it was, else predicted), 'saves' (checkpoints before the K-th
-  step, `saves`: {'every', 'seconds'}), 'T' [mid, low, high] and 'notes'; returns the rows
+  step, `saves`: {'every', 'seconds'}), 'T' [mid, low, high], 'T_own' (T's range without
+  the seeds' spread: what `choose` compares) and 'notes'; returns the rows
   by T, fastest first. `methods`: the families' runs (`planner.method_runs`), Local SGD's
   with its reference K_1 (`reference`); `fitted`: `noise` is the batch model's fit through
   two measured runs (`planner.batch_fit`), not the gradient noise scale's reading;
@@ -174,9 +175,11 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     row['label'] = c.label
     ks = [steps(c, k_b, b, x, methods) for x in (b_noise, low, high)]
     row['K'] = [ks[0], min(ks) * spread[0], max(ks) * spread[1]]
+    own_k = [ks[0], min(ks), max(ks)]  # without the seeds' spread, which every row shares
     short = beyond is not None and c.batch >= beyond[0] and c.family == 'sync'
     if short:
       row['K'] = [max(k, beyond[1]) for k in row['K']]
+      own_k = [max(k, beyond[1]) for k in own_k]
     measured = row.get('t_measured')
     if measured:
       t = [float(np.median(measured)), float(min(measured)), float(max(measured))]
@@ -185,6 +188,7 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     row['t_step'] = t
     row['saves'] = saves_before(row['K'][0], saves)
     row['T'] = time_to_target(row['K'], t, saves)
+    row['T_own'] = time_to_target(own_k, t, saves)
     notes, row['basis'] = [], 'sync'
     own = [f for f in ('bn_device', 'local_sgd', 'async') if f == c.family
            or (f == 'bn_device' and c.bn == 'device' and c.devices > 1)]
@@ -250,19 +254,32 @@ def cheaper(c, than) -> bool:
   return spend(c) < spend(than)
 
 
+def own_range(row: dict) -> list:
+  """A row's T range as `choose` compares it: without the seeds' spread of K ('T_own',
+  where `rank` made it; 'T' otherwise)."""
+  return row.get('T_own', row['T'])
+
+
 def choose(ranked: list, leader: dict) -> tuple:
   """The choice and why: `leader` (the fastest row the plan may choose) — unless a cheaper
   row (`cheaper`: fewer devices, or no cross-device BatchNorm) that the plan may choose
   (`choosable`), costed, predicts a time to the target whose range reaches into the
   leader's (its low end at or below the leader's high end): the difference is inside the
-  plan's own uncertainty, and what the leader would spend buys nothing certain. Every
+  plan's own uncertainty, and what the leader would spend buys nothing certain.
+
+  The ranges compared leave out the seeds' spread of K (`own_range`): it scales every row's
+  K alike — a seed that needs more steps on one device needs more on two (ResNet34 32²,
+  loss 0.5, 3 seeds: one device 192, 157, 165 steps, Local SGD τ = 8 on 2 processes 112,
+  95, 108, the same seed fastest for both) — so it cannot tell two rows apart; with it, a
+  row measured faster on every seed (9.7 s against 11.3 s) lost to the tie. What is left:
+  each row's B_noise range and its step's measured spread. Every
   costed row the plan may choose ranked up to the slowest such row is then as good a
   choice as a tied one; of those, one that spends least (`spend`), the fastest of equals —
   so that no row ahead of the choice spends as little. The reason names the rows, the
   margin and the ranges. Returns (row, reason; '' for the leader)."""
   costed = [r for r in ranked if choosable(r) and not r.get('pruned')]
   close = [r for r in costed if cheaper(r['candidate'], leader['candidate'])
-           and r['T'][1] <= leader['T'][2]]
+           and own_range(r)[1] <= own_range(leader)[2]]
   if not close:
     return leader, ''
   at = {id(r): i for i, r in enumerate(costed)}
@@ -272,13 +289,15 @@ def choose(ranked: list, leader: dict) -> tuple:
   spent = (f"{m} device{'s' if m > 1 else ''} instead of {n}" if m < n
            else 'BatchNorm per device instead of over all devices')
   margin = row['T'][0] / leader['T'][0] - 1
+  mine, theirs, lasts = own_range(row), own_range(leader), own_range(last)
+  shared = "; without the seeds' spread, which both share" if 'T_own' in leader else ''
   overlap = ('the ranges overlap' if any(r is row for r in close) else
-             f"{last['label']}'s range ({last['T'][1]:.2f}–{last['T'][2]:.2f}) reaches into "
+             f"{last['label']}'s range ({lasts[1]:.2f}–{lasts[2]:.2f}) reaches into "
              "the leader's and it is predicted slower still")
   return row, (f"{row['label']} chosen over {leader['label']}: {spent}, {margin:+.0%} "
-               f"predicted time to the target ({row['T'][0]:.2f} s, range {row['T'][1]:.2f}–"
-               f"{row['T'][2]:.2f}, against {leader['T'][0]:.2f} s, {leader['T'][1]:.2f}–"
-               f"{leader['T'][2]:.2f}): {overlap}, so "
+               f"predicted time to the target ({row['T'][0]:.2f} s, range {mine[1]:.2f}–"
+               f"{mine[2]:.2f}, against {leader['T'][0]:.2f} s, {theirs[1]:.2f}–"
+               f"{theirs[2]:.2f}{shared}): {overlap}, so "
                + ('the extra devices buy' if m < n else "BatchNorm's exchange buys")
                + ' no certain gain')
 
