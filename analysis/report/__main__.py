@@ -161,6 +161,8 @@ PLANS_WITH_METHODS = ('methods/squeezenet32_p2_loopback', 'methods/googlenet32_p
                       'methods/resnet34_32_p2_loopback', 'methods/vgg16e32_p2_loopback',
                       'methods/squeezenet32_p2_loopback_ray')
 PLANS_BEFORE_THE_SECOND_POINT = ('methods/squeezenet32_p2_loopback_noise_scale',)
+# A plan whose tie rule compared ranges with the seeds' spread in them, kept to compare.
+PLANS_BEFORE_OWN_RANGES = ('methods/resnet34_32_p2_loopback_tie_with_seeds',)
 
 
 def _far_targets():
@@ -301,7 +303,7 @@ FILES = {
     'plan/googlenet16.md': lambda: _plan('googlenet16'),
     **{f'plan/{name}.md': (lambda n=name: _plan(n))
        for name in PLANS_ACROSS_PROCESSES + PLANS_WITH_DEFAULTS + PLANS_WITH_METHODS
-       + PLANS_BEFORE_THE_SECOND_POINT},
+       + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES},
     'thesis_report.md': lambda: _thesis('markdown'),
 }
 
@@ -377,9 +379,11 @@ TABLES = {
     'plan-regret-processes': lambda: _plan_summary(*PLANS_ACROSS_PROCESSES),
     'plan-regret-defaults': lambda: _plan_summary(*PLANS_WITH_DEFAULTS),
     'plan-regret-methods': lambda: _plan_summary(*PLANS_WITH_METHODS,
-                                                 *PLANS_BEFORE_THE_SECOND_POINT),
+                                                 *PLANS_BEFORE_THE_SECOND_POINT,
+                                                 *PLANS_BEFORE_OWN_RANGES),
     'plan-methods-rows': lambda: _plan_families(*PLANS_WITH_METHODS,
-                                                *PLANS_BEFORE_THE_SECOND_POINT),
+                                                *PLANS_BEFORE_THE_SECOND_POINT,
+                                                *PLANS_BEFORE_OWN_RANGES),
     'plan-far-targets': _far_targets,
 }
 
