@@ -76,6 +76,11 @@ def join(coordinator: str, num_processes: int, process_id: int, cluster: str,
 _EPOLL_SYSCALLS = {'x86_64': ('232', '281'), 'aarch64': ('22',)}
 
 
+# What `IdleGlooLoops` logs when it puts a loop back at normal priority (tools that read a
+# run's logs look for it: `analysis.steptime.plan_steps`).
+BACK_AT_NORMAL = 'Back at normal priority'
+
+
 class IdleGlooLoops(threading.Thread):
   """Puts gloo's TCP event-loop threads at idle priority (SCHED_IDLE) as they appear, and
   back at normal priority while another process keeps their core busy.
@@ -229,7 +234,7 @@ class IdleGlooLoops(threading.Thread):
       (logging.warning if loop.starved == 1 else logging.info)(
           'Other processes used %.0f %% of a core on the cores of gloo\'s TCP loop thread %d '
           'over the last %.1f s, and at idle priority it waited %.2f ms for a core each of its '
-          '%d runs: every collective across processes waits for it. Back at normal priority '
+          f'%d runs: every collective across processes waits for it. {BACK_AT_NORMAL} '
           '(a small collective may wait for a 4 ms timer tick); idle priority is tried again '
           'in %.0f s.', others * 100, tid, now - then, wait * 1e3, runs, loop.backoff)
 

@@ -87,9 +87,10 @@ def left_idle_priority(logs: str) -> bool:
   in `logs`: `multihost.IdleGlooLoops` logs it), which makes a large all-reduce's step up to
   2x slower (docs/performance.md): such a launch is marked in the record."""
   import glob
+  from jaxpar.multihost import BACK_AT_NORMAL
   for path in glob.glob(os.path.join(logs, 'process_*.log')):
     with open(path, errors='replace') as f:
-      if 'Back at normal priority' in f.read():
+      if BACK_AT_NORMAL in f.read():
         return True
   return False
 
@@ -103,18 +104,19 @@ def own_work(plan: dict, row: dict) -> float:
   return 0.0
 
 
-def judged(plan: dict, row: dict, runs: list) -> dict:
+def judged(plan: dict, row: dict, runs: list, at_normal: int = 0) -> dict:
   """One row's prediction with and without the programs' own work beside its measured step:
   the median of its launches' steps (`runs`: `step_seconds` of each launch, None where one
   gave too few readings). The range is the launches' lowest and highest step where there
   are several, one launch's intervals' otherwise; `noise` is the half-range of a launch's
-  intervals (the median over launches), `run_noise` that of the launches' steps."""
+  intervals (the median over launches), `run_noise` that of the launches' steps;
+  `at_normal`: the launches whose gloo loop left idle priority (`left_idle_priority`)."""
   with_work = row['t_predicted']
   without = with_work - own_work(plan, row)
   out = {'label': row['label'], 'predicted_s': with_work, 'predicted_without_work_s': without,
          'own_work_s': own_work(plan, row), 'measured_s': None, 'measured_range_s': None,
          'runs_s': [], 'error': None, 'error_without_work': None, 'noise': None,
-         'run_noise': None}
+         'run_noise': None, 'launches_at_normal_priority': at_normal}
   done = [r for r in runs if r]
   if done:
     steps = [r[0] for r in done]
@@ -203,28 +205,27 @@ def main(argv):
   indices = rows_to_run(plan, FLAGS.rows)
   runs = {i: [] for i in indices}
   normal = {i: 0 for i in indices}  # launches where gloo's loop left idle priority
+
+  def results():
+    return [judged(plan, plan['candidates'][j], runs[j], normal[j]) for j in indices if runs[j]]
+
   with tempfile.TemporaryDirectory() as scratch:
     for round_ in range(FLAGS.repeats):
       for i in (indices if round_ % 2 == 0 else indices[::-1]):
         row = plan['candidates'][i]
-        curve = train_row(configuration, plan, i, os.path.join(scratch, f'row_{i}_{round_}'),
-                          FLAGS.processes, FLAGS.link, FLAGS.steps, FLAGS.every,
-                          FLAGS.config.seed)
+        workdir = os.path.join(scratch, f'row_{i}_{round_}')
+        curve = train_row(configuration, plan, i, workdir, FLAGS.processes, FLAGS.link,
+                          FLAGS.steps, FLAGS.every, FLAGS.config.seed)
         runs[i].append(step_seconds(curve))
         got = runs[i][-1]
-        if left_idle_priority(os.path.join(scratch, f'row_{i}_{round_}', 'logs')):
-          normal[i] += 1
+        normal[i] += left_idle_priority(os.path.join(workdir, 'logs'))
         print(f"{row['label']} (launch {round_ + 1}): predicted {row['t_predicted'] * 1e3:.1f} "
               'ms, measured ' + ('—' if got is None else f'{got[0] * 1e3:.1f} ms'),
               file=sys.stderr, flush=True)
-        results = [{**judged(plan, plan['candidates'][j], runs[j]),
-                    'launches_at_normal_priority': normal[j]} for j in indices if runs[j]]
         if FLAGS.out:
           with open(FLAGS.out, 'w') as f:
-            json.dump(summary(plan, results), f, indent=1)
-  results = [{**judged(plan, plan['candidates'][j], runs[j]),
-              'launches_at_normal_priority': normal[j]} for j in indices]
-  result = summary(plan, results)
+            json.dump(summary(plan, results()), f, indent=1)
+  result = summary(plan, results())
   if FLAGS.out:
     with open(FLAGS.out, 'w') as f:
       json.dump(result, f, indent=1)

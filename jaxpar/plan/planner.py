@@ -1118,7 +1118,7 @@ def _row_json(row: dict) -> dict:
          'family': c.family, 'exact': c.exact, 'basis': row.get('basis'),
          'choosable': rank.choosable(row), 'overrides': c.overrides(),
          'K': row['K'], 't_predicted': row['t_predicted'], 't_step': row['t_step'],
-         'saves': row['saves'], 'T': row['T'], 'T_own': row.get('T_own', row['T']),
+         'saves': row['saves'], 'T': row['T'], 'T_own': row['T_own'],
          'notes': row['notes'],
          'collectives': row['collectives']}
   if row.get('t_measured'):
