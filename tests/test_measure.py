@@ -784,6 +784,29 @@ def test_plan_steps_judges_each_row_with_and_without_the_programs_own_work():
             'median_run_noise': 0.08}
   assert ('median error 2% with the programs\' own work, 20% without it; the steps\' own '
           'noise 5% within a launch, 8% between launches of a row') in plan_steps.table(result)
+  # At the host's speed: launches at 1.25× and 1.1× the plan's t_grad (a launch without a
+  # step, or without a reading after it, is left out): measured ÷ (0.12 × factor) is
+  # 0.14 / 0.15 and 0.12 / 0.132, their median's |log| the error.
+  fast = plan_steps.judged(plan, plan['candidates'][1],
+                           [(0.10, 0.099, 0.101), None, (0.14, 0.13, 0.15), (0.12, 0.11, 0.13)],
+                           speeds=[None, 1.0, 1.25, 1.1])
+  ratios = [0.14 / 0.15, 0.12 / 0.132]
+  assert fast['host_speed'] == [1.25, 1.1]
+  assert fast['error_at_host_speed'] == pytest.approx(abs(math.log(np.median(ratios))))
+  assert three['error_at_host_speed'] is None and three['host_speed'] is None
+  text = plan_steps.table({**result, 'rows': [fast], 'host_speed': [1.1, 1.25],
+                           'median_error_at_host_speed': 0.03})
+  assert text.splitlines()[0].endswith("| error at the host's speed |")
+  assert text.splitlines()[2].endswith(f"| {fast['error_at_host_speed']:.0%} |")
+  assert ("At the host's speed of each launch (t_grad timed beside it): median error 3%; the "
+          "host ran at 1.10–1.25× the plan's t_grad.") in text
+  # The plan's t_grad that the host's speed is read against: at its serial batch, all devices.
+  speed_plan = {'serial': {'batch': 16}, 'devices': 2,
+                't_grad': [{'batch': 16, 'devices': 1, 'seconds': 0.05},
+                           {'batch': 16, 'devices': 2, 'seconds': 0.06}]}
+  assert plan_steps.planned_speed(speed_plan) == 0.06
+  with pytest.raises(ValueError, match='no t_grad at its serial batch 16 on its 4 devices'):
+    plan_steps.planned_speed({**speed_plan, 'devices': 4})
 
 
 def test_plan_steps_marks_a_launch_whose_gloo_loop_left_idle_priority(tmp_path):

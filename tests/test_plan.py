@@ -732,6 +732,20 @@ def test_a_step_is_its_gradient_the_serial_step_s_other_work_its_inputs_and_its_
   assert rank.predicted_step(0.010, 0.001, 0.002, -0.0005) == pytest.approx(0.0125)
 
 
+def test_a_timed_program_s_step_is_its_gradient_its_program_and_what_the_program_lacks():
+  """rank.program_step by hand: t_grad + the program timed with its gradients stood in for
+  (its own collectives inside that time) + the collectives it does not make (BatchNorm's:
+  never below 0, as a row's collectives include its program's) + its inputs, all of them."""
+  assert rank.program_step(0.060, 0.070, 0.011, 0.002) == pytest.approx(0.143)
+  # Its collectives calibrated above the row's (noise between two costings): nothing added.
+  assert rank.program_step(0.060, 0.070, -0.001, 0.002) == pytest.approx(0.132)
+  # Against the calibrated sum, which charged the exchange 86 ms inside a 72 ms program:
+  program, standin_comm, alone, t_grad = 0.0716, 0.0856, 0.0333, 0.0717
+  assert rank.program_step(t_grad, program, standin_comm - standin_comm, 0.0) == \
+      pytest.approx(0.1433)
+  assert rank.predicted_step(t_grad, alone, standin_comm) == pytest.approx(0.1906)
+
+
 def test_the_input_cost_is_measured_on_the_stream_the_loop_reads(data_dir, monkeypatch):
   """probe.input_seconds draws its batches from the training stream as the loop does
   (`pipeline.prefetch_to_device` of `build.train_batches`), rows = this process's share,
@@ -982,6 +996,21 @@ def test_t_grad_at_the_serial_batch_is_timed_again_beside_the_serial_step():
   assert planner.fresh_singles({64}, 16, reused) == [16]
 
 
+def test_a_reused_t_grad_is_scaled_to_the_host_speed_now():
+  """`planner.at_host_speed` by hand: t_grad at b on one device reads 0.06 s now, 0.05 s
+  when the entry was measured — the host 1.2× as slow: every reused value × 1.2 (the
+  2-device ones too, which no plan times again when reused); none scaled where the entry or
+  this plan has no reading at b."""
+  from jaxpar.plan import planner
+  reused = {(16, 1): 0.05, (64, 1): 0.2, (16, 2): 0.06}
+  scaled, factor = planner.at_host_speed(reused, {(16, 1): 0.06, (32, 1): 0.1}, 16)
+  assert factor == pytest.approx(1.2)
+  assert scaled == pytest.approx({(16, 1): 0.06, (64, 1): 0.24, (16, 2): 0.072})
+  assert reused[64, 1] == 0.2  # the entry as read is left alone
+  assert planner.at_host_speed(reused, {(32, 1): 0.1}, 16) == (reused, 1.0)
+  assert planner.at_host_speed({(64, 1): 0.2}, {(16, 1): 0.06}, 16) == ({(64, 1): 0.2}, 1.0)
+
+
 def test_the_cache_reuses_what_depends_on_nothing_that_changed(tmp_path):
   """plan/cache.py: an entry under the key of (machine, versions, backend, setting, the
   one-device config less the fields that cannot change a step's time) is found again; a
@@ -1018,6 +1047,11 @@ def test_the_cache_reuses_what_depends_on_nothing_that_changed(tmp_path):
   assert cache.load(str(tmp_path), k) == {}
   cache.store(str(tmp_path), k, t_grad, None)
   assert cache.load(str(tmp_path), k)['calls'] is None
+  # An entry of another format (written before its values were kept at one host speed) is
+  # none: measured again.
+  written = json.loads(path.read_text())
+  path.write_text(json.dumps({k: v for k, v in written.items() if k != 'format'}))
+  assert cache.load(str(tmp_path), k) == {}
 
 
 # =============================================================================== bad input
@@ -1186,7 +1220,11 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   servers = {r['server'] for r in plan['candidates'] if r['devices'] == 2 and r['family'] != 'async'}
   periods = {r['period'] for r in plan['candidates'] if r['family'] == 'local_sgd'}
   assert set(work) == {(s, 0) for s in servers} | {('allreduce', t) for t in periods}
-  assert all(r['program_s'] > 0 and r['seconds'] >= 0 and r['devices'] == 2 for r in work.values())
+  assert all(r['program_s'] > 0 and r['devices'] == 2 for r in work.values())
+  # Its own work as the calibrated model reads it: the program less its collectives' cost
+  # and the one-device program (below 0 where the calibration overstates the collectives).
+  for r in work.values():
+    assert r['seconds'] == pytest.approx(r['program_s'] - r['collectives_s'] - r['one_device_s'])
   assert sum(plan['phases_s'].values()) == pytest.approx(plan['planning_s'], abs=1e-3)
   # What a second plan here would reuse: every t_grad and the calls' costs, as measured.
   from jaxpar import user_cache
@@ -1219,6 +1257,13 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   cores = plan['input_s']['cores']
   assert cores == len(os.sched_getaffinity(0))
   t_grad = {(t['batch'], t['devices']): t['seconds'] for t in plan['t_grad']}
+  # A 2-device row whose program phase 3b timed: t_grad + that program + its inputs, and
+  # BatchNorm's collectives where it has them (`rank.program_step`).
+  for r in plan['candidates']:
+    if r['devices'] == 2 and r['family'] != 'async' and not r.get('pruned'):
+      program = work[r['server'], r['period']]['program_s']
+      assert r['t_predicted'] >= (t_grad[r['batch'] // 2, 2] + program
+                                  + t_in[r['batch']] / cores) * (1 - 1e-9)
   split = next(r for r in plan['candidates']
                if r['label'] == 'sync-split allreduce N=1 B=64, BN all')
   assert split['t_predicted'] == pytest.approx(t_grad[64, 1] + max(

@@ -24,9 +24,21 @@ medians). A launch whose gloo loop left idle priority (a large all-reduce then t
 2x as long) is counted in the row's `launches_at_normal_priority`.
 
 The prediction is never fitted to these steps: its parts (t_grad, the calls' costs, the
-programs' own work) were each measured on other programs, in phases 2-3b of the plan. Each
-row is judged twice: with the programs' own work (phase 3b) and without it (the model
-before it: the one-device step's other work only), the error |log(predicted / measured)|.
+programs' times with their gradients stood in for) were each measured on other programs,
+in phases 2-3b of the plan. Each row is judged twice, the error |log(predicted /
+measured)|: as the plan predicts it, and without its program's own work (`own_work_s`, the
+plan's `strategy_work` seconds: the program's time less its collectives' calibrated cost
+and the one-device update's) — t_grad, the one-device update and the collectives at their
+calibrated cost, the model that costs a program phase 3b did not time.
+
+These shared cores take the same program up to 1.8× as long from one hour to the next
+(`host_speed`), which no model of a step can know. So the host's speed is read beside every
+launch (`host_speed`: the plan's t_grad(b, N), timed again by the same processes just before
+the launch, and once after the last): a launch's prediction at the host's speed is the
+prediction × its speed factor (t_grad now, the mean of the readings before and after it, ÷
+the plan's t_grad(b, N)), and each row is judged a third time so (`error_at_host_speed`:
+|log| of the median over its launches of measured ÷ prediction at the host's speed). The
+factor is a measurement of the host, the same for every row, not a fit to any row.
 """
 import datetime
 import json
@@ -58,6 +70,8 @@ def define_flags():
   flags.DEFINE_string('out', None, 'The JSON file to write.')
   flags.DEFINE_list('rows', [], "Only the rows whose label contains one of these (e.g. "
                     "'local-sgd τ=8'); default: every row the step model predicts.")
+  flags.DEFINE_bool('host_speed', True, "Read the host's speed beside every launch "
+                    '(`host_speed`), for each row\'s error at the host\'s speed.')
 
 
 def rows_to_run(plan: dict, only: list = ()) -> list:
@@ -104,20 +118,36 @@ def own_work(plan: dict, row: dict) -> float:
   return 0.0
 
 
-def judged(plan: dict, row: dict, runs: list, at_normal: int = 0) -> dict:
+def planned_speed(plan: dict) -> float:
+  """The plan's t_grad(b, N): b its serial batch, N its devices — what `host_speed` times."""
+  b, n = plan['serial']['batch'], plan['devices']
+  for t in plan['t_grad']:
+    if (t['batch'], t['devices']) == (b, n):
+      return t['seconds']
+  raise ValueError(f"the plan has no t_grad at its serial batch {b} on its {n} devices")
+
+
+def judged(plan: dict, row: dict, runs: list, at_normal: int = 0, speeds=None) -> dict:
   """One row's prediction with and without the programs' own work beside its measured step:
   the median of its launches' steps (`runs`: `step_seconds` of each launch, None where one
   gave too few readings). The range is the launches' lowest and highest step where there
   are several, one launch's intervals' otherwise; `noise` is the half-range of a launch's
   intervals (the median over launches), `run_noise` that of the launches' steps;
-  `at_normal`: the launches whose gloo loop left idle priority (`left_idle_priority`)."""
+  `at_normal`: the launches whose gloo loop left idle priority (`left_idle_priority`).
+  `speeds`: each launch's host speed factor (t_grad then ÷ the plan's), for the prediction
+  at the host's speed (the module docstring)."""
   with_work = row['t_predicted']
   without = with_work - own_work(plan, row)
   out = {'label': row['label'], 'predicted_s': with_work, 'predicted_without_work_s': without,
          'own_work_s': own_work(plan, row), 'measured_s': None, 'measured_range_s': None,
          'runs_s': [], 'error': None, 'error_without_work': None, 'noise': None,
-         'run_noise': None, 'launches_at_normal_priority': at_normal}
+         'run_noise': None, 'launches_at_normal_priority': at_normal,
+         'host_speed': None, 'error_at_host_speed': None}
   done = [r for r in runs if r]
+  paired = [(r[0], f) for r, f in zip(runs, speeds or []) if r and f]
+  if paired:
+    ratio = float(np.median([m / (with_work * f) for m, f in paired]))
+    out.update(host_speed=[f for _, f in paired], error_at_host_speed=abs(float(np.log(ratio))))
   if done:
     steps = [r[0] for r in done]
     measured = float(np.median(steps))
@@ -147,6 +177,18 @@ def train_row(configuration: list, plan: dict, index: int, workdir: str, process
                            path, seed, workdir, processes, rate)['curve']
 
 
+def host_speed(configuration: list, devices: int, processes: int, rate: str,
+               folder: str) -> float:
+  """t_grad(b, `devices`) now (`host_speed`), timed by `processes` fresh processes over
+  `rate` as the rows are launched."""
+  from analysis.steptime import link
+  out = os.path.join(folder, 'speed.json')
+  link.launch('analysis.steptime.host_speed', [*configuration, f'--devices={devices}',
+                                               f'--out={out}'], processes, rate, folder)
+  with open(out) as f:
+    return json.load(f)['t_grad_s']
+
+
 def summary(plan: dict, results: list) -> dict:
   from jaxpar.plan import probe
   done = [r for r in results if r['error'] is not None]
@@ -159,7 +201,13 @@ def summary(plan: dict, results: list) -> dict:
           'setting': plan['setting'], 'processes': plan.get('processes', 1),
           'link': plan.get('link', 'loopback'), 'plan_created': plan['created'],
           'rows': results, 'median_error': med('error'),
-          'median_error_without_work': med('error_without_work'), 'median_noise': med('noise'),
+          'median_error_without_work': med('error_without_work'),
+          'host_speed': ([min(f for r in done for f in r['host_speed'] or [1.0]),
+                          max(f for r in done for f in r['host_speed'] or [1.0])]
+                         if any(r['host_speed'] for r in done) else None),
+          'median_error_at_host_speed': (med('error_at_host_speed') if all(
+              r['error_at_host_speed'] is not None for r in done) else None),
+          'median_noise': med('noise'),
           'median_run_noise': (med('run_noise') if all(r['run_noise'] is not None for r in done)
                                else None)}
 
@@ -168,9 +216,12 @@ def table(*results: dict) -> str:
   """Each row's predicted step, with and without the programs' own work, beside the measured
   one, for one result or several (a network column then; Markdown)."""
   several = len(results) > 1
+  speed = any(r.get('error_at_host_speed') is not None for res in results for r in res['rows'])
   lines = [('| network ' if several else '') + '| candidate | own work (ms) | predicted (ms) | '
-           'error | predicted without it (ms) | error | measured (ms, range) |',
-           ('|---' if several else '') + '|---|---:|---:|---:|---:|---:|---|']
+           'error | predicted without it (ms) | error | measured (ms, range) |'
+           + (" error at the host's speed |" if speed else ''),
+           ('|---' if several else '') + '|---|---:|---:|---:|---:|---:|---|'
+           + ('---:|' if speed else '')]
   pct = lambda v: '—' if v is None else f'{v:.0%}'
   rows = [(res, r) for res in results for r in res['rows']]
   for res, r in rows:
@@ -182,7 +233,8 @@ def table(*results: dict) -> str:
     net = f"| {res['network']} {res['image_size']}² " if several else ''
     lines.append(net + f"| {r['label']} | {r['own_work_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} "
                  f"| {pct(r['error'])} | {r['predicted_without_work_s'] * 1e3:.1f} | "
-                 f"{pct(r['error_without_work'])} | {measured} |")
+                 f"{pct(r['error_without_work'])} | {measured} |"
+                 + (f" {pct(r.get('error_at_host_speed'))} |" if speed else ''))
   for res in results:
     if res.get('median_error') is not None:
       lines.append('')
@@ -192,7 +244,11 @@ def table(*results: dict) -> str:
                    f"the steps' own noise {res['median_noise']:.0%} within a launch"
                    + (f", {res['median_run_noise']:.0%} between launches of a row"
                       if res.get('median_run_noise') is not None else '')
-                   + ' (median half-ranges).')
+                   + ' (median half-ranges).'
+                   + (f" At the host's speed of each launch (t_grad timed beside it): median "
+                      f"error {res['median_error_at_host_speed']:.0%}; the host ran at "
+                      f"{res['host_speed'][0]:.2f}–{res['host_speed'][1]:.2f}× the plan's "
+                      't_grad.' if res.get('median_error_at_host_speed') is not None else ''))
   return '\n'.join(lines)
 
 
@@ -205,11 +261,24 @@ def main(argv):
   indices = rows_to_run(plan, FLAGS.rows)
   runs = {i: [] for i in indices}
   normal = {i: 0 for i in indices}  # launches where gloo's loop left idle priority
+  # Each launch's host speed: the readings just before and just after it (`host_speed`).
+  readings, launched = [], {i: [] for i in indices}
+  planned = planned_speed(plan) if FLAGS.host_speed else None
+
+  def speeds(j):
+    return [float(np.sqrt(readings[k] * readings[k + 1])) / planned
+            if k + 1 < len(readings) else None for k in launched[j]]
 
   def results():
-    return [judged(plan, plan['candidates'][j], runs[j], normal[j]) for j in indices if runs[j]]
+    return [judged(plan, plan['candidates'][j], runs[j], normal[j], speeds(j))
+            for j in indices if runs[j]]
 
   with tempfile.TemporaryDirectory() as scratch:
+    def read_speed():
+      if planned:
+        readings.append(host_speed(configuration, plan['devices'], FLAGS.processes,
+                                   FLAGS.link, os.path.join(scratch, f'speed_{len(readings)}')))
+    read_speed()
     for round_ in range(FLAGS.repeats):
       for i in (indices if round_ % 2 == 0 else indices[::-1]):
         row = plan['candidates'][i]
@@ -217,10 +286,13 @@ def main(argv):
         curve = train_row(configuration, plan, i, workdir, FLAGS.processes, FLAGS.link,
                           FLAGS.steps, FLAGS.every, FLAGS.config.seed)
         runs[i].append(step_seconds(curve))
+        launched[i].append(len(readings) - 1)
+        read_speed()
         got = runs[i][-1]
         normal[i] += left_idle_priority(os.path.join(workdir, 'logs'))
         print(f"{row['label']} (launch {round_ + 1}): predicted {row['t_predicted'] * 1e3:.1f} "
-              'ms, measured ' + ('—' if got is None else f'{got[0] * 1e3:.1f} ms'),
+              'ms, measured ' + ('—' if got is None else f'{got[0] * 1e3:.1f} ms')
+              + (f"; the host at {speeds(i)[-1]:.2f}× the plan's t_grad" if planned else ''),
               file=sys.stderr, flush=True)
         if FLAGS.out:
           with open(FLAGS.out, 'w') as f:

@@ -15,7 +15,11 @@ on.
         (loopback, a rate-limited link, two hosts), so it is measured every time.
 
 A cached value is an earlier measurement on the same machine: the timing noise from one
-run to the next enters the plan with it (the plan says which values it reused). Entries
+run to the next enters the plan with it (the plan says which values it reused), and the
+host's speed then — scaled to now by t_grad at the serial batch, which every plan times
+again (`planner.at_host_speed`), and stored so: an entry's values are at one speed. An
+entry of another `FORMAT` (one written before that rule, its values at several sittings'
+speeds) is not read. Entries
 can be deleted; `config.plan.cache=False` neither reads nor writes them.
 """
 import datetime
@@ -23,6 +27,7 @@ import hashlib
 import json
 import os
 
+FORMAT = 2  # 2: every t_grad of an entry at one host speed (`planner.at_host_speed`)
 IGNORED = ('plan', 'seed', 'total_steps', 'distributed', 'eval_every', 'log_every',
            'checkpoint_every', 'checkpoint_keep', 'stop_after_steps', 'compilation_cache')
 
@@ -50,6 +55,8 @@ def load(folder: str, k: dict) -> dict:
       entry = json.load(f)
     if entry['key'] != json.loads(json.dumps(k)):  # a digest's collision: not this key
       return {}
+    if entry.get('format') != FORMAT:  # written under another rule: measured again
+      return {}
     return {'t_grad': list(entry['t_grad']), 'calls': entry.get('calls'),
             'created': entry['created']}
   except (OSError, ValueError, KeyError, TypeError):
@@ -65,7 +72,8 @@ def store(folder: str, k: dict, t_grad: dict, calls) -> str:
   """Writes the entry (replacing any under `k`, atomically); returns its path."""
   os.makedirs(folder, exist_ok=True)
   path = _path(folder, k)
-  entry = {'key': k, 'created': datetime.datetime.now().isoformat(timespec='seconds'),
+  entry = {'key': k, 'format': FORMAT,
+           'created': datetime.datetime.now().isoformat(timespec='seconds'),
            't_grad': [{'batch': b, 'devices': n, 'seconds': s}
                       for (b, n), s in sorted(t_grad.items())],
            'calls': calls}

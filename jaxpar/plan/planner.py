@@ -21,9 +21,9 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
   3. calls        each collective kind's per-call cost on two of the devices
                   (`call_timing.time_calls`, 4 KB and the network's weights).
   3b. work        each synchronous program on several devices with its gradients stood in
-                  for (`probe.update_call`): what its strategy does beside the gradients
-                  and collectives (packing, the update, conditionals) beyond the one-device
-                  program's (`strategy_work`), added to its rows' steps.
+                  for (`probe.update_call`), timed: what its strategy does beside the
+                  gradients (the exchange, packing, the update, conditionals), its rows'
+                  step beside t_grad (`strategy_work`, `rank.program_step`).
   4. predict      each candidate's step from its lowered program (`rank`), K(B) from the
                   batch model, T = K·t_step + the checkpoint saves before step K (each
                   timed after the serial run: `probe.save_seconds`); past a budget the
@@ -148,6 +148,7 @@ class _Planning:
     self.agree = _Agree()
     self.processes = jax.process_count()
     self.phases, self._marked = {}, self.started
+    self.programs = {}  # {work_key: phase 3b's row}: each multi-device program timed
     self.source = sources.open_source(cfg.dataset)
     self.meta = {'num_classes': self.source.num_classes, 'channels': self.source.channels}
     # The devices the run would use (its mesh), of those this process sees; across processes
@@ -299,8 +300,14 @@ class _Planning:
     from jaxpar import multihost
     b, log = self.b, self.log
     needed = {(c.device_batch, c.devices) for c in self.found} | {(b, 1)}
-    t_grad = {k: v for k, v in self.reused.items() if k in needed}
-    t_grad.update({(int(batch), 1): s for batch, s in self.alone['t_grad'].items()})
+    fresh = {(int(batch), 1): s for batch, s in self.alone['t_grad'].items()}
+    reused, self.host_speed = at_host_speed(self.reused, fresh, b)
+    if self.host_speed != 1.0:
+      log(f'Plan: the reused t_grad at the host\'s speed now: × {self.host_speed:.3f} (t_grad '
+          f'at b={b} on one device {fresh[b, 1] * 1e3:.2f} ms now, '
+          f'{self.reused[b, 1] * 1e3:.2f} ms when they were measured).')
+    t_grad = {k: v for k, v in reused.items() if k in needed}
+    t_grad.update(fresh)
     self.estimated = set()  # past the budget: t_grad scaled from the nearest measured one
     for key in sorted(k for k in needed if k[1] > 1 and k not in t_grad):
       if self.past_preparing():
@@ -344,10 +351,14 @@ class _Planning:
       self.log('Plan: the input pipeline not timed: the host makes batches while the '
                'accelerator computes.')
 
-  def inputs_of(self, c) -> float:
+  def inputs_of(self, c, whole: bool = False) -> float:
+    """The input pipeline's share of c's step beyond the one-device step's at b (whose
+    measured step holds t_in(b)), or all of it (`whole`: a step built from parts that hold
+    none, `rank.program_step`)."""
     if not self.cores:
       return 0.0
-    return (self.t_in[_rows(c, self.processes)] - self.t_in[self.b]) / self.cores
+    return (self.t_in[_rows(c, self.processes)] - (0.0 if whole else self.t_in[self.b])) \
+        / self.cores
 
   # ------------------------------------------------------------- 3. the collectives' costs
   def calls(self):
@@ -389,19 +400,20 @@ class _Planning:
 
   # ------------------------------------------------------------- 3b. the strategies' own work
   def work(self):
-    """What a candidate's program does beside its gradients and collectives — packing and
-    unpacking the exchanged buffers, the update on them, conditionals, per-device copies —
-    is not the one-device step's: its step with the gradients stood in for, timed, less its
-    collectives' calibrated cost and the one-device program's time (`strategy_work`)."""
-    self.own_work, self.work_rows = strategy_work(
-        self.one, self.found, self.meta, self.variables, self.costs, self.p,
-        self.past_preparing, self.agree, self.log)
+    """What a candidate's program does beside its gradients — the exchange, packing and
+    unpacking its buffers, the update on them, conditionals, per-device copies — is not the
+    one-device step's: its step with the gradients stood in for, timed (`strategy_work`),
+    is its rows' step beside t_grad (`rank.program_step`)."""
+    self.work_rows = strategy_work(self.one, self.found, self.meta, self.variables,
+                                   self.costs, self.p, self.past_preparing, self.agree, self.log)
+    self.programs = {(r['server'], r['devices'], r['period']): r for r in self.work_rows}
     if self.work_rows:
-      self.log(f"Plan [{self.since()}]: the strategies' own work beyond the one-device "
-               'update: ' + ', '.join(
+      self.log(f"Plan [{self.since()}]: the strategies' programs with their gradients "
+               'stood in for (their collectives calibrated at): ' + ', '.join(
                    f"{r['server']} N={r['devices']}" + (f" τ={r['period']}" if r['period']
                                                         else '')
-                   + f" {r['seconds'] * 1e3:.2f} ms" for r in self.work_rows) + '.')
+                   + f" {r['program_s'] * 1e3:.2f} ms ({r['collectives_s'] * 1e3:.2f})"
+                   for r in self.work_rows) + '.')
     self.mark('work')
     if self.keyed and jax.process_index() == 0:
       plan_cache.store(user_cache.folder('plan'), self.keyed, self.measured_t_grad,
@@ -441,8 +453,11 @@ class _Planning:
     """A candidate's step without its collectives."""
     if c.family == 'async':
       return async_update(c, self.t_grad, self.overhead, None, 0)
-    return rank.predicted_step(self.t_grad[c.device_batch, c.devices],
-                               self.overhead + self.own_work.get(work_key(c), 0.0), 0.0,
+    program = self.programs.get(work_key(c)) if c.devices > 1 else None
+    if program:
+      return rank.program_step(self.t_grad[c.device_batch, c.devices], program['program_s'],
+                               0.0, self.inputs_of(c, whole=True))
+    return rank.predicted_step(self.t_grad[c.device_batch, c.devices], self.overhead, 0.0,
                                self.inputs_of(c))
 
   def cost(self, row):
@@ -472,9 +487,14 @@ class _Planning:
     # Local SGD's average is a conditional taken one step in τ.
     comm = (self.costs.step(collectives, 1 / c.period if c.period else 1.0)
             if self.costs and collectives else 0.0)
-    row['t_predicted'] = rank.predicted_step(
-        self.t_grad[c.device_batch, c.devices],
-        self.overhead + self.own_work.get(work_key(c), 0.0), comm, self.inputs_of(c))
+    program = self.programs.get(work_key(c)) if c.devices > 1 else None
+    if program:  # its program timed (phase 3b): the collectives it made are in that time
+      row['t_predicted'] = rank.program_step(
+          self.t_grad[c.device_batch, c.devices], program['program_s'],
+          comm - program['collectives_s'], self.inputs_of(c, whole=True))
+    else:
+      row['t_predicted'] = rank.predicted_step(self.t_grad[c.device_batch, c.devices],
+                                               self.overhead, comm, self.inputs_of(c))
     row.pop('pruned', None)
 
   # ------------------------------------------------------------- 5. time the close ones
@@ -536,12 +556,13 @@ class _Planning:
                     **({'estimated': True} if k in self.estimated else {})}
                    for k, v in self.t_grad.items()],
         'overhead_s': self.overhead,
-        'strategy_work': self.work_rows,  # each program's own work beyond the one-device update
+        'strategy_work': self.work_rows,  # each program timed with its gradients stood in for
         'input_s': {'rows': [{'rows': n, 'seconds': v} for n, v in self.t_in.items()],
                     'cores': self.cores},
         'calls': self.calls_timed, 'saves': saves,
         'reused': {'created': entry['created'],
                    't_grad': sorted(k for k in reused if k in self.t_grad),
+                   'host_speed': self.host_speed,  # the reused t_grad's factor: `at_host_speed`
                    'calls': bool(entry.get('calls')) and self.processes == 1} if entry else None,
         'step_prediction_error': {'median_abs_log': float(np.median(errors)) if errors else None,
                                   'measured': len(errors)},
@@ -884,6 +905,20 @@ def fresh_singles(batches: set, b: int, reused: dict) -> list:
   return sorted(x for x in set(batches) | {b} if x == b or (x, 1) not in reused)
 
 
+def at_host_speed(reused: dict, fresh: dict, b: int) -> tuple:
+  """(t_grad reused from an earlier plan at the host's speed now, the factor): each × t_grad
+  at (b, 1) now ÷ as it was (`fresh_singles` always times b again). These shared cores take
+  the same program up to 1.8× as long from one hour to the next (ResNet34 32², t_grad at
+  b = 16 on both cores: 55.7 ms in a plan, 66-102 ms within one ten-minute launch hours
+  later), which moves every program alike; a reused t_grad left at its sitting's speed set the
+  multi-device rows against a one-device row timed now. Stored again so (`cache.store`),
+  an entry's values stay at one speed. Unscaled (1.0) where either reading is missing."""
+  if (b, 1) not in reused or (b, 1) not in fresh or reused[b, 1] <= 0:
+    return dict(reused), 1.0
+  factor = fresh[b, 1] / reused[b, 1]
+  return {k: v * factor for k, v in reused.items()}, factor
+
+
 def one_device_in_child(one, target, batches, timed, deadline, log, devices: int = 1,
                         large: int = 0) -> dict:
   """`measure_one_device` in a process of its own (`python -m jaxpar.plan.one_device`, on
@@ -947,20 +982,24 @@ def work_key(c) -> tuple:
   return c.server, c.devices, c.period
 
 
-def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, log) -> tuple:
-  """({work_key: seconds}, rows for the plan): for each synchronous candidate on several
-  devices, its step with the gradients stood in for (`probe.update_call`: the exchange,
-  packing, update and conditionals), the mean of `plan.measure_steps` steps (whole periods
-  of Local SGD, whose average is a branch taken one step in τ), less its collectives'
-  calibrated cost and less the same program on one device of each process at once — never
-  below 0. Past the budget the rest are 0, said so."""
+def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, log) -> list:
+  """Rows for the plan, one per program: for each synchronous candidate on several devices
+  (one per `work_key`), its step with the gradients stood in for (`probe.update_call`: the
+  exchange, packing, update and conditionals), the mean of `plan.measure_steps` steps
+  (whole periods of Local SGD, whose average is a branch taken one step in τ): `program_s`,
+  which its rows' steps take in place of costing those collectives (`rank.program_step`).
+  Beside it `collectives_s`, its collectives' calibrated cost, `one_device_s`, the same
+  program on one device of each process at once, and `seconds`, the program's own work as
+  the calibrated model reads it — program − collectives − one device, below 0 where the
+  calibration overstates the collectives. Past the budget the rest are not timed (their
+  rows costed by the calibration), said so."""
   from jaxpar import multihost, validation
   todo = {}
   for c in found:
     if c.devices > 1 and c.family != 'async':
       todo.setdefault(work_key(c), c)
   if not todo or costs is None:
-    return {}, []
+    return []
 
   def timed(cfg, devices=None, period=0):
     steps = max(period, 1)
@@ -970,25 +1009,26 @@ def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, l
     seconds = agree(float(np.median(call_timing.timed(call, windows, 1))) / steps)
     return seconds, collectives
 
+  untimed = ('their rows costed by the calibrated collectives and the one-device step\'s '
+             'other work')
   if past_deadline():
-    log('Plan: the budget was spent: the strategies\' own work not timed (taken as 0).')
-    return {}, []
+    log(f"Plan: the budget was spent: the strategies' programs not timed ({untimed}).")
+    return []
   alone, _ = timed(one, jax.local_devices()[:1])
-  work, rows = {}, []
+  rows = []
   for key, c in sorted(todo.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
     if past_deadline():
-      log(f'Plan: the budget was spent: the own work of {len(todo) - len(rows)} strategies '
-          'not timed (taken as 0).')
+      log(f'Plan: the budget was spent: {len(todo) - len(rows)} strategies\' programs not '
+          f'timed ({untimed}).')
       break
     cfg_c = with_overrides(one, c.overrides())
     validation.validate(cfg_c)
     seconds, collectives = timed(cfg_c, period=c.period)
     comm = costs.step(collectives, 1 / c.period if c.period else 1.0)
-    work[key] = max(seconds - comm - alone, 0.0)
     rows.append({'server': c.server, 'devices': c.devices, 'period': c.period,
-                 'seconds': work[key], 'program_s': seconds, 'collectives_s': comm,
-                 'one_device_s': alone})
-  return work, rows
+                 'seconds': seconds - comm - alone, 'program_s': seconds,
+                 'collectives_s': comm, 'one_device_s': alone})
+  return rows
 
 
 def _rows(c, processes: int) -> int:
