@@ -31,12 +31,12 @@ plan's `strategy_work` seconds: the program's time less its collectives' calibra
 and the one-device update's) — t_grad, the one-device update and the collectives at their
 calibrated cost, the model that costs a program phase 3b did not time.
 
-These shared cores take the same program up to 1.8× as long from one hour to the next
-(`host_speed`), which no model of a step can know. So the host's speed is read beside every
-launch (`host_speed`: the plan's t_grad(b, N), timed again by the same processes just before
-the launch, and once after the last): a launch's prediction at the host's speed is the
-prediction × its speed factor (t_grad now, the mean of the readings before and after it, ÷
-the plan's t_grad(b, N)), and each row is judged a third time so (`error_at_host_speed`:
+These shared cores take the same program up to 1.8× as long from one hour to the next,
+which no model of a step can know. So the host's speed is read beside every launch
+(`host_speed`: the plan's t_grad(b, N), timed again by the same processes before each
+launch and once after the last): a launch's prediction at the host's speed is the
+prediction × its speed factor (t_grad then, the geometric mean of the readings just before
+and just after it, ÷ the plan's t_grad(b, N)), and each row is judged a third time so (`error_at_host_speed`:
 |log| of the median over its launches of measured ÷ prediction at the host's speed). The
 factor is a measurement of the host, the same for every row, not a fit to any row.
 """
@@ -202,8 +202,9 @@ def summary(plan: dict, results: list) -> dict:
           'link': plan.get('link', 'loopback'), 'plan_created': plan['created'],
           'rows': results, 'median_error': med('error'),
           'median_error_without_work': med('error_without_work'),
-          'host_speed': ([min(f for r in done for f in r['host_speed'] or [1.0]),
-                          max(f for r in done for f in r['host_speed'] or [1.0])]
+          # the lowest and highest speed factor of any launch (`judged`'s `host_speed`)
+          'host_speed': ([min(f for r in done for f in r['host_speed'] or []),
+                          max(f for r in done for f in r['host_speed'] or [])]
                          if any(r['host_speed'] for r in done) else None),
           'median_error_at_host_speed': (med('error_at_host_speed') if all(
               r['error_at_host_speed'] is not None for r in done) else None),
