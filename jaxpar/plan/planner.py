@@ -453,11 +453,17 @@ class _Planning:
     """A candidate's step without its collectives."""
     if c.family == 'async':
       return async_update(c, self.t_grad, self.overhead, None, 0)
+    return self.step(c, 0.0)
+
+  def step(self, c, comm: float) -> float:
+    """A synchronous candidate's step with collectives that cost `comm` (calibrated): built
+    on its program's time where phase 3b timed it (`rank.program_step`: the collectives that
+    program makes are in that time), else on the one-device step's other work."""
     program = self.programs.get(work_key(c)) if c.devices > 1 else None
     if program:
       return rank.program_step(self.t_grad[c.device_batch, c.devices], program['program_s'],
-                               0.0, self.inputs_of(c, whole=True))
-    return rank.predicted_step(self.t_grad[c.device_batch, c.devices], self.overhead, 0.0,
+                               comm - program['collectives_s'], self.inputs_of(c, whole=True))
+    return rank.predicted_step(self.t_grad[c.device_batch, c.devices], self.overhead, comm,
                                self.inputs_of(c))
 
   def cost(self, row):
@@ -487,14 +493,7 @@ class _Planning:
     # Local SGD's average is a conditional taken one step in τ.
     comm = (self.costs.step(collectives, 1 / c.period if c.period else 1.0)
             if self.costs and collectives else 0.0)
-    program = self.programs.get(work_key(c)) if c.devices > 1 else None
-    if program:  # its program timed (phase 3b): the collectives it made are in that time
-      row['t_predicted'] = rank.program_step(
-          self.t_grad[c.device_batch, c.devices], program['program_s'],
-          comm - program['collectives_s'], self.inputs_of(c, whole=True))
-    else:
-      row['t_predicted'] = rank.predicted_step(self.t_grad[c.device_batch, c.devices],
-                                               self.overhead, comm, self.inputs_of(c))
+    row['t_predicted'] = self.step(c, comm)
     row.pop('pruned', None)
 
   # ------------------------------------------------------------- 5. time the close ones
