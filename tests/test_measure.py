@@ -828,3 +828,25 @@ def test_plan_steps_marks_a_launch_whose_gloo_loop_left_idle_priority(tmp_path):
          'measured_range_s': [0.1, 0.2], 'launches_at_normal_priority': 1}
   assert "100.0 (100.0–200.0), 1 launch(es) with gloo's loop at normal priority |" in \
       plan_steps.table({'rows': [row]})
+
+
+def test_program_batch_reads_each_program_as_its_step_less_t_grad_round_by_round():
+  """`analysis.steptime.program_batch.summarize` by hand: per round, the step at each batch
+  less that round's t_grad at that batch on as many devices; the medians; Local SGD labelled
+  by its period; the stand-in program's median beside."""
+  from analysis.steptime import program_batch
+  from jaxpar.plan.candidates import Candidate
+  dist = Candidate('sync-join', 'distributed', 2, 32, 'device')
+  local = Candidate('sync-join', 'allreduce', 2, 32, 'device', period=8)
+  samples = {'t_grad b=4 N=2': [0.02, 0.04, 0.03], 't_grad b=16 N=2': [0.06, 0.12, 0.07],
+             'distributed N=2 b=4': [0.20, 0.24, 0.21], 'distributed N=2 b=16': [0.24, 0.30, 0.26],
+             'distributed N=2 stand-in': [0.14, 0.15, 0.13],
+             'allreduce N=2 τ=8 b=4': [0.05, 0.07, 0.06], 'allreduce N=2 τ=8 b=16': [0.09, 0.15, 0.1],
+             'allreduce N=2 τ=8 stand-in': [0.03, 0.03, 0.04]}
+  rows = program_batch.summarize(samples, [dist, local], [4, 16])
+  d, l = rows
+  assert d['program'] == 'distributed N=2' and l['program'] == 'allreduce N=2 τ=8'
+  assert d['rounds_s'][4] == pytest.approx([0.18, 0.20, 0.18])
+  assert d['program_s'] == pytest.approx({4: 0.18, 16: 0.18})  # medians of (.18 .18 .19)
+  assert l['program_s'][4] == pytest.approx(0.03) and l['program_s'][16] == pytest.approx(0.03)
+  assert d['stand_in_s'] == pytest.approx(0.14) and d['step_s'][16] == pytest.approx(0.26)

@@ -733,10 +733,11 @@ def test_a_step_is_its_gradient_the_serial_step_s_other_work_its_inputs_and_its_
 
 
 def test_a_timed_program_s_step_is_its_gradient_its_program_and_what_the_program_lacks():
-  """rank.program_step by hand: t_grad + the program timed with its gradients stood in for
-  (its own collectives inside that time) + the collectives it does not make (BatchNorm's:
-  never below 0, as a row's collectives include its program's) + its inputs, all of them."""
+  """rank.program_step by hand: t_grad + the program phase 3b timed (its own collectives
+  inside that time; never below 0) + the collectives it does not make (BatchNorm's: never
+  below 0, as a row's collectives include its program's) + its inputs, all of them."""
   assert rank.program_step(0.060, 0.070, 0.011, 0.002) == pytest.approx(0.143)
+  assert rank.program_step(0.060, -0.003, 0.011, 0.002) == pytest.approx(0.073)
   # Its collectives calibrated above the row's (noise between two costings): nothing added.
   assert rank.program_step(0.060, 0.070, -0.001, 0.002) == pytest.approx(0.132)
   # Against the calibrated sum, which charged the exchange 86 ms inside a 72 ms program:
@@ -874,6 +875,91 @@ def test_the_update_program_is_the_step_with_its_gradients_stood_in_for():
   collectives, call = probe.update_call(one, meta, variables, jax.local_devices()[:1])
   call()
   assert collectives == []
+
+
+def test_the_real_update_program_sends_what_the_step_sends():
+  """`probe.update_call(gradients=True)`: the candidate's real step (phase 3b reads its
+  program as this step less t_grad): with BatchNorm over both devices it sends BN's
+  statistics in the forward and backward passes beside the gradients, which the stand-in
+  program does not; its collectives are the real step's."""
+  import jax
+  from jaxpar import build
+  from jaxpar.plan import probe
+  from jaxpar.step import make_train_step, to_global
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',), 'scheme': 'sync-split',
+                 'bn_group_size': 0})
+  meta = {'num_classes': 10, 'channels': 1}
+  variables = probe.initial_variables(c, meta)
+  stood_in, _ = probe.update_call(c, meta, variables)
+  real, call = probe.update_call(c, meta, variables, repeats=2, gradients=True)
+  call()
+  small = lambda cs: sorted(x.size for x in cs if x.op == 'all_reduce' and x.size < 1024)
+  assert len(small(real)) > len(small(stood_in))
+  mesh = build.mesh(c)
+  model, strategy, tx, state = build.for_timing(c, 10, 1, mesh, variables=variables)
+  step = make_train_step(model, tx, mesh, strategy, c.grad_accum_steps)
+  batch = to_global(mesh, probe.synthetic_batch(c.global_batch, c, meta))
+  from jaxpar.perfmodel import hlo
+  assert real == hlo.collectives(step.lower(state, batch, jax.random.key(1)).as_text())
+
+
+def test_phase_3b_times_each_program_as_its_real_step_at_a_small_batch_less_t_grad():
+  """`planner.program_overrides`: a candidate's real step at b₀ a device, BN per device;
+  `strategy_work` by hand, its timings scripted: each program is its step (a Local SGD
+  call is τ steps) less the t_grad of the same round, the median over the rounds, taken
+  in turn — a slow round moves the step and t_grad alike and cancels."""
+  from jaxpar.plan import call_timing, probe
+  b0 = planner.PROGRAM_BATCH
+  split = candidates.Candidate('sync-split', 'distributed', 2, 32, 'all')
+  join = candidates.Candidate('sync-join', 'allreduce', 2, 32, 'device', period=4)
+  assert planner.program_overrides(split)['global_batch'] == 2 * b0
+  assert planner.program_overrides(split)['bn_group_size'] == 1  # BN's own calls costed apart
+  assert planner.program_overrides(join)['per_device_batch'] == b0
+  assert planner.program_overrides(join)['sync_every'] == 4
+  assert planner.program_overrides(candidates.Candidate('sync-join', 'central', 2, 32, '')
+                                   )['bn_group_size'] is None
+  # Scripted: t_grad(b₀) 10 ms, the distributed step 30 ms, Local SGD's 4 steps 4 × 25 ms,
+  # the one-device program 5 ms, each round w at the host's speed (1, 2, 1.5)[w]; t_grad
+  # also read slow by itself (×3) in round 0. Paired by round, the distributed program is
+  # the median of (0, 40, 30) ms = 30 (not 45 − 20 = 25, the medians' difference).
+  base = {'alone': 5e-3, 't_grad': 10e-3, 'distributed': 30e-3, 'allreduce': 100e-3}
+  made, timed = [], []
+  def fake_update(cfg, meta, variables, devices=None, repeats=1, gradients=False):
+    name = 'alone' if devices is not None else cfg.server
+    made.append((name, gradients, repeats, cfg.per_device_batch, cfg.global_batch))
+    return [], lambda: name
+  def fake_timing(call, repeats, warmup):
+    name = call()
+    w = sum(1 for n in timed if n == name)
+    timed.append(name)
+    return [base[name] * (1, 2, 1.5)[w] * (3 if (name, w) == ('t_grad', 0) else 1)] * repeats
+  class Costs:
+    def step(self, collectives, rate):
+      return 7e-3
+  import types
+  p = types.SimpleNamespace(measure_windows=3, measure_steps=10)
+  one = with_overrides(_config(), {'mesh.shape': (1,), 'global_batch': 16})
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(probe, 'update_call', fake_update)
+    m.setattr(probe, 'gradient_call', lambda cfg, meta, batch, devices, v: (
+        made.append(('t_grad', batch, devices)), lambda: 't_grad')[1])
+    m.setattr(call_timing, 'timed', fake_timing)
+    rows = planner.strategy_work(one, [split, join], {}, {}, Costs(), p, lambda: False,
+                                 lambda x: x, lambda msg: None)
+  assert ('t_grad', b0, 2) in made  # on both devices at once
+  assert ('distributed', True, 1, 16, 2 * b0) in [m[:5] for m in made if m[0] == 'distributed']
+  assert ('allreduce', True, 4) in [m[:3] for m in made if m[0] == 'allreduce']
+  by = {r['server']: r for r in rows}
+  assert by['distributed']['program_s'] == pytest.approx(30e-3)
+  assert by['allreduce']['program_s'] == pytest.approx(22.5e-3)  # of (−5, 30, 22.5)
+  assert by['distributed']['t_grad_s'] == pytest.approx(20e-3)
+  assert by['distributed']['step_s'] == pytest.approx(45e-3)
+  assert by['distributed']['batch'] == b0 and by['allreduce']['period'] == 4
+  for r in rows:
+    assert r['one_device_s'] == pytest.approx(7.5e-3)  # the median of (5, 10, 7.5) ms
+    assert r['seconds'] == pytest.approx(r['program_s'] - 7e-3 - 7.5e-3)
+  # Every call timed once a round, the rounds in turn.
+  assert sorted(timed) == sorted(['alone', 't_grad', 'distributed', 'allreduce'] * 3)
 
 
 def test_past_the_budget_t_grad_is_scaled_from_the_nearest_measured_batch():
@@ -1214,13 +1300,15 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   assert serial['metric']['of'] == 1437 and 0 < serial['metric']['standard_error'] < 1
   assert plan['planning_per_training'] == pytest.approx(plan['planning_s'] / plan['choice']['T'][0])
   assert list(plan['phases_s']) == ['serial', 'methods', 't_grad', 'calls', 'work', 'predict', 'measure']
-  # Each 2-device program's own work beside its gradients (one per server and period),
-  # timed; never below 0, and in the prediction of its rows' steps.
+  # Each 2-device program's own work beside its gradients (one per server and period):
+  # its real step at b₀ a device less t_grad there, and in the prediction of its rows'
+  # steps (a reading below 0 as 0).
   work = {(r['server'], r['period']): r for r in plan['strategy_work']}
   servers = {r['server'] for r in plan['candidates'] if r['devices'] == 2 and r['family'] != 'async'}
   periods = {r['period'] for r in plan['candidates'] if r['family'] == 'local_sgd'}
   assert set(work) == {(s, 0) for s in servers} | {('allreduce', t) for t in periods}
-  assert all(r['program_s'] > 0 and r['devices'] == 2 for r in work.values())
+  assert all(r['devices'] == 2 and r['batch'] == planner.PROGRAM_BATCH
+             and r['step_s'] > 0 and r['t_grad_s'] > 0 for r in work.values())
   # Its own work as the calibrated model reads it: the program less its collectives' cost
   # and the one-device program (below 0 where the calibration overstates the collectives).
   for r in work.values():
@@ -1262,7 +1350,7 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   for r in plan['candidates']:
     if r['devices'] == 2 and r['family'] != 'async' and not r.get('pruned'):
       program = work[r['server'], r['period']]['program_s']
-      assert r['t_predicted'] >= (t_grad[r['batch'] // 2, 2] + program
+      assert r['t_predicted'] >= (t_grad[r['batch'] // 2, 2] + max(program, 0)
                                   + t_in[r['batch']] / cores) * (1 - 1e-9)
   split = next(r for r in plan['candidates']
                if r['label'] == 'sync-split allreduce N=1 B=64, BN all')

@@ -20,10 +20,11 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   (`probe.input_seconds`).
   3. calls        each collective kind's per-call cost on two of the devices
                   (`call_timing.time_calls`, 4 KB and the network's weights).
-  3b. work        each synchronous program on several devices with its gradients stood in
-                  for (`probe.update_call`), timed: what its strategy does beside the
-                  gradients (the exchange, packing, the update, conditionals), its rows'
-                  step beside t_grad (`strategy_work`, `rank.program_step`).
+  3b. work        each synchronous program on several devices: its real step at a small
+                  device batch less t_grad there, timed in rounds (`strategy_work`): what
+                  its strategy does beside the gradients (the exchange, packing, the
+                  update, conditionals), its rows' step beside t_grad
+                  (`rank.program_step`).
   4. predict      each candidate's step from its lowered program (`rank`), K(B) from the
                   batch model, T = K·t_step + the checkpoint saves before step K (each
                   timed after the serial run: `probe.save_seconds`); past a budget the
@@ -402,14 +403,15 @@ class _Planning:
   def work(self):
     """What a candidate's program does beside its gradients — the exchange, packing and
     unpacking its buffers, the update on them, conditionals, per-device copies — is not the
-    one-device step's: its step with the gradients stood in for, timed (`strategy_work`),
-    is its rows' step beside t_grad (`rank.program_step`)."""
+    one-device step's: its real step at a small device batch less t_grad there, timed in
+    rounds (`strategy_work`), is its rows' step beside t_grad (`rank.program_step`)."""
     self.work_rows = strategy_work(self.one, self.found, self.meta, self.variables,
                                    self.costs, self.p, self.past_preparing, self.agree, self.log)
     self.programs = {(r['server'], r['devices'], r['period']): r for r in self.work_rows}
     if self.work_rows:
-      self.log(f"Plan [{self.since()}]: the strategies' programs with their gradients "
-               'stood in for (their collectives calibrated at): ' + ', '.join(
+      self.log(f"Plan [{self.since()}]: the strategies' programs beside their gradients, "
+               f'each its step at b={PROGRAM_BATCH} a device less t_grad there (their '
+               'collectives calibrated at): ' + ', '.join(
                    f"{r['server']} N={r['devices']}" + (f" τ={r['period']}" if r['period']
                                                         else '')
                    + f" {r['program_s'] * 1e3:.2f} ms ({r['collectives_s'] * 1e3:.2f})"
@@ -555,7 +557,7 @@ class _Planning:
                     **({'estimated': True} if k in self.estimated else {})}
                    for k, v in self.t_grad.items()],
         'overhead_s': self.overhead,
-        'strategy_work': self.work_rows,  # each program timed with its gradients stood in for
+        'strategy_work': self.work_rows,  # each program beside its gradients, timed
         'input_s': {'rows': [{'rows': n, 'seconds': v} for n, v in self.t_in.items()],
                     'cores': self.cores},
         'calls': self.calls_timed, 'saves': saves,
@@ -981,17 +983,43 @@ def work_key(c) -> tuple:
   return c.server, c.devices, c.period
 
 
+PROGRAM_BATCH = 4  # b₀: the device batch at which phase 3b times each program's real step
+
+
+def program_overrides(c) -> dict:
+  """Config paths → values for candidate c's real step at b₀ (`PROGRAM_BATCH`) a device,
+  BatchNorm over each device's batch (as t_grad computes it: BN's collectives, where c has
+  them, are costed apart)."""
+  out = dict(c.overrides())
+  if 'global_batch' in out:
+    out['global_batch'] = PROGRAM_BATCH * c.devices
+  else:
+    out['per_device_batch'] = PROGRAM_BATCH
+  if out.get('bn_group_size') == 0:
+    out['bn_group_size'] = 1
+  return out
+
+
 def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, log) -> list:
   """Rows for the plan, one per program: for each synchronous candidate on several devices
-  (one per `work_key`), its step with the gradients stood in for (`probe.update_call`: the
-  exchange, packing, update and conditionals), the mean of `plan.measure_steps` steps
-  (whole periods of Local SGD, whose average is a branch taken one step in τ): `program_s`,
-  which its rows' steps take in place of costing those collectives (`rank.program_step`).
-  Beside it `collectives_s`, its collectives' calibrated cost, `one_device_s`, the same
-  program on one device of each process at once, and `seconds`, the program's own work as
-  the calibrated model reads it — program − collectives − one device, below 0 where the
-  calibration overstates the collectives. Past the budget the rest are not timed (their
-  rows costed by the calibration), said so."""
+  (one per `work_key`), what its step takes beside its gradients — the exchange, packing
+  and unpacking, the update, conditionals, and what computing the gradients into those
+  buffers costs beyond t_grad — read as its real step at a small device batch b₀
+  (`PROGRAM_BATCH`, `program_overrides`) less t_grad(b₀, N): `program_s`, which its rows'
+  steps take in place of costing those collectives (`rank.program_step`). This work is
+  per weight, not per example (ResNet34 32², 2 processes, five rounds: the distributed
+  server's step less t_grad 153 ms at a device batch of 4, 175 at 16, its rounds 138–192;
+  the all-reduce step's 65 and 77), while the same program with its gradients stood in
+  for (`probe.stand_in_gradients`) misses the backward pass writing them into the
+  server's buffers (120 ms; `analysis.steptime.program_batch`). The steps (whole periods of Local SGD, whose average is a branch
+  taken one step in τ), t_grad(b₀, N) and the one-device program are timed in
+  `plan.measure_windows` rounds, in turn (`in_turns`: a host whose speed drifts moves
+  them alike), each program less the t_grad of its round; the median over rounds. Beside
+  it `collectives_s`, its collectives' calibrated cost, `one_device_s`, the program with
+  its gradients stood in for on one device of each process at once, and `seconds`, the
+  program's own work as the calibrated model reads it — program − collectives − one
+  device, below 0 where the calibration overstates the collectives. Past the budget the
+  rest are not compiled (their rows costed by the calibration), said so."""
   from jaxpar import multihost, validation
   todo = {}
   for c in found:
@@ -999,34 +1027,52 @@ def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, l
       todo.setdefault(work_key(c), c)
   if not todo or costs is None:
     return []
-
-  def timed(cfg, devices=None, period=0):
-    steps = max(period, 1)
-    collectives, call = probe.update_call(cfg, meta, variables, devices, repeats=steps)
-    windows = max(2, -(-p.measure_steps // steps))
-    multihost.barrier(f'plan/update/{cfg.server}/{config_lib.num_devices(cfg)}/{period}')
-    seconds = agree(float(np.median(call_timing.timed(call, windows, 1))) / steps)
-    return seconds, collectives
-
   untimed = ('their rows costed by the calibrated collectives and the one-device step\'s '
              'other work')
   if past_deadline():
     log(f"Plan: the budget was spent: the strategies' programs not timed ({untimed}).")
     return []
-  alone, _ = timed(one, jax.local_devices()[:1])
-  rows = []
+  b0, processes = PROGRAM_BATCH, jax.process_count()
+  # {name: (call, steps a call)}; each compiled and run once here, timed in the rounds.
+  calls = {'alone': (probe.update_call(one, meta, variables, jax.local_devices()[:1])[1], 1)}
+  for n in sorted({key[1] for key in todo}):
+    calls['t_grad', n] = (probe.gradient_call(with_overrides(one, {'per_device_batch': b0}),
+                                              meta, b0, max(n // processes, 1), variables), 1)
+  collectives = {}
   for key, c in sorted(todo.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
     if past_deadline():
-      log(f'Plan: the budget was spent: {len(todo) - len(rows)} strategies\' programs not '
-          f'timed ({untimed}).')
+      log(f'Plan: the budget was spent: {len(todo) - len(collectives)} strategies\' programs '
+          f'not timed ({untimed}).')
       break
-    cfg_c = with_overrides(one, c.overrides())
+    cfg_c = with_overrides(one, program_overrides(c))
     validation.validate(cfg_c)
-    seconds, collectives = timed(cfg_c, period=c.period)
-    comm = costs.step(collectives, 1 / c.period if c.period else 1.0)
+    steps = max(c.period, 1)
+    collectives[key], call = probe.update_call(cfg_c, meta, variables, repeats=steps,
+                                               gradients=True)
+    calls[key] = (call, steps)
+  for i, name in enumerate(calls):
+    multihost.barrier(f'plan/work/compile/{i}')
+    calls[name][0]()
+  rounds = max(p.measure_windows, 1)
+  samples = collections.defaultdict(list)  # name: its time a step, one a round
+  names = list(calls)
+  for i, name in enumerate(in_turns(names, rounds)):
+    call, steps = calls[name]
+    windows = max(1, -(-p.measure_steps // (steps * rounds)))
+    multihost.barrier(f'plan/work/{i}')
+    samples[name].append(float(np.median(call_timing.timed(call, windows, 0))) / steps)
+  alone = agree(float(np.median(samples['alone'])))
+  rows = []
+  for key in collectives:
+    c = todo[key]
+    t_grad = samples['t_grad', key[1]]
+    program = agree(float(np.median([s - g for s, g in zip(samples[key], t_grad)])))
+    comm = costs.step(collectives[key], 1 / c.period if c.period else 1.0)
     rows.append({'server': c.server, 'devices': c.devices, 'period': c.period,
-                 'seconds': seconds - comm - alone, 'program_s': seconds,
-                 'collectives_s': comm, 'one_device_s': alone})
+                 'seconds': program - comm - alone, 'program_s': program,
+                 'collectives_s': comm, 'one_device_s': alone, 'batch': b0,
+                 'step_s': agree(float(np.median(samples[key]))),
+                 't_grad_s': agree(float(np.median(t_grad)))})
   return rows
 
 

@@ -489,12 +489,13 @@ def stand_in_gradients(model, params, batch_stats, batch, rng, micro_batches=1,
   return grads, batch_stats, {'loss': jnp.mean(label), 'accuracy': jnp.mean(label)}
 
 
-def update_call(cfg, meta, variables, devices=None, repeats: int = 1):
+def update_call(cfg, meta, variables, devices=None, repeats: int = 1, gradients: bool = False):
   """(collectives of the lowered program, `call()`): the candidate's step with its gradients
   stood in for (`stand_in_gradients`): what its strategy does beside the network — the
   exchange, packing and unpacking, the update, conditionals — on the config's mesh of
   `devices` (default the first N of every process's), or on one device of this process
-  (`devices=jax.local_devices()[:1]`: each process alone, at once). `call()` runs
+  (`devices=jax.local_devices()[:1]`: each process alone, at once); with `gradients`, the
+  real step (the network's gradients computed), on a synthetic batch. `call()` runs
   `repeats` steps and blocks."""
   from jaxpar import build
   from jaxpar import config as config_lib
@@ -508,7 +509,7 @@ def update_call(cfg, meta, variables, devices=None, repeats: int = 1):
   model, strategy, tx, state = build.for_timing(cfg, meta['num_classes'], meta['channels'],
                                                mesh, variables=variables)
   step = make_train_step(model, tx, mesh, strategy, cfg.grad_accum_steps,
-                         gradients_of=stand_in_gradients)
+                         gradients_of=None if gradients else stand_in_gradients)
   local = len([d for d in devices if d.process_index == jax.process_index()])
   rows = config_lib.global_batch(cfg) * local // len(devices)
   batch = to_global(mesh, synthetic_batch(rows, cfg, meta))

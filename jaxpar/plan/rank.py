@@ -119,15 +119,17 @@ def predicted_step(t_grad: float, overhead: float, comm: float, inputs: float = 
 
 
 def program_step(t_grad: float, program: float, extra_comm: float, inputs: float) -> float:
-  """A multi-device step whose program was timed with its gradients stood in for (phase
-  3b): t_grad + that program's measured time (the exchange, packing, update, conditionals
-  — its collectives measured where the program makes them, not costed) + the collectives
-  the stand-in does not make (`extra_comm`: BatchNorm's over devices, in the gradients'
-  computation), at their calibrated cost + the input pipeline's share of this step's batch
-  (`inputs`). The calibration of a large collective in a chain alone is a less faithful
-  cost than the program's own time (ResNet34 32², 2 processes: the all-reduce program 72
-  ms in all, its collectives calibrated at 86)."""
-  return t_grad + program + max(extra_comm, 0.0) + max(inputs, 0.0)
+  """A multi-device step whose program phase 3b timed (its real step at a small device
+  batch less t_grad there, BatchNorm per device): t_grad + that program's measured time
+  (the exchange, packing, update, conditionals — its collectives measured where the
+  program makes them, not costed) + the collectives it did not make (`extra_comm`:
+  BatchNorm's over devices, in the gradients' computation), at their calibrated cost + the
+  input pipeline's share of this step's batch (`inputs`). The calibration of a large
+  collective in a chain alone is a less faithful cost than the program's own time
+  (ResNet34 32², 2 processes: the all-reduce program 72 ms in all, its collectives
+  calibrated at 86). A program read below 0 (its step less t_grad, on a small network
+  inside the timing noise) adds nothing."""
+  return t_grad + max(program, 0.0) + max(extra_comm, 0.0) + max(inputs, 0.0)
 
 
 def predict(candidates, steps, step_bound, cost, close: float, spent=lambda: False) -> list:
