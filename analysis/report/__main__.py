@@ -163,6 +163,8 @@ PLANS_WITH_METHODS = ('methods/squeezenet32_p2_loopback', 'methods/googlenet32_p
 PLANS_BEFORE_THE_SECOND_POINT = ('methods/squeezenet32_p2_loopback_noise_scale',)
 # A plan whose tie rule compared ranges with the seeds' spread in them, kept to compare.
 PLANS_BEFORE_OWN_RANGES = ('methods/resnet34_32_p2_loopback_tie_with_seeds',)
+# Made after phase 3b read each program inside its real step.
+PLANS_WITH_REAL_PROGRAMS = ('methods/resnet34_32_p2_loopback_real_programs',)
 
 
 def _far_targets():
@@ -303,7 +305,7 @@ FILES = {
     'plan/googlenet16.md': lambda: _plan('googlenet16'),
     **{f'plan/{name}.md': (lambda n=name: _plan(n))
        for name in PLANS_ACROSS_PROCESSES + PLANS_WITH_DEFAULTS + PLANS_WITH_METHODS
-       + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES},
+       + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES + PLANS_WITH_REAL_PROGRAMS},
     'thesis_report.md': lambda: _thesis('markdown'),
 }
 
@@ -380,10 +382,12 @@ TABLES = {
     'plan-regret-defaults': lambda: _plan_summary(*PLANS_WITH_DEFAULTS),
     'plan-regret-methods': lambda: _plan_summary(*PLANS_WITH_METHODS,
                                                  *PLANS_BEFORE_THE_SECOND_POINT,
-                                                 *PLANS_BEFORE_OWN_RANGES),
+                                                 *PLANS_BEFORE_OWN_RANGES,
+                                                 *PLANS_WITH_REAL_PROGRAMS),
     'plan-methods-rows': lambda: _plan_families(*PLANS_WITH_METHODS,
                                                 *PLANS_BEFORE_THE_SECOND_POINT,
-                                                *PLANS_BEFORE_OWN_RANGES),
+                                                *PLANS_BEFORE_OWN_RANGES,
+                                                *PLANS_WITH_REAL_PROGRAMS),
     'plan-far-targets': _far_targets,
 }
 

@@ -1007,12 +1007,14 @@ def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, l
   buffers costs beyond t_grad — read as its real step at a small device batch b₀
   (`PROGRAM_BATCH`, `program_overrides`) less t_grad(b₀, N): `program_s`, which its rows'
   steps take in place of costing those collectives (`rank.program_step`). This work is
-  per weight, not per example (ResNet34 32², 2 processes, five rounds: the distributed
-  server's step less t_grad 153 ms at a device batch of 4, 175 at 16, its rounds 138–192;
-  the all-reduce step's 65 and 77), while the same program with its gradients stood in
-  for (`probe.stand_in_gradients`) misses the backward pass writing them into the
-  server's buffers (120 ms; `analysis.steptime.program_batch`). The steps (whole periods of Local SGD, whose average is a branch
-  taken one step in τ), t_grad(b₀, N) and the one-device program are timed in
+  taken as per weight, not per example: at 4 and 16 a device it differed by less than its
+  rounds' spread (ResNet34 32², 2 processes, five rounds: the distributed server's 153 and
+  175 ms, its rounds 138–192; the all-reduce step's 65 and 77, which may hide a share
+  that grows with the batch: `analysis.steptime.program_batch`), while the same program
+  with its gradients stood in for (`probe.stand_in_gradients`) misses the backward pass
+  writing them into the server's buffers (120 ms). The steps (whole periods of Local
+  SGD, whose average is a branch taken one step in τ), t_grad(b₀, N) and the one-device
+  program are timed in
   `plan.measure_windows` rounds, in turn (`in_turns`: a host whose speed drifts moves
   them alike), each program less the t_grad of its round; the median over rounds. Beside
   it `collectives_s`, its collectives' calibrated cost, `one_device_s`, the program with
