@@ -364,7 +364,7 @@ def test_a_timed_candidate_traces_and_lowers_its_step_once(data_dir):
   c = _config(**{'dataset.data_dir': data_dir, 'mesh.shape': (2,), 'mesh.axes': ('data',)})
   validation.validate(c)
   source = sources.open_source(c.dataset)
-  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  meta = source.meta
   events = []
 
   def listener(event, seconds, **kwargs):

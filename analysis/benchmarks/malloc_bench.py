@@ -56,7 +56,7 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
   auto = host_memory.resolve('auto', lambda: estimate)
   host_memory.keep_freed_memory(setting)
   source = sources.open_source(one.dataset)
-  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  meta = source.meta
   _, window = probe.step_call(one, meta, source, probe.initial_variables(one, meta),
                              lower=False)
   window(5)

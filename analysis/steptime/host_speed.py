@@ -47,7 +47,7 @@ def measure(cfg, devices: int, calls: int) -> dict:
   b = cfg.per_device_batch
   one = with_overrides(cfg, {**probe.one_device_overrides(cfg, b), 'total_steps': 1})
   source = sources.open_source(cfg.dataset)
-  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  meta = source.meta
   call = probe.gradient_call(one, meta, b, devices // jax.process_count(),
                              probe.initial_variables(one, meta))
   multihost.barrier('host_speed')

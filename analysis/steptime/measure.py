@@ -481,7 +481,7 @@ def measure(cfg, argv) -> dict:
   runs, skipped = plan(cfg, FLAGS.workers, FLAGS.processes, FLAGS.schemes, FLAGS.servers,
                        FLAGS.async_servers, FLAGS.volume, FLAGS.links)
   source = sources.open_source(cfg.dataset)
-  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  meta = source.meta
   one = _cell(cfg, ONE_DEVICE)
   params = build.abstract_variables(one, build.model(one, meta['num_classes'], meta['channels'],
                                                      AbstractMesh((1,), ('data',))),

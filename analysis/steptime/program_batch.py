@@ -83,7 +83,7 @@ def main(argv):
   b = cfg.per_device_batch
   one = with_overrides(cfg, {**probe.one_device_overrides(cfg, b), 'total_steps': 10**6})
   source = sources.open_source(cfg.dataset)
-  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  meta = source.meta
   variables = probe.initial_variables(one, meta)
   fields = {f.name for f in dataclasses.fields(candidates.Candidate)}
   programs = {}

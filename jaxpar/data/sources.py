@@ -73,6 +73,12 @@ class Source:
   # or None where they do not fit (read at every evaluation; said once)}.
   kept: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
+  @property
+  def meta(self) -> dict:
+    """{'num_classes', 'channels'}: what a network is built for (`build.model`'s
+    arguments), as the plan and the tools that time a network pass it on."""
+    return {'num_classes': self.num_classes, 'channels': self.channels}
+
   def train(self):
     """The train records this process reads, as examples."""
     return self._loaded(self.train_records())

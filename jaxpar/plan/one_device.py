@@ -39,7 +39,7 @@ def main(path: str) -> None:
   compile_cache.apply(cfg.compilation_cache, 1)
   mesh_lib.emulate_cpu_devices(1)
   source = sources.open_source(cfg.dataset)
-  meta = {'num_classes': source.num_classes, 'channels': source.channels}
+  meta = source.meta
   result = planner.measure_one_device(
       cfg, source, meta, probe.Target(**spec['target']), spec['batches'],
       [(label, tuples(overrides)) for label, overrides in spec['timed']],

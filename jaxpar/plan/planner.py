@@ -151,7 +151,7 @@ class _Planning:
     self.phases, self._marked = {}, self.started
     self.programs = {}  # {work_key: phase 3b's row}: each multi-device program timed
     self.source = sources.open_source(cfg.dataset)
-    self.meta = {'num_classes': self.source.num_classes, 'channels': self.source.channels}
+    self.meta = self.source.meta
     # The devices the run would use (its mesh), of those this process sees; across processes
     # the run's mesh is all of them (and one device is a run of one process).
     self.available = min(config_lib.num_devices(cfg), jax.device_count())
