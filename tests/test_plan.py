@@ -914,6 +914,7 @@ def test_phase_3b_times_each_program_as_its_real_step_at_a_small_batch_less_t_gr
   join = candidates.Candidate('sync-join', 'allreduce', 2, 32, 'device', period=4)
   assert planner.program_overrides(split)['global_batch'] == 2 * b0
   assert planner.program_overrides(split)['bn_group_size'] == 1  # BN's own calls costed apart
+  assert planner.program_overrides(split, 16)['global_batch'] == 32  # at another device batch
   assert planner.program_overrides(join)['per_device_batch'] == b0
   assert planner.program_overrides(join)['sync_every'] == 4
   assert planner.program_overrides(candidates.Candidate('sync-join', 'central', 2, 32, '')

@@ -17,11 +17,10 @@ for the plan's programs (one row of each `work_key`, BatchNorm per device): per 
 
 and the stand-in program (`probe.update_call`, the gradients the weights × a small
 factor), which the plan read before. A round times every call once, in turn
-(`planner.in_turns`); the medians over rounds, and the rounds themselves, are written
-(process 0) as {'rows': [{'program', 'batches', 'program_s': {b: s}, 'rounds_s': ...,
-'stand_in_s'}], 't_grad_s': {b: s}, ...}.
+(`planner.in_rounds`, as phase 3b does); the medians over rounds, and the rounds
+themselves, are written (process 0) as {'rows': [{'program', 'batches', 'program_s':
+{b: s}, 'rounds_s': ..., 'stand_in_s'}], 't_grad_s': {b: s}, ...}.
 """
-import collections
 import dataclasses
 import datetime
 import json
@@ -72,10 +71,10 @@ def main(argv):
   import jax
 
   from analysis.steptime.measure import machine, versions
-  from jaxpar import multihost, validation
+  from jaxpar import validation
   from jaxpar.config import with_overrides
   from jaxpar.data import sources
-  from jaxpar.plan import call_timing, candidates, planner, probe
+  from jaxpar.plan import candidates, planner, probe
   del argv
   cfg = planner.prepare(FLAGS.config)
   with open(FLAGS.plan) as f:
@@ -92,7 +91,6 @@ def main(argv):
     if c.devices > 1 and c.family != 'async':
       programs.setdefault(planner.work_key(c), c)
   batches = sorted({planner.PROGRAM_BATCH, b})
-  timed = lambda call: float(np.median(call_timing.timed(call, FLAGS.calls, 0)))
   calls = {}  # name: (call, steps a call)
   devices = sorted({key[1] for key in programs})
   for n in devices:
@@ -102,26 +100,17 @@ def main(argv):
           max(n // jax.process_count(), 1), variables), 1)
   for key, c in programs.items():
     steps = max(c.period, 1)
-    over = planner.program_overrides(c)
-    del over['global_batch' if 'global_batch' in over else 'per_device_batch']
     name = label(c)
     for batch in batches:
-      cfg_c = with_overrides(one, {**over, 'per_device_batch': batch})
+      cfg_c = with_overrides(one, planner.program_overrides(c, batch))
       validation.validate(cfg_c)
       calls[f'{name} b={batch}'] = (probe.update_call(cfg_c, meta, variables, repeats=steps,
                                                       gradients=True)[1], steps)
-    cfg_c = with_overrides(one, {**over, 'per_device_batch': b})
+    cfg_c = with_overrides(one, planner.program_overrides(c, b))
     validation.validate(cfg_c)
     calls[f'{name} stand-in'] = (probe.update_call(cfg_c, meta, variables, repeats=steps)[1],
                                  steps)
-  for i, (call, _) in enumerate(calls.values()):
-    multihost.barrier(f'program_batch/compile/{i}')
-    call()
-  samples = collections.defaultdict(list)
-  for i, name in enumerate(planner.in_turns(list(calls), FLAGS.rounds)):
-    call, steps = calls[name]
-    multihost.barrier(f'program_batch/{i}')
-    samples[name].append(timed(call) / steps)
+  samples = planner.in_rounds(calls, FLAGS.rounds, lambda steps: FLAGS.calls, 'program_batch')
   if jax.process_index() != 0:
     return
   rows = summarize(samples, list(programs.values()), batches)

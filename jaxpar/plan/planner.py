@@ -986,18 +986,35 @@ def work_key(c) -> tuple:
 PROGRAM_BATCH = 4  # b₀: the device batch at which phase 3b times each program's real step
 
 
-def program_overrides(c) -> dict:
-  """Config paths → values for candidate c's real step at b₀ (`PROGRAM_BATCH`) a device,
-  BatchNorm over each device's batch (as t_grad computes it: BN's collectives, where c has
-  them, are costed apart)."""
+def program_overrides(c, batch: int = PROGRAM_BATCH) -> dict:
+  """Config paths → values for candidate c's real step at `batch` a device (b₀,
+  `PROGRAM_BATCH`), BatchNorm over each device's batch (as t_grad computes it: BN's
+  collectives, where c has them, are costed apart)."""
   out = dict(c.overrides())
   if 'global_batch' in out:
-    out['global_batch'] = PROGRAM_BATCH * c.devices
+    out['global_batch'] = batch * c.devices
   else:
-    out['per_device_batch'] = PROGRAM_BATCH
+    out['per_device_batch'] = batch
   if out.get('bn_group_size') == 0:
     out['bn_group_size'] = 1
   return out
+
+
+def in_rounds(calls: dict, rounds: int, windows, tag: str) -> dict:
+  """{name: seconds a step, one a round} of `calls` ({name: (call, steps a call)}): each
+  called once first (it compiles), then every one timed once a round for `rounds` rounds,
+  in turn (`in_turns`), the median of `windows(steps)` calls a timing; every process at
+  once (barriers named by `tag`)."""
+  from jaxpar import multihost
+  for i, (call, _) in enumerate(calls.values()):
+    multihost.barrier(f'{tag}/compile/{i}')
+    call()
+  samples = collections.defaultdict(list)
+  for i, name in enumerate(in_turns(list(calls), rounds)):
+    call, steps = calls[name]
+    multihost.barrier(f'{tag}/{i}')
+    samples[name].append(float(np.median(call_timing.timed(call, windows(steps), 0))) / steps)
+  return samples
 
 
 def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, log) -> list:
@@ -1014,15 +1031,15 @@ def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, l
   with its gradients stood in for (`probe.stand_in_gradients`) misses the backward pass
   writing them into the server's buffers (120 ms). The steps (whole periods of Local
   SGD, whose average is a branch taken one step in τ), t_grad(b₀, N) and the one-device
-  program are timed in
-  `plan.measure_windows` rounds, in turn (`in_turns`: a host whose speed drifts moves
-  them alike), each program less the t_grad of its round; the median over rounds. Beside
+  program are timed in `plan.measure_windows` rounds, in turn (`in_rounds`: a host whose
+  speed drifts moves them alike), each program less the t_grad of its round; the median
+  over rounds. Beside
   it `collectives_s`, its collectives' calibrated cost, `one_device_s`, the program with
   its gradients stood in for on one device of each process at once, and `seconds`, the
   program's own work as the calibrated model reads it — program − collectives − one
   device, below 0 where the calibration overstates the collectives. Past the budget the
   rest are not compiled (their rows costed by the calibration), said so."""
-  from jaxpar import multihost, validation
+  from jaxpar import validation
   todo = {}
   for c in found:
     if c.devices > 1 and c.family != 'async':
@@ -1052,17 +1069,9 @@ def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, l
     collectives[key], call = probe.update_call(cfg_c, meta, variables, repeats=steps,
                                                gradients=True)
     calls[key] = (call, steps)
-  for i, name in enumerate(calls):
-    multihost.barrier(f'plan/work/compile/{i}')
-    calls[name][0]()
   rounds = max(p.measure_windows, 1)
-  samples = collections.defaultdict(list)  # name: its time a step, one a round
-  names = list(calls)
-  for i, name in enumerate(in_turns(names, rounds)):
-    call, steps = calls[name]
-    windows = max(1, -(-p.measure_steps // (steps * rounds)))
-    multihost.barrier(f'plan/work/{i}')
-    samples[name].append(float(np.median(call_timing.timed(call, windows, 0))) / steps)
+  samples = in_rounds(calls, rounds, lambda steps: max(1, -(-p.measure_steps // (steps * rounds))),
+                      'plan/work')
   alone = agree(float(np.median(samples['alone'])))
   rows = []
   for key in collectives:
