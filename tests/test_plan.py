@@ -486,6 +486,93 @@ def test_the_tie_rule_leaves_out_the_seeds_spread_both_rows_share():
   assert ranked['T_own'] == pytest.approx([173 * 0.068, 173 * 0.067, 173 * 0.073])
 
 
+def test_the_tie_rule_pairs_rows_timed_in_the_same_rounds():
+  """Rows phase 5 timed in the same rounds are compared round by round: each round's ratio
+  of T at each B_noise reading, the middle half of the rounds (numpy's quartiles: with 3
+  rounds, halfway between the sorted ratios). The ResNet34 case: Local SGD τ = 8's
+  windows 112.1, 108.3 and 125.8 ms (K 113.5) against one device's 79, 78 and 80 (K 173.2):
+  ratios 1.075, 1.099, 0.970 — quartiles 1.023–1.087, no tie, where the ranges (one device
+  13.51–13.86 s, τ = 8 12.29–14.28) overlap."""
+  def row(devices, k, windows, timed_in):
+    c = candidates.Candidate('sync-join', 'allreduce', devices, 16 * devices, '')
+    t = [w / 1e3 for w in windows]
+    return {'candidate': c, 'label': c.label, 'basis': 'sync', 't_measured': t,
+            'timed_in': timed_in, 'T': [k * np.median(t), k * min(t), k * max(t)],
+            'T_rounds': [[k * w] * 3 for w in t]}
+  leader = row(2, 113.5, [112.1, 108.3, 125.8], 1)
+  one = row(1, 173.2, [79, 78, 80], 1)
+  ratios = sorted(173.2 * a / (113.5 * b) for a, b in zip([79, 78, 80], [112.1, 108.3, 125.8]))
+  assert rank.paired(one, leader) == pytest.approx([(ratios[0] + ratios[1]) / 2,
+                                                    (ratios[1] + ratios[2]) / 2])
+  assert rank.paired(one, leader)[0] > 1 and rank.choose([leader, one], leader) == (leader, '')
+  # Timed apart (another call's rounds, or none): their ranges are compared — and overlap.
+  apart = {**one, 'timed_in': 2}
+  assert rank.paired(apart, leader) is None and rank.choose([leader, apart], leader)[0] is apart
+  # A host that slowed both in round 2: their ranges overlap, round by round it is 7-9 % slower.
+  leader, one = row(2, 113.5, [110, 130, 112], 3), row(1, 173.2, [77, 92, 80], 3)
+  assert rank.own_range(one)[1] <= rank.own_range(leader)[2]
+  assert rank.choose([leader, one], leader) == (leader, '')
+  # Round by round within the rounds' spread of the leader: a tie, said with the ratios.
+  leader, one = row(2, 113.5, [100, 101, 99], 4), row(1, 173.2, [64, 67, 66], 4)
+  choice, why = rank.choose([leader, one], leader)
+  assert choice is one and rank.paired(one, leader)[0] <= 1 < rank.paired(one, leader)[1]
+  assert 'timed in the same rounds, its time to the target came to 0.99–1.01× the leader' in why
+  # From `rank.rank`: T at each of B_noise's readings (K of N = 2 at B = 32 depends on it,
+  # one device's at b = 16 does not), each reading's ratios paired.
+  two = {'candidate': candidates.Candidate('sync-join', 'allreduce', 2, 32, ''),
+         't_predicted': 0.1, 't_measured': [0.100, 0.104, 0.098], 'timed_in': 5}
+  single = {'candidate': candidates.Candidate('sync-join', 'allreduce', 1, 16, ''),
+            't_predicted': 0.06, 't_measured': [0.061, 0.062, 0.060], 'timed_in': 5}
+  ranked = rank.rank([two, single], 100, 16, (48, 16, 200))
+  ks = [rank.steps_at(100, 16, x, 32) for x in (48, 16, 200)]
+  assert np.allclose(two['T_rounds'], [[k * w for k in ks] for w in (0.100, 0.104, 0.098)])
+  per_reading = [np.percentile([100 * a / (k * b) for a, b in zip(
+      (0.061, 0.062, 0.060), (0.100, 0.104, 0.098))], [25, 75]) for k in ks]
+  assert rank.paired(single, two) == pytest.approx(
+      [min(q[0] for q in per_reading), max(q[1] for q in per_reading)])
+  assert ranked == sorted(ranked, key=lambda r: r['T'][0])
+
+
+def test_the_one_device_process_times_a_window_whenever_asked_until_its_input_ends(tmp_path):
+  """`one_device.serve` behind `planner.OneDeviceWindows`, across a real pipe and process:
+  'serving', then a window of the named loop each time it is asked; its stdin closed, it
+  exits. A process with nothing to serve says 'done'; one that ends without a reply is a
+  RunError naming the row."""
+  script = tmp_path / 'child.py'
+  script.write_text(
+      'import os, sys\n'
+      'from jaxpar.plan import one_device\n'
+      'mode, fd = sys.argv[1], int(sys.argv[2])\n'
+      'with os.fdopen(fd, "w") as out:\n'
+      '  if mode == "die":\n'
+      '    out.write("serving\\n"); out.flush(); sys.exit(3)\n'
+      '  loops = {"a": lambda k: 0.5 / k, "b τ": lambda k: 2.0 * k} if mode == "serve" else {}\n'
+      '  one_device.serve(loops, sys.stdin, out)\n')
+
+  def start(mode):
+    results, sent = os.pipe()
+    child = subprocess.Popen([sys.executable, str(script), mode, str(sent)], cwd=ROOT,
+                             stdin=subprocess.PIPE, text=True, pass_fds=(sent,),
+                             env=process_env())
+    os.close(sent)
+    return planner.OneDeviceWindows(child, os.fdopen(results))
+
+  windows = start('serve')
+  assert windows.reply() == 'serving'
+  assert windows.window('a', 5) == 0.1 and windows.window('b τ', 3) == 6.0
+  assert windows.window('a', 2) == 0.25
+  windows.close()
+  assert windows.child.returncode == 0
+  windows = start('none')
+  assert windows.reply() == 'done'
+  windows.close()
+  windows = start('die')
+  assert windows.reply() == 'serving'
+  with pytest.raises(config_lib.RunError, match=r'one-device process ended \(exit 3\) while timing a'):
+    windows.window('a', 5)
+  windows.close()
+
+
 def test_a_local_sgd_window_is_whole_periods():
   """Phase 5 times Local SGD in whole periods (its average is one step in τ): 10 steps at
   τ = 8 are 16; at τ = 2, 10; other rows 10."""
@@ -1023,6 +1110,96 @@ def test_measuring_times_what_moves_ahead_beside_the_fastest_measured_that_runs_
   assert timed[:8] == [a, b, a, b, b, a, a, b] and sorted(timed[8:], key=str) == [a] * 4 + [d] * 4
 
 
+def test_a_tie_with_a_row_timed_apart_is_timed_side_by_side_and_decided_round_by_round():
+  """`planner.choose_measured`, all at batch 64 (one K): the leader on 2 devices timed in
+  phase 5's rounds (50-60 ms), one device timed apart in its own process (53-54 ms): their
+  ranges overlap, so the tie rule would choose one device. Both can be timed here: they are,
+  side by side, and decided round by round — one device 12 % slower in every round keeps the
+  leader; level in every round, one device is chosen, said with the rounds' ratios."""
+  import ml_collections
+  c = candidates.Candidate
+  two, one = c('sync-split', 'allreduce', 2, 64, 'all'), c('sync-split', 'allreduce', 1, 64, 'all')
+  p = ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': 3,
+                                 'measure_steps': 10})
+  for alone_step, chosen in ((0.056, two), (0.050, one)):
+    rows = [{'candidate': two, 't_predicted': 0.05, 't_measured': [0.050, 0.060, 0.052],
+             'timed_in': 0},
+            {'candidate': one, 't_predicted': 0.05, 't_measured': [0.053, 0.053, 0.054]}]
+    step, timed = {two: 0.050, one: alone_step}, []
+
+    def window_of(candidate):
+      def window(k):
+        timed.append(candidate)
+        return step[candidate]
+      window.close = lambda: None
+      return window
+    calls_of = {x: window_of(x) for x in (two, one)}
+    rerank = lambda: rank.rank(rows, 100, 64, (math.inf,) * 3)
+    ranked = rerank()
+    assert rank.choose(ranked, ranked[0])[0]['candidate'] is one  # by the ranges
+    ranked, choice, why = planner.choose_measured(
+        ranked, rerank, cost=None, calls_of=calls_of, p=p, past_deadline=lambda: False,
+        agree=lambda x: x, log=[].append, started=0.0)
+    assert sorted(timed, key=str) == sorted([two] * 4 + [one] * 4, key=str)
+    assert rows[0]['timed_in'] == rows[1]['timed_in'] > 0
+    assert choice['candidate'] is chosen
+    if chosen is one:
+      assert 'timed in the same rounds, its time to the target came to 1.00–1.00×' in why
+    else:
+      assert why == ''
+  # Past the budget nothing more is timed: the ranges decide.
+  rows[0].update(t_measured=[0.050, 0.060, 0.052], timed_in=0)
+  rows[1].update(t_measured=[0.053, 0.053, 0.054])
+  rows[1].pop('timed_in')
+  timed.clear()
+  ranked, choice, _ = planner.choose_measured(
+      rerank(), rerank, cost=None, calls_of=calls_of, p=p, past_deadline=lambda: True,
+      agree=lambda x: x, log=[].append, started=0.0)
+  assert timed == [] and choice['candidate'] is one
+
+
+def test_the_cheapest_close_row_timed_apart_joins_the_first_rounds():
+  """Phase 5 across processes: one device, timed apart in phase 1's process (its windows
+  read slow there), ranks behind the two close 2-device rows; with a call here (the
+  one-device process left open) it joins their rounds beyond `measure_top` and is timed
+  again in them — its earlier windows replaced, the three rows sharing `timed_in`."""
+  import ml_collections
+  c = candidates.Candidate
+  alone, a, b = (c('sync-split', 'allreduce', 1, 64, 'all'),
+                 c('sync-split', 'allreduce', 2, 64, 'all'),
+                 c('sync-split', 'central', 2, 64, 'all'))
+  rows = [{'candidate': alone, 't_predicted': 0.060, 't_measured': [0.090, 0.080, 0.095]},
+          {'candidate': a, 't_predicted': 0.050}, {'candidate': b, 't_predicted': 0.052}]
+  step, timed = {a: 0.055, b: 0.058, alone: 0.060}, []
+
+  def window_of(candidate):
+    def window(k):
+      timed.append(candidate)
+      return step[candidate]
+    window.close = lambda: None
+    return window
+  calls_of = {x: window_of(x) for x in (a, b, alone)}
+  p = ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': 3,
+                                 'measure_steps': 10})
+  ranked = planner.time_the_close_ones(
+      rows, lambda: rank.rank(rows, 100, 64, (math.inf,) * 3), calls_of, cost=None, p=p,
+      past_deadline=lambda: False, agree=lambda x: x, log=[].append, started=0.0)
+  assert [r['candidate'] for r in ranked] == [a, b, alone]
+  assert timed == [a, b, alone] + [a, b, alone, b, alone, a, alone, a, b]
+  assert ranked[2]['t_measured'] == [0.060] * 3
+  assert len({r['timed_in'] for r in ranked}) == 1
+  # Without a call here it keeps its phase-1 windows and is not timed.
+  rows = [{'candidate': alone, 't_predicted': 0.060, 't_measured': [0.090, 0.080, 0.095]},
+          {'candidate': a, 't_predicted': 0.050}, {'candidate': b, 't_predicted': 0.052}]
+  del calls_of[alone]
+  timed.clear()
+  ranked = planner.time_the_close_ones(
+      rows, lambda: rank.rank(rows, 100, 64, (math.inf,) * 3), calls_of, cost=None, p=p,
+      past_deadline=lambda: False, agree=lambda x: x, log=[].append, started=0.0)
+  assert alone not in timed and ranked[2]['t_measured'] == [0.090, 0.080, 0.095]
+  assert 'timed_in' not in ranked[2]
+
+
 def test_past_the_budget_no_further_run_starts_and_the_log_names_each():
   """Phases 1-1b past their deadlines (a time, or across processes a callable): the further
   seeds, Downpour's simulated run, the run at the large batch and the families' runs are not
@@ -1261,12 +1438,12 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   c = _config(**{'dataset.data_dir': data_dir, 'mesh.shape': (2,), 'mesh.axes': ('data',),
                  'plan.target_loss': 2.2, 'plan.close': 1.25, 'plan.budget_s': 600.0,
                  'plan.eval_every': 5, 'plan.max_steps': 200, 'plan.measure_top': 2,
-                 'plan.measure_steps': 3, 'plan.measure_windows': 3})
+                 'plan.measure_steps': 3, 'plan.measure_windows': 3, 'plan.periods': (8,)})
   lines = []
   plan = planner.make(c, log=lines.append)
   assert plan['devices'] == 2 and plan['setting'].startswith('2 emulated CPU devices sharing')
   assert plan['host_memory'] == 'mapped'  # this process's (conftest), recorded for the run
-  assert len(plan['candidates']) == 19
+  assert len(plan['candidates']) == 17
   assert plan['candidates'][plan['choice_rank'] - 1] == plan['choice']
   assert plan['choice']['choosable']
   # Ahead of the choice: rows it may not choose, or — by the tie rule, said — rows that spend
@@ -1391,7 +1568,7 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
        '--config.mesh.shape=(2,)', '--config.global_batch=64', '--config.per_device_batch=16',
        f'--config.dataset.data_dir={data_dir}', '--config.plan.eval_every=5',
        '--config.plan.max_steps=200', '--config.plan.measure_top=2',
-       '--config.plan.measure_steps=3', '--config.plan.seeds=1',
+       '--config.plan.measure_steps=3', '--config.plan.seeds=1', '--config.plan.periods=(8,)',
        "--config.plan.methods=('local_sgd', 'async')", '--target_loss=2.2', '--budget_s=600',
        f'--out={out}'],
       capture_output=True, text=True, env={**process_env(), 'PYTHON': sys.executable},
@@ -1405,7 +1582,7 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
   # and Downpour is simulated in the one-device process (BN per device, SPMD as Local SGD, and
   # the seeds' spread are the emulated test's: not ranked here); Downpour across processes
   # (Ray's actors, driven by one process) is timed in the one-device process.
-  assert len(plan['candidates']) == 13 and plan['choice']['choosable']
+  assert len(plan['candidates']) == 11 and plan['choice']['choosable']
   assert set(plan['methods']) == {'local_sgd', 'async'} and not plan['serial']['seeds']
   assert plan['methods']['local_sgd']['stopped'] == 'reached'
   assert not any(r['family'] == 'bn_device' for r in plan['candidates'])
@@ -1420,6 +1597,10 @@ def test_a_plan_made_by_two_processes_times_one_device_alone_and_agrees_everywhe
   alone = [r for r in plan['candidates'] if r['devices'] == 1]
   assert len(alone) == 2 and all(len(r['t_measured']) == 3 and r['collectives'] == 0
                                  and not r.get('pruned') for r in alone)
+  # The one-device process stays open: phase 5 timed the fastest one-device row again, in
+  # the same rounds as a 2-process row (what the tie rule pairs).
+  rounds = {r['timed_in'] for r in plan['candidates'] if r['devices'] == 2 and 'timed_in' in r}
+  assert alone[0].get('timed_in') in rounds
   assert plan['choice'].get('t_measured')
   assert all(r['collectives'] > 0 for r in plan['candidates'] if r['devices'] == 2
              and not r.get('pruned') and r['family'] != 'async')

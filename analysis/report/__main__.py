@@ -165,6 +165,8 @@ PLANS_BEFORE_THE_SECOND_POINT = ('methods/squeezenet32_p2_loopback_noise_scale',
 PLANS_BEFORE_OWN_RANGES = ('methods/resnet34_32_p2_loopback_tie_with_seeds',)
 # Made after phase 3b read each program inside its real step.
 PLANS_WITH_REAL_PROGRAMS = ('methods/resnet34_32_p2_loopback_real_programs',)
+# Made with the tie rule pairing rows timed in the same rounds of phase 5.
+PLANS_WITH_PAIRED_ROUNDS = ('methods/resnet34_32_p2_loopback_paired',)
 
 
 def _far_targets():
@@ -305,7 +307,8 @@ FILES = {
     'plan/googlenet16.md': lambda: _plan('googlenet16'),
     **{f'plan/{name}.md': (lambda n=name: _plan(n))
        for name in PLANS_ACROSS_PROCESSES + PLANS_WITH_DEFAULTS + PLANS_WITH_METHODS
-       + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES + PLANS_WITH_REAL_PROGRAMS},
+       + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES + PLANS_WITH_REAL_PROGRAMS
+       + PLANS_WITH_PAIRED_ROUNDS},
     'thesis_report.md': lambda: _thesis('markdown'),
 }
 
@@ -383,11 +386,13 @@ TABLES = {
     'plan-regret-methods': lambda: _plan_summary(*PLANS_WITH_METHODS,
                                                  *PLANS_BEFORE_THE_SECOND_POINT,
                                                  *PLANS_BEFORE_OWN_RANGES,
-                                                 *PLANS_WITH_REAL_PROGRAMS),
+                                                 *PLANS_WITH_REAL_PROGRAMS,
+                                                 *PLANS_WITH_PAIRED_ROUNDS),
     'plan-methods-rows': lambda: _plan_families(*PLANS_WITH_METHODS,
                                                 *PLANS_BEFORE_THE_SECOND_POINT,
                                                 *PLANS_BEFORE_OWN_RANGES,
-                                                *PLANS_WITH_REAL_PROGRAMS),
+                                                *PLANS_WITH_REAL_PROGRAMS,
+                                                *PLANS_WITH_PAIRED_ROUNDS),
     'plan-far-targets': _far_targets,
 }
 

@@ -31,20 +31,24 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   rows not costed yet keep their bounds (`rank.predict`).
   5. measure      the candidates within `close` of the best predicted T (at most
                   `measure_top`) trained for `measure_windows` windows of `measure_steps`
-                  steps on the real input, as the run will (`probe.step_call`); re-ranked
-                  with the measured times. The choice: the fastest, or by the tie rule
-                  a row that spends less (fewer devices, or no cross-device BatchNorm)
-                  whose range reaches into its (`rank.choose`, `tie_rule`).
+                  steps on the real input, as the run will (`probe.step_call`), in rounds
+                  (a window of each in turn); re-ranked with the measured times. The
+                  choice: the fastest, or by the tie rule a row that spends less (fewer
+                  devices, or no cross-device BatchNorm) whose time reaches into its —
+                  round by round where both were timed in the same rounds
+                  (`rank.choose`, `tie_rule`).
 
 In one process everything runs on its devices (real accelerators or emulated CPU devices,
 `mesh.emulate_cpu_devices`). Launched as several processes, as their training will be, every
 process measures: the one-device work (1, t_grad on one device, and the one-device
-candidates' steps) in a process of its own on process 0's cores (`one_device_in_child`), the
-rest on all devices together, each decision on process 0's numbers (`_Agree`); the run then
-reads the plan (`plan.file`).
+candidates' steps) in a process of its own on process 0's cores (`one_device_in_child`),
+which stays open so that phase 5 times the one-device candidates in the same rounds as the
+others (`OneDeviceWindows`), the rest on all devices together, each decision on process 0's
+numbers (`_Agree`); the run then reads the plan (`plan.file`).
 """
 import collections
 import datetime
+import itertools
 import json
 import math
 import os
@@ -150,6 +154,7 @@ class _Planning:
     self.processes = jax.process_count()
     self.phases, self._marked = {}, self.started
     self.programs = {}  # {work_key: phase 3b's row}: each multi-device program timed
+    self.alone_windows = None  # process 0 of several: the one-device process, left open
     self.source = sources.open_source(cfg.dataset)
     self.meta = self.source.meta
     # The devices the run would use (its mesh), of those this process sees; across processes
@@ -219,9 +224,12 @@ class _Planning:
     # The network's initial weights, made once: every state and gradient below starts there.
     self.variables = probe.initial_variables(one, self.meta)
     if self.processes > 1:
-      self.alone = multihost.from_process_0('plan/one-device', lambda: one_device_in_child(
-          one, self.target, singles, self.timed_alone, serial_deadline, log, self.available,
-          large))
+      def in_child():
+        measured, self.alone_windows = one_device_in_child(
+            one, self.target, singles, self.timed_alone, serial_deadline, log,
+            self.available, large)
+        return {**measured, 'served': bool(self.alone_windows)}
+      self.alone = multihost.from_process_0('plan/one-device', in_child)
     else:
       self.alone = measure_one_device(one, self.source, self.meta, self.target, singles, [],
                                       serial_deadline, log, self.variables, self.available,
@@ -438,9 +446,12 @@ class _Planning:
                         lambda c: rank.steps(c, self.k_b, self.b, self.noise[0], self.methods),
                         self.bound, self.cost, self.p.close, self.past_preparing)
     for row in rows:
-      if row['candidate'] in self.alone_rows:  # timed already: costed (no collectives)
+      c = row['candidate']
+      if c in self.alone_rows:  # timed already: costed (no collectives)
         self.cost(row)
-        row['t_measured'] = self.alone_rows[row['candidate']]
+        row['t_measured'] = self.alone_rows[c]
+        if self.alone.get('served') and c.backend != 'ray':  # timed again in phase 5's rounds
+          self.calls_of[c] = AloneCall(self.alone_windows, c.label)
       if (row['candidate'].device_batch, row['candidate'].devices) in self.estimated:
         row['t_grad_estimated'] = True  # noted by `rank.rank` while its step is not measured
     by = collections.Counter(r.get('pruned') for r in rows)
@@ -507,21 +518,14 @@ class _Planning:
   def measure(self):
     ranked = time_the_close_ones(self.rows, self.rerank, self.calls_of, self.cost, self.p,
                                  self.past_deadline, self.agree, self.log, self.started)
-    choice = _leader(ranked)
-    if not choice.get('t_measured'):  # the budget stopped measuring: the fastest measured
-      choice = _fastest_measured(ranked) or choice
-    # The tie rule: a row that spends less whose range reaches the fastest one's is chosen
-    # (`rank.choose`), its step timed first where it was not and can be here.
-    leader = choice
-    ranked, choice, why = tie_rule(leader, ranked, self.cost, self.rerank)
-    if why and not choice.get('t_measured') and choice['candidate'] in self.calls_of \
-        and not self.past_deadline():
-      _measure([choice], self.calls_of, self.p, self.past_deadline, self.agree, self.log,
-               self.started)
-      ranked, choice, why = tie_rule(leader, self.rerank(), self.cost, self.rerank)
+    ranked, choice, why = choose_measured(ranked, self.rerank, self.cost, self.calls_of,
+                                          self.p, self.past_deadline, self.agree, self.log,
+                                          self.started)
     if why:
       self.log(f'Plan: {why}.')
     self.calls_of.clear()
+    if self.alone_windows:
+      self.alone_windows.close()
     self.ranked, self.choice, self.why = ranked, choice, why
     self.mark('measure')
 
@@ -661,7 +665,8 @@ class _Agree:
 
 # =============================================================================== one device
 def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
-                       variables=None, devices: int = 1, large: int = 0) -> dict:
+                       variables=None, devices: int = 1, large: int = 0,
+                       keep: dict | None = None) -> dict:
   """Phase 1 and the one-device part of phase 2: the serial run of `one` (the one-device
   config, until the target, `plan.max_steps` or `deadline`), t_grad at each of `batches`
   on one device, and — for a plan across processes, whose one-device candidates run as
@@ -669,7 +674,9 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
   does (windows in turn). JSON-ready: {'serial', 't_grad': {batch: s}, 'windows': {label:
   [s, ...]}, 'async': Downpour's run (`async_run`), 'large': the run at `large`
   (`large_run`)}. `variables`: the network's initial weights (`probe.initial_variables`),
-  made here without them; `devices`: the run's N (its Downpour has N workers)."""
+  made here without them; `devices`: the run's N (its Downpour has N workers); `keep`: a
+  dict that takes the timed one-device loops ({label: call}) open, for phase 5 to time
+  again in turn with the other candidates (`one_device.serve`), where they would be closed."""
   p = one.plan
   if variables is None:
     variables = probe.initial_variables(one, meta)
@@ -688,7 +695,7 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
   configs = {label: with_overrides(one, overrides) for label, overrides in timed}
   ray = {label: c for label, c in configs.items() if config_lib.on_ray(c)}
   windows = timed_windows({k: c for k, c in configs.items() if k not in ray}, meta, source,
-                          variables, log, 'one device: {label}: {ms:.2f} ms a step')
+                          variables, log, 'one device: {label}: {ms:.2f} ms a step', keep)
   # Trained as one process given the host (`_check_processes`): its actors spread over
   # every core, not only this process's.
   for label, cfg_c in ray.items():  # one at a time: each run's actors take the cores
@@ -704,12 +711,14 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
           'large': at_large}
 
 
-def timed_windows(configs: dict, meta, source, variables, log, said: str) -> dict:
+def timed_windows(configs: dict, meta, source, variables, log, said: str,
+                  keep: dict | None = None) -> dict:
   """{label: [seconds a step of each window]} of each config of `configs` ({label: config}):
   its training loop warmed up (compiled, its input started; Downpour: two pushes of every
   worker), then `plan.measure_windows` windows of `plan.measure_steps` steps, the configs in
   turn; each one's median said in the log (`said`, with {label} and {ms}). Every loop is
-  closed (Ray's actors stopped) even where one fails."""
+  closed (Ray's actors stopped) even where one fails — or, where all were timed and `keep`
+  is a dict, left open in it ({label: call})."""
   from jaxpar import validation
   calls, windows = {}, {}
   try:
@@ -722,10 +731,13 @@ def timed_windows(configs: dict, meta, source, variables, log, said: str) -> dic
     p = configs[labels[0]].plan if labels else None
     for label in in_turns(labels, p.measure_windows if labels else 0):
       windows[label].append(calls[label](p.measure_steps))
+    if keep is not None:
+      keep.update(calls)
+      calls = {}
   finally:
     for call in calls.values():
       call.close()
-  for label in calls:
+  for label in windows:
     log('  ' + said.format(label=label, ms=np.median(windows[label]) * 1e3) + '.')
   return windows
 
@@ -921,31 +933,104 @@ def at_host_speed(reused: dict, fresh: dict, b: int) -> tuple:
 
 
 def one_device_in_child(one, target, batches, timed, deadline, log, devices: int = 1,
-                        large: int = 0) -> dict:
+                        large: int = 0) -> tuple:
   """`measure_one_device` in a process of its own (`python -m jaxpar.plan.one_device`, on
   this process's cores): in a run of several processes, data, evaluation and meshes are
   every process's, and a one-device run is a run of one process. Its progress goes to
-  stderr; a failure is one `RunError`."""
+  stderr; a failure is one `RunError`. Returns (its measurements, `OneDeviceWindows`:
+  the process left open with its timed loops; None where it timed none)."""
   from jaxpar import host_memory
   with tempfile.TemporaryDirectory() as folder:
     spec = os.path.join(folder, 'spec.json')
     out = os.path.join(folder, 'out.json')
+    results, sent = os.pipe()
     with open(spec, 'w') as f:
       # The planning process's malloc setting: every candidate is timed in one.
       one = with_overrides(one, {'host_memory': host_memory.applied() or one.host_memory})
       json.dump({'config': one.to_json(), 'target': target.to_dict(), 'batches': batches,
                  'timed': [[c.label, c.overrides()] for c in timed],
                  'seconds': deadline - time.perf_counter(), 'out': out,
-                 'devices': devices, 'large': large}, f)
+                 'devices': devices, 'large': large, 'results_fd': sent}, f)
     log(f'Plan: the one-device measurements in a process of their own ({len(timed)} '
         f'one-device candidates timed there).')
-    done = subprocess.run([sys.executable, '-m', 'jaxpar.plan.one_device', spec],
-                          stdout=sys.stderr)
-    if done.returncode or not os.path.exists(out):
+    child = subprocess.Popen([sys.executable, '-m', 'jaxpar.plan.one_device', spec],
+                             stdout=sys.stderr, stdin=subprocess.PIPE, text=True,
+                             pass_fds=(sent,))
+    os.close(sent)
+    windows = OneDeviceWindows(child, os.fdopen(results))
+    ready = windows.reply()  # 'serving' (its loops open) or 'done' (it exits)
+    if ready is None or not os.path.exists(out):
+      windows.close()
       raise config_lib.RunError(f'jaxpar.plan: the one-device measurements failed (exit '
-                                f'{done.returncode}; their output is above)')
+                                f'{child.returncode}; their output is above)')
     with open(out) as f:
-      return json.load(f)
+      measured = json.load(f)
+  if ready != 'serving':
+    windows.close()
+    windows = None
+  return measured, windows
+
+
+class OneDeviceWindows:
+  """The one-device process (`one_device_in_child`) left open after its measurements, its
+  one-device candidates' loops warm: `window(label, steps)` times one more window there
+  (seconds a step) while this process waits — so that phase 5 takes the one-device rows'
+  windows in the same rounds as the rest (a host whose speed drifts moves them alike).
+  The protocol (`one_device.serve`): a JSON line [label, steps] on its stdin, a line back
+  on `results`; `close()` ends its stdin, and so the process."""
+
+  def __init__(self, child, results):
+    self.child, self.results = child, results
+
+  def reply(self):
+    return self.results.readline().strip() or None
+
+  def window(self, label: str, steps: int) -> float:
+    try:
+      self.child.stdin.write(json.dumps([label, steps]) + '\n')
+      self.child.stdin.flush()
+    except OSError:
+      pass  # it has exited: said below
+    got = self.reply()
+    if got is None:
+      try:
+        code = self.child.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        code = None
+      raise config_lib.RunError(f'jaxpar.plan: the one-device process ended (exit {code}) '
+                                f'while timing {label}; its output is above')
+    return float(got)
+
+  def close(self) -> None:
+    try:
+      self.child.stdin.close()
+    except OSError:
+      pass
+    self.results.close()
+    try:
+      self.child.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+      self.child.kill()
+      self.child.wait()
+
+
+class AloneCall:
+  """A one-device candidate's loop in the one-device process, called as phase 5 calls a
+  loop: `call(steps)` → seconds a step (process 0's, handed to every process: the others
+  wait meanwhile); `close()` leaves it open for a later round (the process ends with the
+  plan's phase 5). `windows`: None in the processes other than 0."""
+
+  def __init__(self, windows: OneDeviceWindows | None, label: str):
+    self.windows, self.label, self.calls = windows, label, 0
+
+  def __call__(self, steps: int) -> float:
+    from jaxpar import multihost
+    self.calls += 1
+    return multihost.from_process_0(f'plan/alone/{self.label}/{self.calls}',
+                                    lambda: self.windows.window(self.label, steps))
+
+  def close(self) -> None:
+    pass
 
 
 def async_update(c, t_grad: dict, overhead: float, costs, param_bytes: int) -> float:
@@ -1131,6 +1216,30 @@ def tie_rule(leader: dict, ranked: list, cost, rerank) -> tuple:
     ranked = costed
 
 
+def choose_measured(ranked, rerank, cost, calls_of, p, past_deadline, agree, log,
+                    started) -> tuple:
+  """The choice after phase 5's rounds: the leader — the fastest row the plan may choose,
+  or where the budget stopped measuring before it, the fastest measured — or a row that
+  spends less tied with it (`tie_rule`). Where the tie's row was not timed in the same
+  rounds as the leader (or not timed) and can be here, the two are timed side by side
+  (`_measure`) and the rule applied again, the leader again the fastest measured: a row
+  timed apart (one device, in phase 1's process) is compared round by round, not by ranges
+  taken at other times. Returns (ranking, choice, reason; '' for the leader)."""
+  leader = _leader(ranked)
+  if not leader.get('t_measured'):
+    leader = _fastest_measured(ranked) or leader
+  ranked, choice, why = tie_rule(leader, ranked, cost, rerank)
+  leader_here = leader['candidate'] in calls_of
+  if why and choice['candidate'] in calls_of and not past_deadline() and (
+      not choice.get('t_measured') or (leader_here and rank.paired(choice, leader) is None)):
+    _measure([leader, choice] if leader_here else [choice], calls_of, p, past_deadline, agree,
+             log, started)
+    ranked = rerank()
+    leader = _fastest_measured(ranked) or leader
+    ranked, choice, why = tie_rule(leader, ranked, cost, rerank)
+  return ranked, choice, why
+
+
 def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, log,
                         started) -> list:
   """Phase 5: times the candidates it may choose predicted within `p.close` of the best (at most
@@ -1138,15 +1247,25 @@ def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, l
   drifts (a shared host) moves every measured candidate alike — until the leader
   (`_leader`) is a measured one: candidates that measuring moves ahead are timed in turn
   with the fastest measured one that can be timed here. Only candidates that can be chosen
-  (`rank.choosable`) are timed. A row without a call in `calls_of`
-  was timed already where it runs alone (a one-device candidate of a plan across
-  processes, in its own process) and is never timed again. `rerank()` ranks `rows` (with
-  their measurements); returns the last ranking."""
+  (`rank.choosable`) are timed. A row timed already where it runs alone (a one-device
+  candidate of a plan across processes, in its own process) is timed again in these rounds
+  where it has a call in `calls_of` (the one-device process left open: `AloneCall`) — the
+  close one of those that spends least always, beside the first `measure_top` — and keeps
+  its earlier windows otherwise. `rerank()` ranks `rows` (with their measurements);
+  returns the last ranking."""
   ranked = rerank()
   best = _leader(ranked)['T'][0]
   group = [r for r in ranked if rank.choosable(r) and r['T'][0] <= p.close * best
-           and not r.get('t_measured')]
-  group = group[:p.measure_top] or [r for r in [_leader(ranked)] if not r.get('t_measured')]
+           and _to_time(r, calls_of)]
+  group = group[:p.measure_top] or [r for r in [_leader(ranked)] if _to_time(r, calls_of)]
+  # The close row that spends least, where it was timed apart (one device, in phase 1's
+  # process, minutes before: a host that drifts may have read it slow), joins the rounds
+  # beyond measure_top, so that the tie rule can pair it with the leader.
+  apart = [r for r in ranked if rank.choosable(r) and r['T'][0] <= p.close * best
+           and r.get('t_measured') and _to_time(r, calls_of)]
+  cheapest = min(apart, key=lambda r: (rank.spend(r['candidate']), r['T'][0]), default=None)
+  if group and cheapest is not None and all(r is not cheapest for r in group):
+    group.append(cheapest)
   # A row the budget left at its bound has no step yet: cost it before it is timed (past
   # the budget only the first, the one `_measure` still times).
   for i, row in enumerate(group):
@@ -1176,6 +1295,12 @@ def time_the_close_ones(rows, rerank, calls_of, cost, p, past_deadline, agree, l
     group = ahead + ([beside] if beside else [])
 
 
+def _to_time(row: dict, calls_of: dict) -> bool:
+  """Whether phase 5 has yet to time `row`: not measured, or measured apart from its rounds
+  (in the one-device process, before them) and timeable in them."""
+  return not row.get('t_measured') or ('timed_in' not in row and row['candidate'] in calls_of)
+
+
 def whole_periods(steps: int, period: int) -> int:
   """A timed window's steps: `steps`, or for Local SGD (`period` τ > 1) the fewest whole
   periods that hold as many — its average is one step in τ, and a window of 10 steps at
@@ -1186,15 +1311,19 @@ def whole_periods(steps: int, period: int) -> int:
 
 def _measure(group, calls_of, p, past_deadline, agree, log, started) -> list:
   """Times each row of `group` (its windows in turn across the group, `measure_windows`
-  each, replacing any earlier measurement): the rows measured. Across processes every
-  window's time and the deadline's verdict are process 0's (`agree`)."""
+  each, replacing any earlier measurement): the rows measured, each marked with the
+  rounds it was timed in ('timed_in', one number for this call: window w of every row
+  so marked was taken in round w — `rank.choose` compares such rows round by round).
+  Across processes every window's time and the deadline's verdict are process 0's
+  (`agree`)."""
+  rounds = next(_ROUNDS)
   chosen = []
   for row in group:
     if chosen and past_deadline():
       log('Plan: budget spent; the other candidates keep their predicted step times.')
       break
     calls_of[row['candidate']](2)  # compiles, starts the input pipeline
-    row['t_measured'] = []
+    row['t_measured'], row['timed_in'] = [], rounds
     chosen.append(row)
   for row in in_turns(chosen, p.measure_windows):
     steps = whole_periods(p.measure_steps, row['candidate'].period)
@@ -1205,6 +1334,9 @@ def _measure(group, calls_of, p, past_deadline, agree, log, started) -> list:
         f"{np.median(row['t_measured']) * 1e3:.2f} ms a step (predicted "
         f"{row['t_predicted'] * 1e3:.2f}).")
   return chosen
+
+
+_ROUNDS = itertools.count(1)  # numbers `_measure`'s calls: each one's rounds told apart
 
 
 def _row_json(row: dict) -> dict:
@@ -1219,6 +1351,8 @@ def _row_json(row: dict) -> dict:
          'collectives': row['collectives']}
   if row.get('t_measured'):
     out['t_measured'] = list(row['t_measured'])
+  if 'timed_in' in row:  # phase 5's rounds it was timed in (absent: timed apart from them)
+    out['timed_in'] = row['timed_in']
   if row.get('pruned'):  # its collectives not costed: T is a lower bound ('bound', 'budget')
     out['pruned'] = row['pruned']
   return out

@@ -175,7 +175,8 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
   measured K it rests on, None where it has none: `choosable`), step time 't_step' [mid,
   low, high] (measured if it was, else predicted), 'saves' (checkpoints before the K-th
   step, `saves`: {'every', 'seconds'}), 'T' [mid, low, high], 'T_own' (T's range without
-  the seeds' spread: what `choose` compares) and 'notes'; returns the rows
+  the seeds' spread: what `choose` compares), 'T_rounds' (T at each measured window, at
+  each of B_noise's three readings: what `choose` pairs) and 'notes'; returns the rows
   by T, fastest first. `methods`: the families' runs (`planner.method_runs`), Local SGD's
   with its reference K_1 (`reference`); `fitted`: `noise` is the batch model's fit through
   two measured runs (`planner.batch_fit`), not the gradient noise scale's reading;
@@ -194,6 +195,7 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     if short:
       row['K'] = [max(k, beyond[1]) for k in row['K']]
       own_k = [max(k, beyond[1]) for k in own_k]
+      ks = [max(k, beyond[1]) for k in ks]
     measured = row.get('t_measured')
     if measured:
       t = [float(np.median(measured)), float(min(measured)), float(max(measured))]
@@ -203,6 +205,8 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     row['saves'] = saves_before(row['K'][0], saves)
     row['T'] = time_to_target(row['K'], t, saves)
     row['T_own'] = time_to_target(own_k, t, saves)
+    # Each window's T at each B_noise reading (b_noise, low, high): `choose` pairs them.
+    row['T_rounds'] = [time_to_target(ks, [w] * 3, saves) for w in measured or []]
     notes, row['basis'] = [], 'sync'
     own = [f for f in ('bn_device', 'local_sgd', 'async') if f == c.family
            or (f == 'bn_device' and c.bn == 'device' and c.devices > 1)]
@@ -274,26 +278,57 @@ def own_range(row: dict) -> list:
   return row.get('T_own', row['T'])
 
 
+def paired(row: dict, leader: dict) -> list | None:
+  """[low, high]: `row`'s time to the target over `leader`'s where phase 5 timed both in
+  the same rounds ('timed_in', as many windows): at each of B_noise's readings (which K of
+  every row shares), the ratio of the two rows' T round by round, the middle half of
+  those ratios (numpy's quartiles: a round that a host pause slowed moves them half as
+  far as it moves the extremes); the lowest quartile and the highest of the readings.
+  None where the two were not timed together."""
+  mine, theirs = row.get('T_rounds'), leader.get('T_rounds')
+  if (row.get('timed_in') is None or row.get('timed_in') != leader.get('timed_in')
+      or not mine or not theirs or len(mine) != len(theirs)):
+    return None
+  quartiles = [np.percentile([a[x] / b[x] for a, b in zip(mine, theirs)], [25, 75])
+               for x in range(len(mine[0]))]
+  return [float(min(q[0] for q in quartiles)), float(max(q[1] for q in quartiles))]
+
+
+def tied(row: dict, leader: dict) -> bool:
+  """Whether `row`'s time to the target may be no longer than `leader`'s within the plan's
+  own uncertainty: timed in the same rounds, its ratio to the leader's reaches 1
+  (`paired`); else its range reaches into the leader's (`own_range`: its low end at or
+  below the leader's high end)."""
+  ratio = paired(row, leader)
+  if ratio is not None:
+    return ratio[0] <= 1.0
+  return own_range(row)[1] <= own_range(leader)[2]
+
+
 def choose(ranked: list, leader: dict) -> tuple:
   """The choice and why: `leader` (the fastest row the plan may choose) — unless a cheaper
   row (`cheaper`: fewer devices, or no cross-device BatchNorm) that the plan may choose
-  (`choosable`), costed, predicts a time to the target whose range reaches into the
-  leader's (its low end at or below the leader's high end): the difference is inside the
-  plan's own uncertainty, and what the leader would spend buys nothing certain.
+  (`choosable`), costed, is `tied` with it: the difference is inside the plan's own
+  uncertainty, and what the leader would spend buys nothing certain.
 
-  The ranges compared leave out the seeds' spread of K (`own_range`): it scales every row's
-  K alike — a seed that needs more steps on one device needs more on two (ResNet34 32²,
-  loss 0.5, 3 seeds: one device 192, 157, 165 steps, Local SGD τ = 8 on 2 processes 112,
-  95, 108, the same seed fastest for both) — so it cannot tell two rows apart; with it, a
-  row measured faster on every seed (9.7 s against 11.3 s) lost to the tie. What is left:
-  each row's B_noise range and its step's measured spread. Every
+  Rows timed in the same rounds of phase 5 are compared round by round (`paired`): a host
+  whose speed drifts or pauses moves both rows' windows of a round alike, and what is
+  left is the difference itself (ResNet34 32², 2 processes: Local SGD τ = 8's windows of
+  108, 112 and 126 ms a step made a range that swallowed its 15 % win over one device,
+  whose 77–81 ms were timed apart, before the rounds). Rows not timed together are
+  compared by their ranges, leaving out the seeds' spread of K (`own_range`): it scales
+  every row's K alike — a seed that needs more steps on one device needs more on two
+  (ResNet34 32², loss 0.5, 3 seeds: one device 192, 157, 165 steps, Local SGD τ = 8 on 2
+  processes 112, 95, 108, the same seed fastest for both) — so it cannot tell two rows
+  apart; with it, a row measured faster on every seed (9.7 s against 11.3 s) lost to the
+  tie. What is left: each row's B_noise range and its step's measured spread. Every
   costed row the plan may choose ranked up to the slowest such row is then as good a
   choice as a tied one; of those, one that spends least (`spend`), the fastest of equals —
   so that no row ahead of the choice spends as little. The reason names the rows, the
-  margin and the ranges. Returns (row, reason; '' for the leader)."""
+  margin and the ranges or ratios. Returns (row, reason; '' for the leader)."""
   costed = [r for r in ranked if choosable(r) and not r.get('pruned')]
   close = [r for r in costed if cheaper(r['candidate'], leader['candidate'])
-           and own_range(r)[1] <= own_range(leader)[2]]
+           and tied(r, leader)]
   if not close:
     return leader, ''
   at = {id(r): i for i, r in enumerate(costed)}
@@ -305,9 +340,16 @@ def choose(ranked: list, leader: dict) -> tuple:
   margin = row['T'][0] / leader['T'][0] - 1
   mine, theirs, lasts = own_range(row), own_range(leader), own_range(last)
   shared = "; without the seeds' spread, which both share" if 'T_own' in leader else ''
-  overlap = ('the ranges overlap' if any(r is row for r in close) else
-             f"{last['label']}'s range ({lasts[1]:.2f}–{lasts[2]:.2f}) reaches into "
-             "the leader's and it is predicted slower still")
+  ratio = paired(last, leader)
+  whose = 'its' if last is row else f"{last['label']}'s"
+  if ratio is not None:
+    overlap = (f"timed in the same rounds, {whose} time to the target came to "
+               f"{ratio[0]:.2f}–{ratio[1]:.2f}× the leader's (the middle half of the rounds)")
+  else:
+    overlap = ('the ranges overlap' if last is row else
+               f"{whose} range ({lasts[1]:.2f}–{lasts[2]:.2f}) reaches into the leader's")
+  if last is not row:
+    overlap += ' and it is predicted slower still'
   return row, (f"{row['label']} chosen over {leader['label']}: {spent}, {margin:+.0%} "
                f"predicted time to the target ({row['T'][0]:.2f} s, range {mine[1]:.2f}–"
                f"{mine[2]:.2f}, against {leader['T'][0]:.2f} s, {theirs[1]:.2f}–"
