@@ -1072,12 +1072,29 @@ def test_past_the_budget_t_grad_is_scaled_from_the_nearest_measured_batch():
   assert 'the budget was spent' not in ' '.join(row['notes'])
 
 
+def _scripted_loops(step: dict, timed: list) -> dict:
+  """Phase 5's loops by candidate, scripted: each window appends its candidate to `timed`
+  and returns `step[candidate]` (seconds a step); closing does nothing."""
+  def window_of(candidate):
+    def window(k):
+      timed.append(candidate)
+      return step[candidate]
+    window.close = lambda: None
+    return window
+  return {x: window_of(x) for x in step}
+
+
+def _phase5(windows: int = 3):
+  import ml_collections
+  return ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': windows,
+                                    'measure_steps': 10})
+
+
 def test_measuring_times_what_moves_ahead_beside_the_fastest_measured_that_runs_here():
   """Phase 5 (`planner.time_the_close_ones`), all at batch 64 (one K): the two close ones
   measured slower than predicted, an unmeasured one leads; it is timed in turn with the
   fastest measured one that runs here — not the one-device candidate timed alone in its own
   process (a plan across processes: it has no call here), though that one is faster."""
-  import ml_collections
   c = candidates.Candidate
   alone, a, b, d = (c('sync-split', 'allreduce', 1, 64, 'all'),
                     c('sync-split', 'allreduce', 2, 64, 'all'),
@@ -1086,18 +1103,9 @@ def test_measuring_times_what_moves_ahead_beside_the_fastest_measured_that_runs_
   rows = [{'candidate': alone, 't_predicted': 0.090, 't_measured': [0.080] * 3},
           {'candidate': a, 't_predicted': 0.050}, {'candidate': b, 't_predicted': 0.052},
           {'candidate': d, 't_predicted': 0.060}]
-  step = {a: 0.090, b: 0.093, d: 0.055}
   timed = []
-
-  def window_of(candidate):
-    def window(k):
-      timed.append(candidate)
-      return step[candidate]
-    window.close = lambda: None
-    return window
-  calls_of = {x: window_of(x) for x in (a, b, d)}
-  p = ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': 3,
-                                 'measure_steps': 10})
+  calls_of = _scripted_loops({a: 0.090, b: 0.093, d: 0.055}, timed)
+  p = _phase5()
   lines = []
   ranked = planner.time_the_close_ones(
       rows, lambda: rank.rank(rows, 100, 64, (math.inf,) * 3), calls_of, cost=None, p=p,
@@ -1116,24 +1124,15 @@ def test_a_tie_with_a_row_timed_apart_is_timed_side_by_side_and_decided_round_by
   ranges overlap, so the tie rule would choose one device. Both can be timed here: they are,
   side by side, and decided round by round — one device 12 % slower in every round keeps the
   leader; level in every round, one device is chosen, said with the rounds' ratios."""
-  import ml_collections
   c = candidates.Candidate
   two, one = c('sync-split', 'allreduce', 2, 64, 'all'), c('sync-split', 'allreduce', 1, 64, 'all')
-  p = ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': 3,
-                                 'measure_steps': 10})
+  p = _phase5()
   for alone_step, chosen in ((0.056, two), (0.050, one)):
     rows = [{'candidate': two, 't_predicted': 0.05, 't_measured': [0.050, 0.060, 0.052],
              'timed_in': 0},
             {'candidate': one, 't_predicted': 0.05, 't_measured': [0.053, 0.053, 0.054]}]
-    step, timed = {two: 0.050, one: alone_step}, []
-
-    def window_of(candidate):
-      def window(k):
-        timed.append(candidate)
-        return step[candidate]
-      window.close = lambda: None
-      return window
-    calls_of = {x: window_of(x) for x in (two, one)}
+    timed = []
+    calls_of = _scripted_loops({two: 0.050, one: alone_step}, timed)
     rerank = lambda: rank.rank(rows, 100, 64, (math.inf,) * 3)
     ranked = rerank()
     assert rank.choose(ranked, ranked[0])[0]['candidate'] is one  # by the ranges
@@ -1163,24 +1162,15 @@ def test_the_cheapest_close_row_timed_apart_joins_the_first_rounds():
   read slow there), ranks behind the two close 2-device rows; with a call here (the
   one-device process left open) it joins their rounds beyond `measure_top` and is timed
   again in them — its earlier windows replaced, the three rows sharing `timed_in`."""
-  import ml_collections
   c = candidates.Candidate
   alone, a, b = (c('sync-split', 'allreduce', 1, 64, 'all'),
                  c('sync-split', 'allreduce', 2, 64, 'all'),
                  c('sync-split', 'central', 2, 64, 'all'))
   rows = [{'candidate': alone, 't_predicted': 0.060, 't_measured': [0.090, 0.080, 0.095]},
           {'candidate': a, 't_predicted': 0.050}, {'candidate': b, 't_predicted': 0.052}]
-  step, timed = {a: 0.055, b: 0.058, alone: 0.060}, []
-
-  def window_of(candidate):
-    def window(k):
-      timed.append(candidate)
-      return step[candidate]
-    window.close = lambda: None
-    return window
-  calls_of = {x: window_of(x) for x in (a, b, alone)}
-  p = ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': 3,
-                                 'measure_steps': 10})
+  timed = []
+  calls_of = _scripted_loops({a: 0.055, b: 0.058, alone: 0.060}, timed)
+  p = _phase5()
   ranked = planner.time_the_close_ones(
       rows, lambda: rank.rank(rows, 100, 64, (math.inf,) * 3), calls_of, cost=None, p=p,
       past_deadline=lambda: False, agree=lambda x: x, log=[].append, started=0.0)
@@ -1223,7 +1213,6 @@ def test_a_close_row_the_budget_left_at_its_bound_is_costed_before_it_is_timed()
   """Phase 5 after a budget spent in phase 4 (`rank.predict`'s 'budget' rows have no step
   program yet): the first close one is costed — its program made — and then timed; past the
   budget only that one (it was a KeyError: a row timed without a program)."""
-  import ml_collections
   c = candidates.Candidate
   a, b = c('sync-split', 'allreduce', 2, 64, 'all'), c('sync-split', 'central', 2, 64, 'all')
   rows = [{'candidate': a, 't_predicted': 0.050, 'pruned': 'budget', 'collectives': None},
@@ -1237,8 +1226,7 @@ def test_a_close_row_the_budget_left_at_its_bound_is_costed_before_it_is_timed()
     window = lambda k: 0.06
     window.close = lambda: None
     calls_of[row['candidate']] = window
-  p = ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': 2,
-                                 'measure_steps': 10})
+  p = _phase5(windows=2)
   ranked = planner.time_the_close_ones(
       rows, lambda: rank.rank(rows, 100, 64, (math.inf,) * 3), calls_of, cost=cost, p=p,
       past_deadline=lambda: True, agree=lambda x: x, log=[].append, started=0.0)
