@@ -7,6 +7,7 @@ A leg's file records the counts by outcome, the marker expression, the seconds f
 session's start to its end, the date, machine, versions and commit; every figure these
 tables show is one of those fields.
 """
+import math
 
 # The legs `.ci/run` runs, in its order, and how the tables name them.
 LEGS = {'floor': "CI's first leg", 'newest': "CI's second leg"}
@@ -111,7 +112,8 @@ def time_table(legs: list, files: int = 10) -> str:
   if not spent:
     return (f"(Not recorded: {LEGS[leg['leg']]}'s file of {leg['created'][:10]} predates the "
             'time record; the next CI run writes it.)')
-  total = sum(f['seconds'] for f in spent['files'])
+  # fsum (exact): Python 3.11's sum and 3.12's compensated one round alike.
+  total = math.fsum(f['seconds'] for f in spent['files'])
   workers = leg.get('workers') or 1
   lines = [f"{LEGS[leg['leg']]} ({selection(leg)}, {leg['created'][:10]}, {machine(leg)}, "
            f"commit {(leg['commit'] or '—')[:7]}): {leg['seconds'] / 60:.1f} minutes, "
@@ -124,7 +126,7 @@ def time_table(legs: list, files: int = 10) -> str:
                  f"{_share(f['seconds'], total)} |")
   rest = spent['files'][files:]
   if rest:
-    seconds = sum(f['seconds'] for f in rest)
+    seconds = math.fsum(f['seconds'] for f in rest)
     lines.append(f"| the other {len(rest)} files | {sum(f['tests'] for f in rest)} | "
                  f"{seconds:,.0f} | {_share(seconds, total)} |")
   lines += ['', f"The {len(spent['slowest'])} slowest tests (setup, call and teardown):", '',
