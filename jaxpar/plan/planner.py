@@ -228,7 +228,7 @@ class _Planning:
         measured, self.alone_windows = one_device_in_child(
             one, self.target, singles, self.timed_alone, serial_deadline, log,
             self.available, large)
-        return {**measured, 'served': bool(self.alone_windows)}
+        return measured
       self.alone = multihost.from_process_0('plan/one-device', in_child)
     else:
       self.alone = measure_one_device(one, self.source, self.meta, self.target, singles, [],
@@ -450,7 +450,7 @@ class _Planning:
       if c in self.alone_rows:  # timed already: costed (no collectives)
         self.cost(row)
         row['t_measured'] = self.alone_rows[c]
-        if self.alone.get('served') and c.backend != 'ray':  # timed again in phase 5's rounds
+        if c.label in self.alone['served']:  # its loop left open: timed again in phase 5
           self.calls_of[c] = AloneCall(self.alone_windows, c.label)
       if (row['candidate'].device_batch, row['candidate'].devices) in self.estimated:
         row['t_grad_estimated'] = True  # noted by `rank.rank` while its step is not measured
@@ -673,7 +673,7 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
   a process of their own — the steps of `timed` ([(label, overrides)]) timed as phase 5
   does (windows in turn). JSON-ready: {'serial', 't_grad': {batch: s}, 'windows': {label:
   [s, ...]}, 'async': Downpour's run (`async_run`), 'large': the run at `large`
-  (`large_run`)}. `variables`: the network's initial weights (`probe.initial_variables`),
+  (`large_run`), 'served': the labels whose loops `keep` took}. `variables`: the network's initial weights (`probe.initial_variables`),
   made here without them; `devices`: the run's N (its Downpour has N workers); `keep`: a
   dict that takes the timed one-device loops ({label: call}) open, for phase 5 to time
   again in turn with the other candidates (`one_device.serve`), where they would be closed."""
@@ -708,7 +708,7 @@ def measure_one_device(one, source, meta, target, batches, timed, deadline, log,
     except Exception as e:  # Ray missing or failing: the row keeps its bound, never chosen
       log(f"Plan: {label} on Ray's actors not timed ({type(e).__name__}: {e}).")
   return {'serial': serial, 't_grad': t_grad, 'windows': windows, 'async': stale,
-          'large': at_large}
+          'large': at_large, 'served': sorted(keep or {})}
 
 
 def timed_windows(configs: dict, meta, source, variables, log, said: str,
