@@ -700,6 +700,27 @@ def test_each_family_s_steps_follow_its_own_run_by_hand():
   for period, k in ((8, 84), (4, 76), (2, 72)):
     assert rank.steps(dataclasses.replace(local, period=period), 100, 16, math.inf,
                       methods) == pytest.approx(k)
+  # Measured at τ = 2 too (56 steps, fewer than τ = 1's 70): a line between each two points,
+  # τ = 4 a third of the way from 2's 56 to 8's 84, 65.33; BN over all (K_1 50, not 70):
+  # every period × 50/70.
+  two = {**methods, 'local_sgd': {**methods['local_sgd'],
+                                  'small': {'K': 56.0, 'period': 2, 'stopped': 'reached'}}}
+  for period, k in ((8, 84), (4, 56 + 28 / 3), (2, 56)):
+    assert rank.steps(dataclasses.replace(local, period=period), 100, 16, math.inf,
+                      two) == pytest.approx(k)
+    assert rank.steps(dataclasses.replace(local, period=period, bn='all'), 100, 16, math.inf,
+                      two) == pytest.approx(k * 50 / 70)
+  row = rank.rank([{'candidate': dataclasses.replace(local, period=4), 't_predicted': 0.01}],
+                  100, 16, (math.inf,) * 3, None, (1, 1), two)[0]
+  assert row['basis'] == 'local_sgd' and row['K'][0] == pytest.approx(56 + 28 / 3)
+  assert any('runs at τ = 2 (56 steps) and 8 (84)' in n for n in row['notes'])
+  # A run at τ = 2 stopped short is left out: the line through K_1 and τ = 8, said.
+  short = {**methods, 'local_sgd': {**methods['local_sgd'],
+                                    'small': {'K': 40.0, 'period': 2, 'stopped': 'budget'}}}
+  row = rank.rank([{'candidate': dataclasses.replace(local, period=4), 't_predicted': 0.01}],
+                  100, 16, (math.inf,) * 3, None, (1, 1), short)[0]
+  assert row['K'][0] == pytest.approx(76) and any("τ = 2's run stopped: budget" in n
+                                                  for n in row['notes'])
   # Downpour: the simulated run's updates, whatever the batch model says.
   methods['async'] = {'K': 130.0, 'staleness': 1, 'stopped': 'reached'}
   downpour = c('async', 'central', 2, 16, 'device', backend='threads')
@@ -1207,6 +1228,41 @@ def test_past_the_budget_no_further_run_starts_and_the_log_names_each():
       f'the serial run at seed {c.seed + 1}', "Downpour's simulated run",
       'the serial run at batch 64',
       'sync-join allreduce N=2 B=32, BN per device (its steps: bn_device)')]
+
+
+def test_local_sgd_is_run_at_the_smallest_period_and_the_largest(monkeypatch):
+  """`method_runs` trains Local SGD's row at the largest of `plan.periods` and at the
+  smallest (its 'small'), BN per device at N·b, each to the target; a budget spent after the
+  largest leaves the smallest out; one period, one run."""
+  ran = []
+
+  def serial_run(cfg, source, target, **kw):
+    ran.append((kw['name'], cfg.scheme, cfg.sync_every))
+    return {'K': {8: 84.0, 2: 56.0}.get(cfg.sync_every, 70.0), 'stopped': 'reached',
+            'curve': [(10, 2.0)]}
+
+  monkeypatch.setattr(planner.probe, 'serial_run', serial_run)
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',)})
+  serial = {'K': 100.0, 'metric': {'every': 10}}
+  found, _ = candidates.enumerate_candidates(c, 2)
+  out = planner.method_runs(c, None, None, serial, found, lambda: False, [].append, None)
+  assert [name for name, _, _ in ran] == ['bn_device', 'local_sgd', 'local_sgd τ=2']
+  assert [every for _, _, every in ran[1:]] == [8, 2]
+  assert set(out) == {'bn_device', 'local_sgd'} and out['local_sgd']['period'] == 8
+  assert out['local_sgd']['K'] == 84 and out['local_sgd']['small'] == {
+      'K': 56.0, 'period': 2, 'stopped': 'reached', 'curve': [(10, 2.0)]}
+  ran.clear()
+  lines = []
+  left = iter([False, False, True])
+  out = planner.method_runs(c, None, None, serial, found, lambda: next(left), lines.append,
+                            None)
+  assert len(ran) == 2 and 'small' not in out['local_sgd']
+  assert lines[-1].endswith('(its steps: local_sgd τ=2) not run.')
+  ran.clear()
+  c.plan.periods = (4,)
+  found, _ = candidates.enumerate_candidates(c, 2)
+  out = planner.method_runs(c, None, None, serial, found, lambda: False, [].append, None)
+  assert [every for _, _, every in ran[1:]] == [4] and 'small' not in out['local_sgd']
 
 
 def test_a_close_row_the_budget_left_at_its_bound_is_costed_before_it_is_timed():

@@ -469,9 +469,12 @@ def report(plan: dict, result: dict) -> str:
   names = {'bn_device': 'BatchNorm per device, sync-join at B = {batch}',
            'local_sgd': 'Local SGD at τ = {period}, B = {batch}',
            'async': 'Downpour, simulated at staleness {staleness}'}
+  runs = [(names[family].format(**run), run) for family, run in plan.get('methods', {}).items()]
+  if 'small' in plan.get('methods', {}).get('local_sgd', {}):
+    small = plan['methods']['local_sgd']['small']
+    runs.append((names['local_sgd'].format(**{**plan['methods']['local_sgd'], **small}), small))
   lines += ["The methods' runs: " + '; '.join(
-      f"{names[family].format(**run)}: {_steps(run)}"
-      for family, run in plan['methods'].items()) + '.', ''] if plan.get('methods') else []
+      f'{name}: {_steps(run)}' for name, run in runs) + '.', ''] if runs else []
   lines += ['## Ranked by predicted time to the target', '', planner.table(plan), '']
   lines += [f"- not ranked: {e['method']}: {e['reason']}" for e in plan['excluded']]
   _, seconds = _choice(result)

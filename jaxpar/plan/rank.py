@@ -21,9 +21,12 @@ The other families' K (`steps`), each from a run the plan makes (`planner.method
   bn_device  the sync-join candidate at N·b with BN per device run to the target: K_dev;
              every per-device row at B takes K(B) × K_dev / K(N·b) (the batch model's
              curve, moved to the measured point).
-  local_sgd  the period model (`steps_model.PERIOD`), K(τ) = K_1·(1 + c·(τ − 1)), fitted on
-             K_1 — the sync-join row at N·b with the replicas' BN (per device, the run
-             above) — and a run at the largest τ; the other periods interpolated.
+  local_sgd  K(τ) through K_1 — the sync-join row at N·b with the replicas' BN (per
+             device, the run above) — and runs at the smallest and the largest τ, a line
+             between each two (`period_steps`): K is not a line in τ (GoogLeNet 32², 2
+             processes, loss 0.5: 156–178 steps at τ = 2, 196–244 at 8, 217–253 at 1);
+             with the largest τ's run alone, the period model (`steps_model.PERIOD`)
+             K(τ) = K_1·(1 + c·(τ − 1)) through K_1 and it.
   async      Downpour's updates to the target at staleness N − 1, simulated on one device
              (`probe.stale_run`): its K is that run's.
 
@@ -89,8 +92,19 @@ def steps(c, k_b: float, b: int, b_noise: float, methods: dict | None = None) ->
     return sync
   run = methods['local_sgd']  # with 'K_1' (`reference`): c is fitted there
   k_1 = steps(dataclasses.replace(c, period=0), k_b, b, b_noise, methods)
+  return period_steps(run, c.period) * k_1 / run['K_1']
+
+
+def period_steps(run: dict, period: int) -> float:
+  """Local SGD's K at τ = `period` for its run's row (`run`: 'K_1', 'K' at 'period', and
+  where measured a run at the smallest period, 'small'): the line through K_1 and the two
+  measured runs, piece by piece; with one run, `steps_model.PERIOD` through K_1 and it."""
+  small = run.get('small')
+  if small and small['stopped'] == 'reached' and small['period'] < run['period']:
+    return float(np.interp(period, [1, small['period'], run['period']],
+                           [run['K_1'], small['K'], run['K']]))
   fitted = steps_model.PERIOD.fit([1, run['period']], [run['K_1'], run['K']])
-  return steps_model.PERIOD.predict(fitted, c.period) * k_1 / run['K_1']
+  return steps_model.PERIOD.predict(fitted, period)
 
 
 def reference(methods: dict, candidate, k_b: float, b: int, b_noise: float) -> dict:
@@ -241,9 +255,16 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
         notes.append("an update timed on Ray's actors, the driver a process of its own on "
                      "the host's cores")
     elif c.family == 'local_sgd' and row['basis'] is not None:
-      run = methods['local_sgd']
-      notes.append(f"K(τ) = K_1·(1 + c·(τ − 1)), K_1 {run['K_1']:.0f}, τ = {run['period']}: "
-                   f"{run['K']:.0f} steps measured")
+      run, small = methods['local_sgd'], methods['local_sgd'].get('small')
+      if small and small['stopped'] == 'reached':
+        notes.append(f"K(τ) through K_1 {run['K_1']:.0f} and the runs at τ = "
+                     f"{small['period']} ({small['K']:.0f} steps) and {run['period']} "
+                     f"({run['K']:.0f}), a line between each two")
+      else:
+        notes.append(f"K(τ) = K_1·(1 + c·(τ − 1)), K_1 {run['K_1']:.0f}, τ = "
+                     f"{run['period']}: {run['K']:.0f} steps measured"
+                     + (f" (τ = {small['period']}'s run stopped: {small['stopped']})"
+                        if small else ''))
     if not math.isfinite(b_noise) and c.batch != b and c.family != 'async':
       notes.append('B_noise ∞ through the two measured runs: K at perfect scaling' if fitted
                    else 'B_noise not measurable: K at perfect scaling (optimistic)')
