@@ -226,8 +226,8 @@ def _scheme_and_plan(c) -> None:
   c.plan.seeds = 2              # serial runs at seed, seed + 1, ...: K's spread between seeds
   c.plan.cache = True           # reuse t_grad and the calls' costs of an earlier plan (plan/cache.py)
   c.plan.noise_batches = 4      # gradients per B_noise reading (0: none, perfect scaling)
-  # The methods beside synchronous SGD whose steps to the target the plan measures (one run
-  # each on the run's devices: BN per device, Local SGD at the largest period; Downpour's
+  # The methods beside synchronous SGD whose steps to the target the plan measures (runs on
+  # the run's devices: BN per device, Local SGD at the largest and smallest period; Downpour's
   # staleness simulated on one device) and ranks; () = synchronous SGD with BN over all only.
   c.plan.methods = ('bn_device', 'local_sgd', 'async')
   c.plan.periods = (2, 4, 8)    # Local SGD's averaging periods τ ranked

@@ -354,13 +354,26 @@ def test_t_grad_on_n_devices_is_each_device_s_own_gradients_in_one_program():
                  two, one)
 
 
-def test_a_timed_candidate_traces_and_lowers_its_step_once(data_dir):
+def test_a_timed_candidate_traces_and_lowers_its_step_once(data_dir, monkeypatch):
   """`probe.step_call` lowers a candidate's step to read its collectives; its windows call
   that step (one trace, one lowering, at most one compile — none where the tests' compile
-  cache has it), and a window after `close()` starts a new loop with the compiled program."""
+  cache has it), and a window after `close()` starts a new loop with the compiled program.
+  Each window takes one step untimed before its k (a new loop one more: its first)."""
   import jax
+  from jaxpar import build
   from jaxpar.data import sources
   from jaxpar.plan import probe
+  steps, made = [], build.loop
+
+  def loop(*args, **kwargs):
+    step = made(*args, **kwargs)
+
+    def counted(state):
+      steps.append(1)
+      return step(state)
+    counted.close = step.close
+    return counted
+  monkeypatch.setattr(build, 'loop', loop)
   c = _config(**{'dataset.data_dir': data_dir, 'mesh.shape': (2,), 'mesh.axes': ('data',)})
   validation.validate(c)
   source = sources.open_source(c.dataset)
@@ -372,9 +385,10 @@ def test_a_timed_candidate_traces_and_lowers_its_step_once(data_dir):
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
     collectives, window = probe.step_call(c, meta, source, probe.initial_variables(c, meta))
-    assert collectives and window(2) > 0
+    assert collectives and window(2) > 0 and len(steps) == 1 + 1 + 2
+    assert window(3) > 0 and len(steps) == 4 + 1 + 3
     window.close()
-    assert window(2) > 0
+    assert window(2) > 0 and len(steps) == 8 + 1 + 1 + 2
     window.close()
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)

@@ -355,17 +355,20 @@ def setting(plan: dict) -> str:
   return f"{plan['setting']}, emulated {link.describe(rate)} link"
 
 
-def summary_table(pairs: list) -> str:
-  """One row per (plan, regret) pair: what the plan chose and how it fared end to end."""
-  lines = ['| network | devices | target | K(B) from | candidates ranked | planning | choice '
+def summary_table(pairs: list, dated: bool = False) -> str:
+  """One row per (plan, regret) pair: what the plan chose and how it fared end to end;
+  `dated`: the day the plan was made first."""
+  lines = [('| plan made ' if dated else '')
+           + '| network | devices | target | K(B) from | candidates ranked | planning | choice '
            '| T predicted | T measured (seeds) | best measured | regret | median T error (K) |',
-           '|---|---|---|---|---:|---:|---|---:|---:|---|---:|---:|']
+           ('|---' if dated else '') + '|---|---|---|---|---:|---:|---|---:|---:|---|---:|---:|']
   for plan, result in pairs:
     choice, seconds = _choice(result)
     spread = f" ({min(seconds):.2f}–{max(seconds):.2f})" if len(seconds) > 1 else ''
     target = plan['target']
     lines.append(
-        f"| {plan['network']} {plan['image_size']}² | {setting(plan)} | {target['kind']} "
+        (f"| {plan['created'][:10]} " if dated else '')
+        + f"| {plan['network']} {plan['image_size']}² | {setting(plan)} | {target['kind']} "
         f"{target['value']:g} | {_batch_model(plan)} | {len(plan['candidates'])} "
         f"({len(result['rows'])} trained × "
         f"{result['seeds']} seed{'s' if result['seeds'] > 1 else ''}) | "

@@ -166,7 +166,8 @@ PLANS_BEFORE_OWN_RANGES = ('methods/resnet34_32_p2_loopback_tie_with_seeds',)
 # Made after phase 3b read each program inside its real step.
 PLANS_WITH_REAL_PROGRAMS = ('methods/resnet34_32_p2_loopback_real_programs',)
 # Made with the tie rule pairing rows timed in the same rounds of phase 5.
-PLANS_WITH_PAIRED_ROUNDS = ('methods/resnet34_32_p2_loopback_paired',)
+PLANS_WITH_PAIRED_ROUNDS = ('methods/resnet34_32_p2_loopback_paired',
+                            'methods/googlenet32_p2_loopback_paired')
 
 
 def _far_targets():
@@ -183,6 +184,19 @@ def _plan_summary(*names):
   from analysis.accuracy import plan_regret
   return plan_regret.summary_table(
       [tuple(_load(f'plan/{n}.json', f'plan/{n}_regret.json')) for n in names])
+
+
+def _plan_latest(*names):
+  """`_plan_summary` of each network's newest check among `names` (by the day and hour its
+  plan was made, per network, size and setting): where the plan stands, the older checks
+  in the record."""
+  from analysis.accuracy import plan_regret
+  latest = {}
+  for plan, regret in (tuple(_load(f'plan/{n}.json', f'plan/{n}_regret.json')) for n in names):
+    key = (plan['network'], plan['image_size'], plan['setting'])
+    if key not in latest or plan['created'] > latest[key][0]['created']:
+      latest[key] = (plan, regret)
+  return plan_regret.summary_table(list(latest.values()), dated=True)
 
 
 def _plan_families(*names):
@@ -388,6 +402,11 @@ TABLES = {
                                                  *PLANS_BEFORE_OWN_RANGES,
                                                  *PLANS_WITH_REAL_PROGRAMS,
                                                  *PLANS_WITH_PAIRED_ROUNDS),
+    'plan-regret-latest': lambda: _plan_latest(*PLANS_WITH_METHODS,
+                                               *PLANS_BEFORE_THE_SECOND_POINT,
+                                               *PLANS_BEFORE_OWN_RANGES,
+                                               *PLANS_WITH_REAL_PROGRAMS,
+                                               *PLANS_WITH_PAIRED_ROUNDS),
     'plan-methods-rows': lambda: _plan_families(*PLANS_WITH_METHODS,
                                                 *PLANS_BEFORE_THE_SECOND_POINT,
                                                 *PLANS_BEFORE_OWN_RANGES,

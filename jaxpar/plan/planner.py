@@ -13,8 +13,8 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   earlier plan here are reused (`plan/cache.py`).
   1b. methods     each family of `plan.methods` to the target from the same weights:
                   Downpour simulated at staleness N − 1 (`async_run`, with the serial
-                  run), BN per device and Local SGD at the largest period as their
-                  candidates on the run's devices (`method_runs`); `rank.steps`.
+                  run), BN per device and Local SGD at the largest and smallest period as
+                  their candidates on the run's devices (`method_runs`); `rank.steps`.
   2. t_grad       one device, every device batch a candidate computes; t_in, the input
                   pipeline's CPU a batch, at every batch a process makes
                   (`probe.input_seconds`).

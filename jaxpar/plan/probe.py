@@ -559,7 +559,8 @@ def step_call(cfg, meta, source, variables, lower: bool = True):
   exchange` —, `window(k)`: the mean time of k steps of the training loop on `source`'s
   batches — dispatched ahead as training does, blocked at the end; its first call compiles
   the program (lowered here, or traced then) and starts from `variables`, the network's
-  initial weights, made once for every candidate: `initial_variables`). `window.close()`
+  initial weights, made once for every candidate: `initial_variables`; each window after
+  one step untimed). `window.close()`
   ends its loop; a later window starts another from the initial weights, with the program
   compiled."""
   from jaxpar import build
@@ -606,6 +607,12 @@ def step_call(cfg, meta, source, variables, lower: bool = True):
                                state, 10**6, jax.random.key(1), train_step=made['step'])
       box['state'], metrics = box['loop'](state)
       jax.block_until_ready(metrics)
+    # One step untimed: a loop left waiting while other rows took their windows wakes, and
+    # across processes the next step starts with every process in step (the first waits in
+    # its collectives for a process still waking). k consecutive steps hold k/τ of Local
+    # SGD's averages wherever they start.
+    box['state'], metrics = box['loop'](box['state'])
+    jax.block_until_ready(metrics)
     start = time.perf_counter()
     for _ in range(k):
       box['state'], metrics = box['loop'](box['state'])
