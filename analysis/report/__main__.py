@@ -168,6 +168,11 @@ PLANS_WITH_REAL_PROGRAMS = ('methods/resnet34_32_p2_loopback_real_programs',)
 # Made with the tie rule pairing rows timed in the same rounds of phase 5.
 PLANS_WITH_PAIRED_ROUNDS = ('methods/resnet34_32_p2_loopback_paired',
                             'methods/googlenet32_p2_loopback_paired')
+# Made with Local SGD run at its smallest period as well as its largest.
+PLANS_WITH_TWO_PERIODS = ('methods/googlenet32_p2_loopback_two_periods',)
+# Every method ranked, each check in the order it was made.
+PLANS_CHECKED = (PLANS_WITH_METHODS + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES
+                 + PLANS_WITH_REAL_PROGRAMS + PLANS_WITH_PAIRED_ROUNDS + PLANS_WITH_TWO_PERIODS)
 
 
 def _far_targets():
@@ -320,9 +325,7 @@ FILES = {
     'plan/resnet34_16.md': lambda: _plan('resnet34_16'),
     'plan/googlenet16.md': lambda: _plan('googlenet16'),
     **{f'plan/{name}.md': (lambda n=name: _plan(n))
-       for name in PLANS_ACROSS_PROCESSES + PLANS_WITH_DEFAULTS + PLANS_WITH_METHODS
-       + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES + PLANS_WITH_REAL_PROGRAMS
-       + PLANS_WITH_PAIRED_ROUNDS},
+       for name in PLANS_ACROSS_PROCESSES + PLANS_WITH_DEFAULTS + PLANS_CHECKED},
     'thesis_report.md': lambda: _thesis('markdown'),
 }
 
@@ -397,21 +400,9 @@ TABLES = {
     'plan-regret': lambda: _plan_summary('squeezenet16', 'resnet34_16', 'googlenet16'),
     'plan-regret-processes': lambda: _plan_summary(*PLANS_ACROSS_PROCESSES),
     'plan-regret-defaults': lambda: _plan_summary(*PLANS_WITH_DEFAULTS),
-    'plan-regret-methods': lambda: _plan_summary(*PLANS_WITH_METHODS,
-                                                 *PLANS_BEFORE_THE_SECOND_POINT,
-                                                 *PLANS_BEFORE_OWN_RANGES,
-                                                 *PLANS_WITH_REAL_PROGRAMS,
-                                                 *PLANS_WITH_PAIRED_ROUNDS),
-    'plan-regret-latest': lambda: _plan_latest(*PLANS_WITH_METHODS,
-                                               *PLANS_BEFORE_THE_SECOND_POINT,
-                                               *PLANS_BEFORE_OWN_RANGES,
-                                               *PLANS_WITH_REAL_PROGRAMS,
-                                               *PLANS_WITH_PAIRED_ROUNDS),
-    'plan-methods-rows': lambda: _plan_families(*PLANS_WITH_METHODS,
-                                                *PLANS_BEFORE_THE_SECOND_POINT,
-                                                *PLANS_BEFORE_OWN_RANGES,
-                                                *PLANS_WITH_REAL_PROGRAMS,
-                                                *PLANS_WITH_PAIRED_ROUNDS),
+    'plan-regret-methods': lambda: _plan_summary(*PLANS_CHECKED),
+    'plan-regret-latest': lambda: _plan_latest(*PLANS_CHECKED),
+    'plan-methods-rows': lambda: _plan_families(*PLANS_CHECKED),
     'plan-far-targets': _far_targets,
 }
 
