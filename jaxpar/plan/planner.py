@@ -890,7 +890,7 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
   sync-join candidate at N·b ({'K', 'batch'}), Local SGD at the largest of `plan.periods`
   ({'K', 'period', 'batch'}) and, where they differ, at the smallest ('small': {'K',
   'period', 'stopped', 'curve'}: GoogLeNet 32² on 2 processes reached loss 0.5 in 156–178
-  steps at τ = 2, 196–244 at τ = 8, 217–253 at τ = 1, where a line through τ = 1 and 8 put
+  steps at τ = 2, 196–244 at τ = 8, 216–253 at τ = 1, where a line through τ = 1 and 8 put
   τ = 2 at 266); with 'stopped' and 'curve'. Those the candidates do not
   have, and all where the serial run did not reach the target, are left out. `agree`:
   process 0's value in every process (`_Agree`), for the runs' metric subsets."""

@@ -24,7 +24,7 @@ The other families' K (`steps`), each from a run the plan makes (`planner.method
   local_sgd  K(τ) through K_1 — the sync-join row at N·b with the replicas' BN (per
              device, the run above) — and runs at the smallest and the largest τ, a line
              between each two (`period_steps`): K is not a line in τ (GoogLeNet 32², 2
-             processes, loss 0.5: 156–178 steps at τ = 2, 196–244 at 8, 217–253 at 1);
+             processes, loss 0.5: 156–178 steps at τ = 2, 196–244 at 8, 216–253 at 1);
              with the largest τ's run alone, the period model (`steps_model.PERIOD`)
              K(τ) = K_1·(1 + c·(τ − 1)) through K_1 and it.
   async      Downpour's updates to the target at staleness N − 1, simulated on one device
