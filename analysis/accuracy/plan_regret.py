@@ -452,7 +452,7 @@ def _steps(run: dict) -> str:
 
 def report(plan: dict, result: dict) -> str:
   """The plan's ranked table and its end-to-end check, as one Markdown page."""
-  from jaxpar.plan import planner
+  from jaxpar.plan import planner, rank
   m, v = plan['machine'], plan['versions']
   lines = [f"# Plan: {plan['network']} at {plan['image_size']}², {setting(plan)}", '',
            f"Target: {plan['target']['kind']} {plan['target']['value']:g}. Plan made "
@@ -472,12 +472,10 @@ def report(plan: dict, result: dict) -> str:
   names = {'bn_device': 'BatchNorm per device, sync-join at B = {batch}',
            'local_sgd': 'Local SGD at τ = {period}, B = {batch}',
            'async': 'Downpour, simulated at staleness {staleness}'}
-  runs = [(names[family].format(**run), run) for family, run in plan.get('methods', {}).items()]
-  if 'small' in plan.get('methods', {}).get('local_sgd', {}):
-    small = plan['methods']['local_sgd']['small']
-    runs.append((names['local_sgd'].format(**{**plan['methods']['local_sgd'], **small}), small))
+  runs = rank.each_run(plan.get('methods', {}))
   lines += ["The methods' runs: " + '; '.join(
-      f'{name}: {_steps(run)}' for name, run in runs) + '.', ''] if runs else []
+      f'{names[family].format(**run)}: {_steps(run)}' for family, run in runs) + '.',
+      ''] if runs else []
   lines += ['## Ranked by predicted time to the target', '', planner.table(plan), '']
   lines += [f"- not ranked: {e['method']}: {e['reason']}" for e in plan['excluded']]
   _, seconds = _choice(result)

@@ -288,15 +288,10 @@ class _Planning:
     if local:
       methods = rank.reference(methods, local, self.k_b, self.b, self.noise[0])
     if methods:
-      runs = [(family + (f" τ={run['period']}" if 'period' in run else ''), run)
-              for family, run in methods.items()]
-      if 'small' in methods.get('local_sgd', {}):
-        runs.append((f"local_sgd τ={methods['local_sgd']['small']['period']}",
-                     methods['local_sgd']['small']))
       log(f"Plan [{self.since()}]: the methods' steps: " + ', '.join(
-          f"{name} {run['K']:.0f}" + ('' if run['stopped'] == 'reached'
-                                      else f" (at least: {run['stopped']})")
-          for name, run in runs) + '.')
+          family + (f" τ={run['period']}" if 'period' in run else '') + f" {run['K']:.0f}"
+          + ('' if run['stopped'] == 'reached' else f" (at least: {run['stopped']})")
+          for family, run in rank.each_run(methods)) + '.')
     self.methods = methods
     self.t_one = (float(np.median(serial['step_seconds'])) if serial['step_seconds']
                   else None)

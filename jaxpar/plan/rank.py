@@ -99,12 +99,30 @@ def period_steps(run: dict, period: int) -> float:
   """Local SGD's K at τ = `period` for its run's row (`run`: 'K_1', 'K' at 'period', and
   where measured a run at the smallest period, 'small'): the line through K_1 and the two
   measured runs, piece by piece; with one run, `steps_model.PERIOD` through K_1 and it."""
-  small = run.get('small')
-  if small and small['stopped'] == 'reached' and small['period'] < run['period']:
+  small = small_run(run)
+  if small:
     return float(np.interp(period, [1, small['period'], run['period']],
                            [run['K_1'], small['K'], run['K']]))
   fitted = steps_model.PERIOD.fit([1, run['period']], [run['K_1'], run['K']])
   return steps_model.PERIOD.predict(fitted, period)
+
+
+def small_run(run: dict) -> dict | None:
+  """Local SGD's run at its smallest period (`run['small']`) where K(τ) rests on it: it
+  reached the target at a period below the largest's; else None."""
+  small = run.get('small')
+  return (small if small and small['stopped'] == 'reached' and small['period'] < run['period']
+          else None)
+
+
+def each_run(methods: dict) -> list:
+  """Every run of a plan's `methods` as (family, run): Local SGD's at its smallest period
+  after its own, with its row's setting (batch) — for the logs and reports that list them."""
+  runs = [(family, {k: v for k, v in run.items() if k != 'small'})
+          for family, run in methods.items()]
+  if 'small' in methods.get('local_sgd', {}):
+    runs.append(('local_sgd', {**dict(runs)['local_sgd'], **methods['local_sgd']['small']}))
+  return runs
 
 
 def reference(methods: dict, candidate, k_b: float, b: int, b_noise: float) -> dict:
@@ -255,16 +273,17 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
         notes.append("an update timed on Ray's actors, the driver a process of its own on "
                      "the host's cores")
     elif c.family == 'local_sgd' and row['basis'] is not None:
-      run, small = methods['local_sgd'], methods['local_sgd'].get('small')
-      if small and small['stopped'] == 'reached':
+      run = methods['local_sgd']
+      small = small_run(run)
+      if small:
         notes.append(f"K(τ) through K_1 {run['K_1']:.0f} and the runs at τ = "
                      f"{small['period']} ({small['K']:.0f} steps) and {run['period']} "
                      f"({run['K']:.0f}), a line between each two")
       else:
         notes.append(f"K(τ) = K_1·(1 + c·(τ − 1)), K_1 {run['K_1']:.0f}, τ = "
                      f"{run['period']}: {run['K']:.0f} steps measured"
-                     + (f" (τ = {small['period']}'s run stopped: {small['stopped']})"
-                        if small else ''))
+                     + (f" (τ = {run['small']['period']}'s run stopped: "
+                        f"{run['small']['stopped']})" if 'small' in run else ''))
     if not math.isfinite(b_noise) and c.batch != b and c.family != 'async':
       notes.append('B_noise ∞ through the two measured runs: K at perfect scaling' if fitted
                    else 'B_noise not measurable: K at perfect scaling (optimistic)')
