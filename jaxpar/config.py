@@ -235,6 +235,7 @@ def _scheme_and_plan(c) -> None:
   c.plan.close = 2.0            # ... among those predicted within this factor of the best
   c.plan.measure_steps = 10     # steps of a timed window (and t_grad calls)
   c.plan.measure_windows = 3    # timed windows of each measured candidate
+  c.plan.tie_windows = 9        # a tie judged round by round on fewer: its rows timed up to this
 
 
 def _async(c) -> None:

@@ -530,7 +530,7 @@ def test_the_tie_rule_pairs_rows_timed_in_the_same_rounds():
   leader, one = row(2, 113.5, [100, 101, 99], 4), row(1, 173.2, [64, 67, 66], 4)
   choice, why = rank.choose([leader, one], leader)
   assert choice is one and rank.paired(one, leader)[0] <= 1 < rank.paired(one, leader)[1]
-  assert 'timed in the same rounds, its time to the target came to 0.99–1.01× the leader' in why
+  assert 'timed in the same 3 rounds, its time to the target came to 0.99–1.01× the leader' in why
   # From `rank.rank`: T at each of B_noise's readings (K of N = 2 at B = 32 depends on it,
   # one device's at b = 16 does not), each reading's ratios paired.
   two = {'candidate': candidates.Candidate('sync-join', 'allreduce', 2, 32, ''),
@@ -1119,10 +1119,10 @@ def _scripted_loops(step: dict, timed: list) -> dict:
   return {x: window_of(x) for x in step}
 
 
-def _phase5(windows: int = 3):
+def _phase5(windows: int = 3, tie_windows: int | None = None):
   import ml_collections
   return ml_collections.ConfigDict({'close': 2.0, 'measure_top': 2, 'measure_windows': windows,
-                                    'measure_steps': 10})
+                                    'measure_steps': 10, 'tie_windows': tie_windows or windows})
 
 
 def test_measuring_times_what_moves_ahead_beside_the_fastest_measured_that_runs_here():
@@ -1178,7 +1178,7 @@ def test_a_tie_with_a_row_timed_apart_is_timed_side_by_side_and_decided_round_by
     assert rows[0]['timed_in'] == rows[1]['timed_in'] > 0
     assert choice['candidate'] is chosen
     if chosen is one:
-      assert 'timed in the same rounds, its time to the target came to 1.00–1.00×' in why
+      assert 'timed in the same 3 rounds, its time to the target came to 1.00–1.00×' in why
     else:
       assert why == ''
   # Past the budget nothing more is timed: the ranges decide.
@@ -1190,6 +1190,51 @@ def test_a_tie_with_a_row_timed_apart_is_timed_side_by_side_and_decided_round_by
       rerank(), rerank, cost=None, calls_of=calls_of, p=p, past_deadline=lambda: True,
       agree=lambda x: x, log=[].append, started=0.0)
   assert timed == [] and choice['candidate'] is one
+
+
+def test_a_tie_on_few_rounds_is_timed_in_more_and_decided_on_them_all():
+  """`planner.choose_measured`, all at batch 64 (one K): the leader on 2 devices and one
+  device timed in the same 3 rounds, one device's windows 1.04, 1.04 and 0.91 × the
+  leader's (one slow round of the leader's) — quartiles 0.975–1.04, a tie. With
+  `tie_windows` 9 both are timed in 6 more rounds, in turn, appended (first a call that
+  compiles, untimed): one device 4 % slower in each makes the quartiles 1.04–1.04, the
+  leader chosen; level in each, the tie stands, said with the 9 rounds. A third row timed
+  in the first 3 rounds only is paired on those. With `tie_windows` 3, or past the budget,
+  nothing more is timed."""
+  c = candidates.Candidate
+  two, one = c('sync-split', 'allreduce', 2, 64, 'all'), c('sync-split', 'allreduce', 1, 64, 'all')
+  third = c('sync-split', 'central', 2, 64, 'all')
+
+  def rows():
+    return [{'candidate': two, 't_predicted': 0.1, 't_measured': [0.100, 0.100, 0.110],
+             'timed_in': 7},
+            {'candidate': one, 't_predicted': 0.1, 't_measured': [0.104, 0.104, 0.100],
+             'timed_in': 7},
+            {'candidate': third, 't_predicted': 0.1, 't_measured': [0.200, 0.200, 0.200],
+             'timed_in': 7}]
+  for later, tie_windows, done, chosen in ((0.104, 9, False, two), (0.100, 9, False, one),
+                                           (0.104, 3, False, one), (0.104, 9, True, one)):
+    table, timed = rows(), []
+    calls_of = _scripted_loops({two: 0.100, one: later, third: 0.2}, timed)
+    rerank = lambda: rank.rank(table, 100, 64, (math.inf,) * 3)
+    ranked = rerank()
+    assert rank.paired(table[1], table[0]) == pytest.approx([0.975, 1.04], abs=1e-3)
+    ranked, choice, why = planner.choose_measured(
+        ranked, rerank, cost=None, calls_of=calls_of, p=_phase5(3, tie_windows),
+        past_deadline=lambda: done, agree=lambda x: x, log=[].append, started=0.0)
+    assert choice['candidate'] is chosen
+    if tie_windows == 9 and not done:
+      assert sorted(timed, key=str) == sorted([two] * 7 + [one] * 7, key=str)
+      assert [len(r['t_measured']) for r in table] == [9, 9, 3]
+      assert table[1]['t_measured'][3:] == [later] * 6
+      assert rank.rounds(table[2], table[0]) == 3 and rank.rounds(table[1], table[0]) == 9
+    else:
+      assert timed == [] and [len(r['t_measured']) for r in table] == [3, 3, 3]
+    if chosen is one:
+      n = 9 if tie_windows == 9 and not done else 3
+      assert f'timed in the same {n} rounds, its time to the target came to' in why
+    else:
+      assert why == ''
 
 
 def test_the_cheapest_close_row_timed_apart_joins_the_first_rounds():

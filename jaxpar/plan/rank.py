@@ -318,17 +318,27 @@ def own_range(row: dict) -> list:
   return row.get('T_own', row['T'])
 
 
+def rounds(row: dict, leader: dict) -> int:
+  """How many rounds phase 5 timed `row` and `leader` in together: the windows both have
+  where they share 'timed_in' (window w of each taken in round w; two rows timed in more
+  rounds after the rest — `planner.choose_measured` — share the first ones with the
+  rest), else 0."""
+  if row.get('timed_in') is None or row.get('timed_in') != leader.get('timed_in'):
+    return 0
+  return min(len(row.get('T_rounds') or ()), len(leader.get('T_rounds') or ()))
+
+
 def paired(row: dict, leader: dict) -> list | None:
   """[low, high]: `row`'s time to the target over `leader`'s where phase 5 timed both in
-  the same rounds ('timed_in', as many windows): at each of B_noise's readings (which K of
-  every row shares), the ratio of the two rows' T round by round, the middle half of
-  those ratios (numpy's quartiles: a round that a host pause slowed moves them half as
-  far as it moves the extremes); the lowest quartile and the highest of the readings.
-  None where the two were not timed together."""
-  mine, theirs = row.get('T_rounds'), leader.get('T_rounds')
-  if (row.get('timed_in') is None or row.get('timed_in') != leader.get('timed_in')
-      or not mine or not theirs or len(mine) != len(theirs)):
+  the same rounds (`rounds`): at each of B_noise's readings (which K of every row
+  shares), the ratio of the two rows' T round by round, the middle half of those ratios
+  (numpy's quartiles: a round that a host pause slowed moves them half as far as it
+  moves the extremes); the lowest quartile and the highest of the readings. None where
+  the two were not timed together."""
+  n = rounds(row, leader)
+  if not n:
     return None
+  mine, theirs = row['T_rounds'][:n], leader['T_rounds'][:n]
   quartiles = [np.percentile([a[x] / b[x] for a, b in zip(mine, theirs)], [25, 75])
                for x in range(len(mine[0]))]
   return [float(min(q[0] for q in quartiles)), float(max(q[1] for q in quartiles))]
@@ -343,6 +353,13 @@ def tied(row: dict, leader: dict) -> bool:
   if ratio is not None:
     return ratio[0] <= 1.0
   return own_range(row)[1] <= own_range(leader)[2]
+
+
+def tied_rows(ranked: list, leader: dict) -> list:
+  """The rows `choose` may take over `leader`: costed rows it may choose (`choosable`)
+  that spend less (`cheaper`) and are `tied` with it."""
+  return [r for r in ranked if choosable(r) and not r.get('pruned')
+          and cheaper(r['candidate'], leader['candidate']) and tied(r, leader)]
 
 
 def choose(ranked: list, leader: dict) -> tuple:
@@ -367,8 +384,7 @@ def choose(ranked: list, leader: dict) -> tuple:
   so that no row ahead of the choice spends as little. The reason names the rows, the
   margin and the ranges or ratios. Returns (row, reason; '' for the leader)."""
   costed = [r for r in ranked if choosable(r) and not r.get('pruned')]
-  close = [r for r in costed if cheaper(r['candidate'], leader['candidate'])
-           and tied(r, leader)]
+  close = tied_rows(ranked, leader)
   if not close:
     return leader, ''
   at = {id(r): i for i, r in enumerate(costed)}
@@ -383,8 +399,9 @@ def choose(ranked: list, leader: dict) -> tuple:
   ratio = paired(last, leader)
   whose = 'its' if last is row else f"{last['label']}'s"
   if ratio is not None:
-    overlap = (f"timed in the same rounds, {whose} time to the target came to "
-               f"{ratio[0]:.2f}–{ratio[1]:.2f}× the leader's (the middle half of the rounds)")
+    overlap = (f"timed in the same {rounds(last, leader)} rounds, {whose} time to the "
+               f"target came to {ratio[0]:.2f}–{ratio[1]:.2f}× the leader's (the middle "
+               f"half of the rounds)")
   else:
     overlap = ('the ranges overlap' if last is row else
                f"{whose} range ({lasts[1]:.2f}–{lasts[2]:.2f}) reaches into the leader's")
