@@ -172,10 +172,13 @@ PLANS_WITH_PAIRED_ROUNDS = ('methods/resnet34_32_p2_loopback_paired',
 PLANS_WITH_TWO_PERIODS = ('methods/googlenet32_p2_loopback_two_periods',)
 # Made with phase 5's windows after a step untimed.
 PLANS_WITH_UNTIMED_STEP = ('methods/googlenet32_p2_loopback_untimed_step',)
+# Made with a tie judged on fewer than plan.tie_windows rounds timed in more.
+PLANS_WITH_TIE_ROUNDS = ('methods/googlenet32_p2_loopback_tie_rounds',
+                         'methods/squeezenet32_p2_loopback_tie_rounds')
 # Every method ranked, each check in the order it was made.
 PLANS_CHECKED = (PLANS_WITH_METHODS + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES
                  + PLANS_WITH_REAL_PROGRAMS + PLANS_WITH_PAIRED_ROUNDS + PLANS_WITH_TWO_PERIODS
-                 + PLANS_WITH_UNTIMED_STEP)
+                 + PLANS_WITH_UNTIMED_STEP + PLANS_WITH_TIE_ROUNDS)
 
 
 def _far_targets():
