@@ -35,8 +35,9 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
                   (a window of each in turn); re-ranked with the measured times. The
                   choice: the fastest, or by the tie rule a row that spends less (fewer
                   devices, or no cross-device BatchNorm) whose time reaches into its —
-                  round by round where both were timed in the same rounds
-                  (`rank.choose`, `tie_rule`).
+                  round by round where both were timed in the same rounds, up to
+                  `tie_windows` of them where the tie rests on fewer
+                  (`rank.choose`, `tie_rule`, `choose_measured`).
 
 In one process everything runs on its devices (real accelerators or emulated CPU devices,
 `mesh.emulate_cpu_devices`). Launched as several processes, as their training will be, every
@@ -1238,7 +1239,9 @@ def choose_measured(ranked, rerank, cost, calls_of, p, past_deadline, agree, log
   rounds as the leader (or not timed) and can be here, the two are timed side by side
   (`_measure`) and the rule applied again, the leader again the fastest measured: a row
   timed apart (one device, in phase 1's process) is compared round by round, not by ranges
-  taken at other times. Returns (ranking, choice, reason; '' for the leader)."""
+  taken at other times. A tie round by round on fewer than `p.tie_windows` rounds has the
+  leader and the rows tied with it on those rounds timed in more, up to that many, and the
+  rule applied on them all. Returns (ranking, choice, reason; '' for the leader)."""
   leader = _leader(ranked)
   if not leader.get('t_measured'):
     leader = _fastest_measured(ranked) or leader
