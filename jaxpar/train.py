@@ -9,6 +9,7 @@ checkpoint restore → loop (log, eval, checkpoint) → final eval.
 SIGTERM or SIGINT ends the step in flight, saves it and exits with status 75 (jaxpar.preemption:
 what a scheduler reads as "requeue"); a bad config is status 2, a run that cannot go on 1.
 """
+import contextlib
 import dataclasses
 import os
 import sys
@@ -136,7 +137,8 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
         logging.info('Plan: the target reached: the run ends at step %d '
                      '(config.plan.stop_at_target).', step)
     if step % cfg.log_every == 0 or step == last_step:
-      reporter.report(step, float(schedule(step - 1)))
+      with clock.paused(metrics) if clock else contextlib.nullcontext():  # not in its time
+        reporter.report(step, float(schedule(step - 1)))
     if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
       with reporter.paused():
         state = loop.synced(state)
