@@ -133,7 +133,7 @@ def initial_variables(cfg, meta) -> dict:
 def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
                deadline: float, noise_batches: int, log=print, variables=None,
                eval_share: float = 0.0, time_saves: bool = True, name: str = 'serial',
-               agree=None) -> dict:
+               agree=None, stall_steps: int = 0) -> dict:
   """Trains `cfg` (a one-device config, `one_device_overrides`; or a candidate's on its
   mesh's devices, every process's) from its initial weights (`variables`, made already, or
   made here: `initial_variables`) until the target, `max_steps`, `deadline`
@@ -171,7 +171,8 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   loop = build.loop(cfg, model, tx, mesh, method, source, state, max_steps, rng_dropout)
   run = _to_target(cfg, source, target, model, mesh, loop, state, method.variables,
                    eval_every=eval_every, max_steps=max_steps, deadline=deadline, noise=noise,
-                   log=log, eval_share=eval_share, name=name, agree=agree)
+                   log=log, eval_share=eval_share, name=name, agree=agree,
+                   stall_steps=stall_steps)
   # After the run: its steps go on, not on its curve.
   run['save_seconds'] = save_seconds(run.pop('state'), loop) if time_saves else None
   loop.close()
@@ -241,10 +242,12 @@ def delayed_inputs(cfg, model, source, steps: int, rng) -> tuple:
 
 def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
                eval_every, max_steps, deadline, noise, log, eval_share, name,
-               agree=None) -> dict:
+               agree=None, stall_steps: int = 0) -> dict:
   """`loop(state)` → (state, metrics) called until the target (`serial_run`'s dict, with
   the last 'state' and without 'save_seconds'); the metric's subset and spacing from
-  `agree`'s (process 0's) timings where given."""
+  `agree`'s (process 0's) timings where given. `stall_steps`: a stall judged over at least
+  that many steps (`steps_model.progress`'s patience in evaluations at the spacing used; 0:
+  its own 5), for a run evaluated more often than the serial run."""
   from jaxpar.evaluation import evaluate
   from jaxpar.step import make_eval_step
 
@@ -306,7 +309,8 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
       curve.append((step, reading(state)))
       if noise:
         track.append({'step': step, **noise(variables_of(state))})
-      verdict = steps_model.progress(curve, target.chance(source.num_classes))
+      verdict = steps_model.progress(curve, target.chance(source.num_classes),
+                                     patience=max(5, math.ceil(stall_steps / cost.every)))
       log(f'  {name} step {step}: {target.kind} metric {curve[-1][1]:.4f}'
           + (f", B_noise {_reading(track[-1]['b_noise'])}" if track else '')
           + (' (initial plateau)' if verdict == 'plateau' else ''))
