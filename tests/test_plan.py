@@ -1449,17 +1449,25 @@ def test_t_grad_at_the_serial_batch_is_timed_again_beside_the_serial_step():
 
 def test_a_reused_t_grad_is_scaled_to_the_host_speed_now():
   """`planner.at_host_speed` by hand: t_grad at b on one device reads 0.06 s now, 0.05 s
-  when the entry was measured — the host 1.2× as slow: every reused value × 1.2 (the
-  2-device ones too, which no plan times again when reused); none scaled where the entry or
-  this plan has no reading at b."""
+  when the entry was measured — one process 1.2× as slow: the one-device values × 1.2, and
+  the 2-device ones too where none was timed again; timed again at 16 on 2 (0.063 against
+  0.06), those × 1.05; none scaled where the entry or this plan has no reading at b.
+  `again_on_several`: the smallest reused batch on each device count is timed again."""
   from jaxpar.plan import planner
-  reused = {(16, 1): 0.05, (64, 1): 0.2, (16, 2): 0.06}
-  scaled, factor = planner.at_host_speed(reused, {(16, 1): 0.06, (32, 1): 0.1}, 16)
-  assert factor == pytest.approx(1.2)
-  assert scaled == pytest.approx({(16, 1): 0.06, (64, 1): 0.24, (16, 2): 0.072})
+  reused = {(16, 1): 0.05, (64, 1): 0.2, (16, 2): 0.06, (32, 2): 0.1}
+  scaled, factors = planner.at_host_speed(reused, {(16, 1): 0.06, (32, 1): 0.1}, 16)
+  assert factors == {1: pytest.approx(1.2)}
+  assert scaled == pytest.approx({(16, 1): 0.06, (64, 1): 0.24, (16, 2): 0.072,
+                                  (32, 2): 0.12})
   assert reused[64, 1] == 0.2  # the entry as read is left alone
-  assert planner.at_host_speed(reused, {(32, 1): 0.1}, 16) == (reused, 1.0)
-  assert planner.at_host_speed({(64, 1): 0.2}, {(16, 1): 0.06}, 16) == ({(64, 1): 0.2}, 1.0)
+  scaled, factors = planner.at_host_speed(reused, {(16, 1): 0.06, (16, 2): 0.063}, 16)
+  assert factors == {1: pytest.approx(1.2), 2: pytest.approx(1.05)}
+  assert scaled == pytest.approx({(16, 1): 0.06, (64, 1): 0.24, (16, 2): 0.063,
+                                  (32, 2): 0.105})
+  assert planner.at_host_speed(reused, {(32, 1): 0.1}, 16) == (reused, {})
+  assert planner.at_host_speed({(64, 1): 0.2}, {(16, 1): 0.06}, 16) == ({(64, 1): 0.2}, {})
+  assert planner.again_on_several({(32, 2), (16, 2), (8, 4), (16, 1)}, reused) == [(16, 2)]
+  assert planner.again_on_several({(16, 1)}, reused) == []
 
 
 def test_the_cache_reuses_what_depends_on_nothing_that_changed(tmp_path):

@@ -16,8 +16,10 @@ on.
 
 A cached value is an earlier measurement on the same machine: the timing noise from one
 run to the next enters the plan with it (the plan says which values it reused), and the
-host's speed then — scaled to now by t_grad at the serial batch, which every plan times
-again (`planner.at_host_speed`), and stored so: an entry's values are at one speed. An
+host's speed then — scaled to now, the one-device values by t_grad at the serial batch,
+which every plan times again, those on n devices by one batch timed again on n (one process
+alone and several at once move apart: `planner.at_host_speed`), and stored so: an entry's
+values are at one speed. An
 entry of another `FORMAT` (one written before that rule, its values at several sittings'
 speeds) is not read. Entries
 can be deleted; `config.plan.cache=False` neither reads nor writes them.

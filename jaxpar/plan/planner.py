@@ -314,10 +314,22 @@ class _Planning:
     b, log = self.b, self.log
     needed = {(c.device_batch, c.devices) for c in self.found} | {(b, 1)}
     fresh = {(int(batch), 1): s for batch, s in self.alone['t_grad'].items()}
-    reused, self.host_speed = at_host_speed(self.reused, fresh, b)
-    if self.host_speed != 1.0:
-      log(f'Plan: the reused t_grad at the host\'s speed now: × {self.host_speed:.3f} (t_grad '
-          f'at b={b} on one device {fresh[b, 1] * 1e3:.2f} ms now, '
+
+    def timed(key):
+      call = probe.gradient_call(with_overrides(self.one, {'per_device_batch': key[0]}),
+                                 self.meta, key[0], key[1] // self.processes, self.variables)
+      multihost.barrier(f'plan/t_grad/{key}')
+      return self.agree(float(np.median(call_timing.timed(call, self.p.measure_steps, 2))))
+
+    for key in again_on_several(needed, self.reused):
+      if not self.past_preparing():
+        fresh[key] = timed(key)
+    reused, speeds = at_host_speed(self.reused, fresh, b)
+    self.host_speed, self.host_speeds = speeds.get(1, 1.0), speeds
+    if any(f != 1.0 for f in speeds.values()):
+      log("Plan: the reused t_grad at the host's speed now: " + ', '.join(
+          f'on {n} device{"s" if n > 1 else ""} × {f:.3f}' for n, f in sorted(speeds.items()))
+          + f' (t_grad at b={b} on one device {fresh[b, 1] * 1e3:.2f} ms now, '
           f'{self.reused[b, 1] * 1e3:.2f} ms when they were measured).')
     t_grad = {k: v for k, v in reused.items() if k in needed}
     t_grad.update(fresh)
@@ -326,11 +338,7 @@ class _Planning:
       if self.past_preparing():
         self.estimated.add(key)
         continue
-      call = probe.gradient_call(with_overrides(self.one, {'per_device_batch': key[0]}),
-                                 self.meta, key[0], key[1] // self.processes, self.variables)
-      multihost.barrier(f'plan/t_grad/{key}')
-      t_grad[key] = self.agree(float(np.median(call_timing.timed(call, self.p.measure_steps,
-                                                                 2))))
+      t_grad[key] = timed(key)
     self.cores = (len(os.sched_getaffinity(0)) if jax.default_backend() == 'cpu' else None)
     self.measured_t_grad = dict(t_grad)
     for key in self.estimated:
@@ -572,6 +580,7 @@ class _Planning:
         'reused': {'created': entry['created'],
                    't_grad': sorted(k for k in reused if k in self.t_grad),
                    'host_speed': self.host_speed,  # the reused t_grad's factor: `at_host_speed`
+                   'host_speeds': {str(n): f for n, f in self.host_speeds.items()},
                    'calls': bool(entry.get('calls')) and self.processes == 1} if entry else None,
         'step_prediction_error': {'median_abs_log': float(np.median(errors)) if errors else None,
                                   'measured': len(errors)},
@@ -953,17 +962,34 @@ def fresh_singles(batches: set, b: int, reused: dict) -> list:
 
 
 def at_host_speed(reused: dict, fresh: dict, b: int) -> tuple:
-  """(t_grad reused from an earlier plan at the host's speed now, the factor): each × t_grad
-  at (b, 1) now ÷ as it was (`fresh_singles` always times b again). These shared cores take
-  the same program up to 1.8× as long from one hour to the next (ResNet34 32², t_grad at
-  b = 16 on both cores: 55.7 ms in a plan, 66-102 ms within one ten-minute launch hours
-  later), which moves every program alike; a reused t_grad left at its sitting's speed set the
-  multi-device rows against a one-device row timed now. Stored again so (`cache.store`),
-  an entry's values stay at one speed. Unscaled (1.0) where either reading is missing."""
-  if (b, 1) not in reused or (b, 1) not in fresh or reused[b, 1] <= 0:
-    return dict(reused), 1.0
-  factor = fresh[b, 1] / reused[b, 1]
-  return {k: v * factor for k, v in reused.items()}, factor
+  """(t_grad reused from an earlier plan at the host's speed now, {devices: factor}): the
+  entries on n devices × t_grad now ÷ as it was at a batch timed again on n (`fresh`: b on
+  one device, `fresh_singles`; one batch on each n > 1, `again_on_several`), else at (b, 1).
+  These shared cores take the same program up to 1.8× as long from one hour to the next
+  (ResNet34 32², t_grad at b = 16 on both cores: 55.7 ms in a plan, 66-102 ms within one
+  ten-minute launch hours later); a reused t_grad left at its sitting's speed set the
+  multi-device rows against a one-device row timed now. One process alone and two at once
+  do not move alike: SqueezeNet-BN 32², a day apart, t_grad at 16 on one device read 0.76 ×
+  and the 2-process steps 0.96 × (phase 5). Stored again so (`cache.store`), an entry's
+  values stay at one speed. Unscaled (1.0) where neither reading is there."""
+  factors = {}
+  for n in sorted({k[1] for k in reused}):
+    again = sorted(k for k in fresh if k[1] == n and (n > 1 or k[0] == b)
+                   and reused.get(k, 0) > 0)
+    if again:
+      factors[n] = fresh[again[0]] / reused[again[0]]
+  one = factors.get(1, 1.0)
+  return {k: v * factors.get(k[1], one) for k, v in reused.items()}, factors
+
+
+def again_on_several(needed: set, reused: dict) -> list:
+  """The multi-device t_grad a plan that reuses them times again: on each device count, the
+  smallest batch it needs of those reused — the host's speed on n devices at once
+  (`at_host_speed`)."""
+  out = {}
+  for batch, n in sorted(k for k in needed if k[1] > 1 and k in reused):
+    out.setdefault(n, (batch, n))
+  return sorted(out.values())
 
 
 def one_device_in_child(one, target, batches, timed, deadline, log, devices: int = 1,
