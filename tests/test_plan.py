@@ -1363,8 +1363,8 @@ def test_local_sgd_is_run_at_the_smallest_period_and_the_largest(monkeypatch):
 
   def serial_run(cfg, source, target, **kw):
     ran.append((kw['name'], cfg.scheme, cfg.sync_every))
-    # K_b 100 at b = 16, every 10: at B = 32 at least 50 steps, read every 6, stalls over 50
-    assert (kw['eval_every'], kw['stall_steps']) == (6, 50)
+    # the serial run read every 10, the training judges every plan.eval_every (20): every 10
+    assert (kw['eval_every'], kw['stall_steps']) == (10, 50)
     return {'K': {8: 84.0, 2: 56.0}.get(cfg.sync_every, 70.0), 'stopped': 'reached',
             'curve': [(10, 2.0)]}
 
@@ -1392,20 +1392,17 @@ def test_local_sgd_is_run_at_the_smallest_period_and_the_largest(monkeypatch):
   assert [every for _, _, every in ran[1:]] == [4] and 'small' not in out['local_sgd']
 
 
-def test_a_further_run_reads_its_metric_often_enough_to_place_k_and_stalls_over_as_many_steps():
-  """`planner.spacing` by hand: K_b 183 at b = 16, the serial run read every 40 steps. At
-  B = 64 the fewest steps are 45.75: read every 5 (8 readings), a stall judged over 200
-  steps (40 readings at 5, `steps_model.progress`'s 5 at 40); where the fewest hold 8 of
-  the serial run's spacing, that spacing."""
-  serial = {'K': 183.0, 'metric': {'every': 40}}
-  assert planner.spacing(serial, 16, 64) == {'eval_every': 5, 'stall_steps': 200}
-  assert planner.spacing(serial, 16, 32) == {'eval_every': 11, 'stall_steps': 200}
-  assert planner.spacing({'K': 400.0, 'metric': {'every': 20}}, 16, 32)['eval_every'] == 20
-  assert planner.spacing({'K': 4.0, 'metric': {'every': 20}}, 16, 64)['eval_every'] == 1
-  # A curve that bounced for 10 readings after its lowest: stalled at 5, not over 40.
-  bounce = [(0, 2.3), (5, 1.0), (10, 0.8)] + [(15 + 5 * i, 0.9) for i in range(10)]
+def test_a_further_run_reads_its_metric_as_training_judges_the_target():
+  """`planner.spacing` by hand: the serial run read every 40 steps (its metric's cost), the
+  training judges every 20: a further run reads every 20, never more often (every 5 where
+  the serial run read every 5), its stall judged over the serial run's 5 readings: 200
+  steps (10 readings at 20)."""
+  assert planner.spacing({'metric': {'every': 40}}, 20) == {'eval_every': 20, 'stall_steps': 200}
+  assert planner.spacing({'metric': {'every': 5}}, 20) == {'eval_every': 5, 'stall_steps': 25}
+  # A curve that bounced for 9 readings after its lowest: stalled at 5, not over 10.
+  bounce = [(0, 2.3), (20, 1.0), (40, 0.8)] + [(60 + 20 * i, 0.9) for i in range(9)]
   assert steps_model.progress(bounce, 2.3) == 'stalled'
-  assert steps_model.progress(bounce, 2.3, patience=40) == 'falling'
+  assert steps_model.progress(bounce, 2.3, patience=10) == 'falling'
 
 
 def test_a_close_row_the_budget_left_at_its_bound_is_costed_before_it_is_timed():

@@ -795,22 +795,20 @@ def other_seeds(one, source, target, serial: dict, deadline: float, log) -> list
   return out
 
 
-EVALUATIONS = 8  # a further run's evaluations within the fewest steps it could take
-
-
-def spacing(serial: dict, b: int, batch: int) -> dict:
-  """How often a further run at `batch` reads the target's metric: as often as the serial
-  run, or more where the fewest steps it could take (K·b/batch: perfect scaling) hold under
-  `EVALUATIONS` of them — K is interpolated between two evaluations, and SqueezeNet-BN 32²
-  at B = 64 read 6.7 at step 40 (its plateau) and 0.43 at 80: K 78, where training
-  evaluating every 20 reached at 65–72. Its stall is judged over the serial run's steps
-  (`steps_model.progress`'s 5 evaluations at its spacing): GoogLeNet 32² at 64 evaluated
-  every 10 steps left its plateau at 50 and bounced for the next 50. Keyword arguments of
-  `probe.serial_run`."""
+def spacing(serial: dict, judged: int) -> dict:
+  """How often a further run (the large batch, a family's) reads the target's metric: as
+  often as the training it predicts judges the target (`judged`: `plan.eval_every`, the
+  `TargetClock`'s spacing), where the serial run's metric cost spaced its own evaluations
+  further — K is interpolated between two evaluations, and SqueezeNet-BN 32² at B = 64 read
+  every 40 steps, 6.7 at step 40 (its plateau) and 0.43 at 80: K 78, where training judging
+  every 20 reached at 57–80 (mean 71). Never more often: a first reading below a target near
+  the plateau comes sooner the more often a noisy curve is read (a run at 64 read every 2
+  steps reached loss 2.2 at 13, faster than 1/B from the serial run's 93 at 16). Its stall
+  is judged over the serial run's steps (`steps_model.progress`'s 5 evaluations at its
+  spacing): GoogLeNet 32² at 64 read every 10 steps left its plateau at 50 and bounced for
+  the next 50. Keyword arguments of `probe.serial_run`."""
   every = serial['metric']['every']
-  fewest = serial['K'] * b / batch
-  return {'eval_every': min(every, max(1, math.floor(fewest / EVALUATIONS))),
-          'stall_steps': 5 * every}
+  return {'eval_every': min(every, judged), 'stall_steps': 5 * every}
 
 
 def seed_spread(serial: dict) -> tuple:
@@ -851,7 +849,8 @@ def large_run(one, source, target, serial: dict, batch: int, deadline: float, lo
   log(f'Plan: serial run at batch {batch} on one device (the batch model\'s second point), '
       f'at most {cap} steps.')
   run = probe.serial_run(with_overrides(one, {'per_device_batch': batch}), source, target,
-                         **spacing(serial, b, batch), max_steps=cap, deadline=deadline, noise_batches=0, log=log,
+                         **spacing(serial, p.eval_every), max_steps=cap, deadline=deadline,
+                         noise_batches=0, log=log,
                          variables=variables, eval_share=p.eval_share, time_saves=False,
                          name=f'batch {batch}')
   return _method_result(run, cap, batch=batch)
@@ -940,7 +939,7 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
       break
     log(f'Plan: {c.label} to the target (its steps: {name}), at most {cap} steps.')
     cfg_c = with_overrides(one, c.overrides())
-    run = probe.serial_run(cfg_c, source, target, **spacing(serial, one.per_device_batch, c.batch),
+    run = probe.serial_run(cfg_c, source, target, **spacing(serial, p.eval_every),
                            max_steps=cap, deadline=deadline, noise_batches=0, log=log,
                            variables=variables, eval_share=p.eval_share, time_saves=False,
                            name=name, agree=agree)
