@@ -1681,7 +1681,10 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   assert large['batch'] == 64 and large['stopped'] == 'reached'
   assert plan['serial']['B_noise_how'] == 'fitted'
   at_64 = next(r for r in plan['candidates'] if r['label'] == 'sync-split allreduce N=1 B=64, BN all')
-  assert at_64['K'][0] == pytest.approx(large['K'])
+  # Through it where the model reaches it: K(64) between K_b·16/64 (perfect scaling, where
+  # the run fell faster — a target this near the plateau can be read early at 64) and K_b.
+  k_b = plan['serial']['K']
+  assert at_64['K'][0] == pytest.approx(min(max(large['K'], k_b * 16 / 64), k_b))
   for r in plan['candidates']:
     if r['family'] == 'local_sgd':
       assert r['collectives'] is None or r['collectives'] > 0
