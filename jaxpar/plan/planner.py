@@ -834,8 +834,8 @@ def large_run(one, source, target, serial: dict, batch: int, deadline: float, lo
               variables=None) -> dict | None:
   """The serial maths at the largest batch a candidate computes, on one device, to the
   target: with K_b it fixes the batch model's two parameters (`batch_fit`). Evaluated
-  as `spacing` says — often enough to place K, a stall judged over the serial run's
-  steps (GoogLeNet at 32², B = 64, evaluated every 10 steps, left its plateau at step 50
+  as `spacing` says — as often as the training judges the target, a stall judged over
+  the serial run's steps (GoogLeNet at 32², B = 64, evaluated every 10 steps, left its plateau at step 50
   and bounced for the next 50; it reaches the target at ~280). {'batch', 'K', 'stopped',
   'curve'}; None without a larger batch, or where the
   serial run did not reach the target."""
