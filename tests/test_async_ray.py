@@ -60,12 +60,20 @@ def _loop(server_kind, workers, tx, steps, **kwargs):
   return loop, state
 
 
-def _train(loop, state, steps, each_step=lambda loop: None, until=lambda loop: False):
+def _train(loop, state, steps, each_step=lambda loop: None, until=lambda loop: False,
+           versions=None):
+  """Steps of `loop`; `versions`, a list: each version's (params, batch_stats) as the
+  servers hold it, appended (0 the initial)."""
   metrics = []
+  if versions is not None:
+    versions.append(jax.device_get((state.params, state.batch_stats)))
   for _ in range(steps):
     each_step(loop)
     state, m = loop(state)
     metrics.append(m)
+    if versions is not None:
+      synced = loop.synced(state)
+      versions.append(jax.device_get((synced.params, synced.batch_stats)))
     if until(loop):
       break
   state = jax.device_get(loop.synced(state))
@@ -73,8 +81,9 @@ def _train(loop, state, steps, each_step=lambda loop: None, until=lambda loop: F
   return state, metrics
 
 
-def _replay(tx, log):
-  return downpour_replay(TinyResNet(), tx, lambda u: shard_batch(u.worker, u.batch), log, IMAGE)
+def _replay(tx, log, versions=None):
+  return downpour_replay(TinyResNet(), tx, lambda u: shard_batch(u.worker, u.batch), log, IMAGE,
+                         versions)
 
 
 def test_one_worker_is_sequential_sgd():
@@ -98,7 +107,8 @@ def test_workers_apply_every_batch_once_as_the_replay(server_kind, bound, lr_sta
   tx = optax.sgd(0.05, momentum=0.5)
   steps = 15
   loop, state = _loop(server_kind, 3, tx, steps, max_staleness=bound, lr_staleness=lr_staleness)
-  state, metrics = _train(loop, state, steps)
+  versions = []
+  state, metrics = _train(loop, state, steps, versions=versions)
   log = loop.log
   for w in range(3):  # each worker's shard in order, no batch twice
     mine = [u.batch for u in log if u.worker == w]
@@ -110,7 +120,7 @@ def test_workers_apply_every_batch_once_as_the_replay(server_kind, bound, lr_sta
   if lr_staleness == 'inverse':
     assert [u.lr_scale for u in log] == [1 / max(1, u.staleness) for u in log]
   assert len(loop.server.parts) == (3 if server_kind == 'distributed' else 1)
-  replay = _replay(tx, log)
+  replay = _replay(tx, log, versions)
   assert_trees_close(state.params, replay.params, **REPLAY_TOLERANCE)
   by_leaf = {i: m for (_, part), s in zip(loop.server.parts, state.opt_state)
              for i, m in zip(part, jax.tree.leaves(s))}
@@ -213,8 +223,10 @@ def test_a_killed_worker_is_counted_and_training_goes_on(restart, caplog):
   rejoined = lambda loop: bool(restart and loop.ledger.lost and any(
       u.worker == 1 and u.batch > loop.ledger.lost[0].batch for u in loop.log))
   loop, state = _loop('distributed', 3, tx, steps, restart_workers=restart)
+  versions = None if restart else []
   with caplog.at_level(logging.INFO):
-    state, _ = _train(loop, state, steps, _kill_worker(1, after=4), until=rejoined)
+    state, _ = _train(loop, state, steps, _kill_worker(1, after=4), until=rejoined,
+                      versions=versions)
   log, ledger = loop.log, loop.ledger
   assert int(state.step) == len(log) and (restart or len(log) == steps)
   assert [t.worker for t in ledger.lost] == [1]
@@ -231,7 +243,7 @@ def test_a_killed_worker_is_counted_and_training_goes_on(restart, caplog):
     assert any('worker 1 rejoined at step' in r.getMessage() for r in caplog.records)
   else:  # and the updates applied around the loss are exactly the replay's
     assert not after_kill
-    replay = _replay(tx, log)
+    replay = _replay(tx, log, versions)
     assert_trees_close(state.params, replay.params, **REPLAY_TOLERANCE)
 
 

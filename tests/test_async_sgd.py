@@ -26,12 +26,18 @@ def _run(server_kind, devices, tx, batches, steps):
   server.make_optimizer(_SGD, optax.constant_schedule(0.0), _abstract_params())
   state = init_state(TinyResNet(), tx, server, mesh, IMAGE, jax.random.key(0))
   loop = Downpour(TinyResNet(), tx, server, iter(batches), steps, jax.random.key(3))
-  metrics = []
+  metrics, versions = [], [_version(state)]
   for _ in range(steps):
     state, m = loop(state)
     metrics.append(jax.device_get(m))
+    versions.append(_version(state))
   loop.close()
-  return server, jax.device_get(state), metrics, loop.log
+  return server, jax.device_get(state), metrics, loop.log, versions
+
+
+def _version(state):
+  """The (params, batch_stats) a worker pulls from the state (`downpour_replay`'s versions)."""
+  return jax.device_get((state.params, state.batch_stats))
 
 
 def _abstract_params():
@@ -56,7 +62,7 @@ def test_one_worker_is_sequential_sgd(server_kind, name):
     c.name, c.weight_decay, c.eps = 'adamw', 1e-3, 1e-4
     tx = optim.make_optimizer(c, optax.constant_schedule(0.01))
   batches = random_batches(4, batch=16)
-  _, state, metrics, log = _run(server_kind, 1, tx, batches, 4)
+  _, state, metrics, log, _ = _run(server_kind, 1, tx, batches, 4)
   ref, ref_losses = reference_run(TinyResNet(), tx, batches)
   assert [u.staleness for u in log] == [0, 0, 0, 0]
   np.testing.assert_allclose([m['loss'] for m in metrics], ref_losses, rtol=1e-5)
@@ -81,7 +87,7 @@ def test_four_workers_apply_every_batch_once(server_kind):
   tx = optax.sgd(0.05, momentum=0.5)
   workers, steps = 4, 24
   batches = learnable_batches(steps, batch=16)
-  server, state, metrics, log = _run(server_kind, workers, tx, batches, steps)
+  server, state, metrics, log, versions = _run(server_kind, workers, tx, batches, steps)
   assert sorted(u.batch for u in log) == list(range(steps))
   assert [u.version + u.staleness for u in log] == list(range(steps))  # applied in order
   last_of = {}
@@ -97,7 +103,7 @@ def test_four_workers_apply_every_batch_once(server_kind):
   late = [m['loss'] for u, m in zip(log, metrics) if u.version >= steps - 8]
   assert early and late and np.mean(late) < 0.85 * np.mean(early)
   assert [m['staleness'] for m in metrics] == [u.staleness for u in log]
-  replay = downpour_replay(TinyResNet(), tx, lambda u: batches[u.batch], log, IMAGE)
+  replay = downpour_replay(TinyResNet(), tx, lambda u: batches[u.batch], log, IMAGE, versions)
   assert_trees_close(state.params, replay.params, **REPLAY_TOLERANCE)
   # Momentum, gathered from the owners' parts into the order of the parameters.
   by_leaf = {i: m for (_, part), s in zip(server.parts, state.opt_state)
@@ -231,12 +237,15 @@ def test_threads_with_a_bound_and_inverse_rate_replay_exactly(lr_staleness):
   state = init_state(TinyResNet(), tx, server, mesh, IMAGE, jax.random.key(0))
   loop = Downpour(TinyResNet(), tx, server, iter(batches), steps, jax.random.key(3),
                   max_staleness=bound, lr_staleness=lr_staleness)
+  versions = [_version(state)]
   for _ in range(steps):
     state, _ = loop(state)
+    versions.append(_version(state))
   loop.close()
   assert max(u.staleness for u in loop.log) <= bound
   if lr_staleness == 'inverse':
     assert [u.lr_scale for u in loop.log] == [1 / max(1, u.staleness) for u in loop.log]
     assert any(u.lr_scale < 1 for u in loop.log)
-  replay = downpour_replay(TinyResNet(), tx, lambda u: batches[u.batch], loop.log, IMAGE)
+  replay = downpour_replay(TinyResNet(), tx, lambda u: batches[u.batch], loop.log, IMAGE,
+                           versions)
   assert_trees_close(jax.device_get(state.params), replay.params, **REPLAY_TOLERANCE)
