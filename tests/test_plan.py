@@ -1923,6 +1923,32 @@ def test_the_regret_s_interval_comes_from_resampling_the_seeds_for_every_row_ali
   assert plan_regret.regret_interval(result([10, 10, 10], [9, None, 9])) == [1.0, 1.0]
 
 
+def test_the_choice_is_level_with_the_best_where_the_paired_seeds_cannot_tell_them_apart():
+  from analysis.accuracy import plan_regret
+
+  def result(choice, best):
+    return {'best_measured': 'best',
+            'rows': [{'label': 'choice', 'choice': True,
+                      'runs': [{'seconds': s} for s in choice]},
+                     {'label': 'best', 'choice': False, 'runs': [{'seconds': s} for s in best]}]}
+  # Slower on every seed by 10 to 20 %: every resample's ratio is within 1.1–1.2, not level.
+  low, high = plan_regret.level_interval(result([11, 12, 24], [10, 10, 20]))
+  assert 1.1 - 1e-9 <= low < high <= 1.2 + 1e-9
+  # Slower on the mean (10.33 against 10) but faster on seed 0: the 1 in 27 resamples of
+  # seed 0 alone (0.9) fall in the lower 5 %, those with it twice (29/30) do not; those
+  # without it (8 in 27) give 1.1 — the interval holds 1, so the rows are level.
+  low, high = plan_regret.level_interval(result([9, 11, 11], [10, 10, 10]))
+  assert np.isclose(low, 29 / 30) and np.isclose(high, 1.1)
+  assert plan_regret._interval({**result([9, 11, 11], [10, 10, 10]), 'seeds': 3}).endswith(
+      ', level (0.97–1.10)')
+  assert ', level' not in plan_regret._interval({**result([11, 12, 24], [10, 10, 20]),
+                                                  'seeds': 3})
+  # The choice is the best, or a seed missed the target: no ratio to give.
+  assert plan_regret.level_interval({**result([9, 9, 9], [10, 10, 10]),
+                                     'best_measured': 'choice'}) is None
+  assert plan_regret.level_interval(result([9, None, 9], [10, 10, 10])) is None
+
+
 def test_the_regret_tool_passes_the_config_on_as_given():
   from analysis.accuracy import plan_regret
   argv = ['--config', 'configs/thesis.py:net=resnet34', '--config.image_size=16',

@@ -242,6 +242,8 @@ def summary(plan: dict, runs: dict, seeds: int, earlier: dict | None = None) -> 
           'seeds': seeds, 'rows': results,
           'best_measured': best['label'] if best else None, 'regret': regret,
           'regret_interval': regret_interval({'rows': results}),
+          'level_interval': level_interval({'rows': results, 'best_measured':
+                                            best['label'] if best else None}),
           'median_T_error': _median([r['T_error'] for r in results]),
           'median_K_error': _median([r['K_error'] for r in results])}
 
@@ -262,6 +264,28 @@ def regret_interval(result: dict, resamples: int = 2000, level: float = 0.9):
   regrets = means[chosen] / means.min(axis=0)
   tail = (1 - level) / 2
   return [float(np.quantile(regrets, tail)), float(np.quantile(regrets, 1 - tail))]
+
+
+def level_interval(result: dict, resamples: int = 2000, level: float = 0.9):
+  """The choice's measured T ÷ the best measured row's, the seeds resampled in pairs as for
+  `regret_interval`: its central `level` range. Where it holds 1 the seeds cannot tell the
+  two rows apart — they are level, and a tie the plan's tie rule resolves toward fewer
+  devices is no loss. None where the choice is the best measured or either row missed the
+  target on a seed."""
+  rows = {row['label']: row for row in result['rows']}
+  choice = next(row for row in result['rows'] if row['choice'])
+  best = rows.get(result.get('best_measured'))
+  if best is None or best is choice:
+    return None
+  pair = [[r['seconds'] for r in row['runs']] for row in (choice, best)]
+  if any(s is None for seconds in pair for s in seconds):
+    return None
+  times = np.array(pair)  # 2 × seeds
+  picks = np.random.default_rng(0).integers(0, times.shape[1], (resamples, times.shape[1]))
+  means = times[:, picks].mean(axis=2)
+  ratios = means[0] / means[1]
+  tail = (1 - level) / 2
+  return [float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))]
 
 
 def _error(predicted, measured):
@@ -431,11 +455,18 @@ def _budget(plan: dict) -> str:
 
 
 def _interval(result: dict) -> str:
-  """' (low–high)': the regret's interval over its seeds (`regret_interval`), where known."""
+  """' (low–high)': the regret's interval over its seeds (`regret_interval`), where known;
+  then ', level (low–high)' where the choice ÷ the best measured row's interval holds 1
+  (`level_interval`)."""
   interval = result.get('regret_interval')
   if interval is None and result.get('seeds', 1) > 1:  # results written before it was kept
     interval = regret_interval(result)
-  return f' ({interval[0]:.2f}–{interval[1]:.2f})' if interval else ''
+  text = f' ({interval[0]:.2f}–{interval[1]:.2f})' if interval else ''
+  level = (result['level_interval'] if 'level_interval' in result
+           else level_interval(result) if result.get('seeds', 1) > 1 else None)
+  if level and level[0] <= 1 <= level[1]:
+    text += f', level ({level[0]:.2f}–{level[1]:.2f})'
+  return text
 
 
 def _b_noise(reading: list) -> str:
