@@ -100,3 +100,15 @@ def test_processes_are_launched_joined_pinned_and_in_their_namespaces(tmp_path, 
     assert host.startswith('10.213.')
   with pytest.raises(RuntimeError, match=r'(?s)jp_echo on 2 process\(es\).*process 1 \(exit 3\)'):
     link.launch('jp_echo', ['--fail'], 2, rate, str(tmp_path / 'fail'))
+
+
+def test_a_launch_past_its_time_limit_is_stopped_and_says_so(tmp_path, monkeypatch):
+  """Processes still running at `timeout_s` are killed, and the error names the limit (not
+  a bare 'failed' with exit -9); `timeout_s=None` waits as long as they run."""
+  (tmp_path / 'jp_sleep.py').write_text('import sys, time\ntime.sleep(float(sys.argv[1]))\n')
+  monkeypatch.setenv('PYTHONPATH', str(tmp_path))
+  with pytest.raises(RuntimeError, match=r'(?s)jp_sleep on 2 process\(es\) stopped at its time '
+                     r'limit of 1 s.*process 0 \(exit -9\)'):
+    link.launch('jp_sleep', ['60'], 2, 'loopback', str(tmp_path / 'slow'), timeout_s=1)
+  assert len(link.launch('jp_sleep', ['0.5'], 2, 'loopback', str(tmp_path / 'free'),
+                         timeout_s=None)) == 2

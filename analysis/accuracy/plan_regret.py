@@ -154,10 +154,12 @@ def make_plan(configuration: list, out: str, processes: int, rate: str) -> dict:
   from jaxpar.plan import planner
   with tempfile.TemporaryDirectory() as folder:
     # No checkpoints, as `train` runs it: T without saves. Planned as a first launch: its
-    # planning time compiles every program (jaxpar/compile_cache.py).
+    # planning time compiles every program (jaxpar/compile_cache.py). No time limit: the
+    # plan bounds itself (`plan.budget_s`, or its steps: VGG16E's at 32² took 2,892 s one
+    # day and over an hour the next, when launch's hour stopped it).
     logs = link.launch('jaxpar.plan', [*configuration, '--config.checkpoint_every=1000000000',
                                        '--config.compilation_cache=off', f'--out={out}'],
-                       processes, rate, folder)
+                       processes, rate, folder, timeout_s=None)
     with open(logs[0]) as f:
       sys.stderr.write(f.read())
   plan = planner.read(out)

@@ -156,12 +156,13 @@ class Link:
 
 
 def launch(module: str, args: list, processes: int, rate: str, folder: str,
-           timeout_s: float = 3600) -> list:
+           timeout_s: float | None = 3600) -> list:
   """`python -m module ARGS` as `processes` processes joined by `config.distributed` flags
   (process 0 coordinates), process i pinned to core i mod cores, each in its namespace of
   an emulated link of `rate` ('' or 'loopback': over loopback); one process: pinned to core
   0, nothing joined. Each one's output goes to FOLDER/process_i.log. Returns those logs'
-  paths; a process that fails stops the others and raises with the tails of the logs."""
+  paths; a process that fails, or all still running after `timeout_s` (None: no limit),
+  stops the others and raises with the tails of the logs."""
   import contextlib
   import sys
   import time
@@ -184,9 +185,11 @@ def launch(module: str, args: list, processes: int, rate: str, folder: str,
       with open(logs[-1], 'w') as log:
         procs.append(subprocess.Popen(['taskset', '-c', str(i % cores), *cmd], stdout=log,
                                       stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout_s
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    timed_out = False
     while any(p.poll() is None for p in procs):
-      if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+      timed_out = deadline is not None and time.monotonic() > deadline
+      if any(p.poll() not in (None, 0) for p in procs) or timed_out:
         for p in procs:
           if p.poll() is None:
             p.kill()
@@ -198,6 +201,8 @@ def launch(module: str, args: list, processes: int, rate: str, folder: str,
     for i, path in enumerate(logs):
       with open(path) as f:
         tails.append(f'--- process {i} (exit {codes[i]}) ---\n' + f.read()[-2500:])
+    why = (f'stopped at its time limit of {timeout_s:g} s (launch\'s timeout_s)' if timed_out
+           else 'failed')
     raise RuntimeError(f"python -m {module} on {processes} process(es)"
-                       f"{' over ' + rate if emulated else ''} failed:\n" + '\n'.join(tails))
+                       f"{' over ' + rate if emulated else ''} {why}:\n" + '\n'.join(tails))
   return logs
