@@ -154,6 +154,11 @@ def shard_batches(worker, position, batch=8):
 REPLAY_TOLERANCE = dict(rtol=1e-5, atol=5e-5)
 
 
+def version_of(state):
+  """The (params, batch_stats) a worker pulls from `state` (`downpour_replay`'s versions)."""
+  return jax.device_get((state.params, state.batch_stats))
+
+
 def downpour_replay(model, tx, batch_of, log, image_shape, versions=None):
   """Sequential single-device reference of asynchronous training: version k+1 = version k
   updated (its step times log[k].lr_scale) with the gradient of `batch_of(log[k])` at the

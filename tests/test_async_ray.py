@@ -19,7 +19,7 @@ from jaxpar.mesh import make_mesh
 from jaxpar.parallel.async_sgd import AsyncServer
 from jaxpar.step import init_state
 from runs import (REPLAY_TOLERANCE, TinyResNet, assert_trees_close, downpour_replay,
-                  reference_run, shard_batch, shard_batches)
+                  reference_run, shard_batch, shard_batches, version_of)
 
 ray = pytest.importorskip('ray')
 from jaxpar.parallel import async_ray  # noqa: E402
@@ -66,14 +66,13 @@ def _train(loop, state, steps, each_step=lambda loop: None, until=lambda loop: F
   servers hold it, appended (0 the initial)."""
   metrics = []
   if versions is not None:
-    versions.append(jax.device_get((state.params, state.batch_stats)))
+    versions.append(version_of(state))
   for _ in range(steps):
     each_step(loop)
     state, m = loop(state)
     metrics.append(m)
     if versions is not None:
-      synced = loop.synced(state)
-      versions.append(jax.device_get((synced.params, synced.batch_stats)))
+      versions.append(version_of(loop.synced(state)))
     if until(loop):
       break
   state = jax.device_get(loop.synced(state))

@@ -15,7 +15,7 @@ from jaxpar.mesh import make_mesh
 from jaxpar.parallel.async_sgd import AsyncServer, Downpour, Ledger
 from jaxpar.step import init_state
 from runs import (REPLAY_TOLERANCE, TinyResNet, assert_trees_close, downpour_replay,
-                  learnable_batches, random_batches, reference_run)
+                  learnable_batches, random_batches, reference_run, version_of)
 
 IMAGE = (1, 16, 16, 3)
 
@@ -26,18 +26,13 @@ def _run(server_kind, devices, tx, batches, steps):
   server.make_optimizer(_SGD, optax.constant_schedule(0.0), _abstract_params())
   state = init_state(TinyResNet(), tx, server, mesh, IMAGE, jax.random.key(0))
   loop = Downpour(TinyResNet(), tx, server, iter(batches), steps, jax.random.key(3))
-  metrics, versions = [], [_version(state)]
+  metrics, versions = [], [version_of(state)]
   for _ in range(steps):
     state, m = loop(state)
     metrics.append(jax.device_get(m))
-    versions.append(_version(state))
+    versions.append(version_of(state))
   loop.close()
   return server, jax.device_get(state), metrics, loop.log, versions
-
-
-def _version(state):
-  """The (params, batch_stats) a worker pulls from the state (`downpour_replay`'s versions)."""
-  return jax.device_get((state.params, state.batch_stats))
 
 
 def _abstract_params():
@@ -237,10 +232,10 @@ def test_threads_with_a_bound_and_inverse_rate_replay_exactly(lr_staleness):
   state = init_state(TinyResNet(), tx, server, mesh, IMAGE, jax.random.key(0))
   loop = Downpour(TinyResNet(), tx, server, iter(batches), steps, jax.random.key(3),
                   max_staleness=bound, lr_staleness=lr_staleness)
-  versions = [_version(state)]
+  versions = [version_of(state)]
   for _ in range(steps):
     state, _ = loop(state)
-    versions.append(_version(state))
+    versions.append(version_of(state))
   loop.close()
   assert max(u.staleness for u in loop.log) <= bound
   if lr_staleness == 'inverse':

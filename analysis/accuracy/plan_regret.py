@@ -261,11 +261,20 @@ def regret_interval(result: dict, resamples: int = 2000, level: float = 0.9):
     return None
   times = np.array([[r['seconds'] for r in row['runs']] for row in done])  # rows × seeds
   chosen = next(i for i, row in enumerate(done) if row['choice'])
+  means = _resampled_means(times, resamples)
+  return _central(means[chosen] / means.min(axis=0), level)
+
+
+def _resampled_means(times, resamples: int):
+  """Each row's mean over `resamples` draws of its seeds with replacement, the same draws
+  for every row (rows × seeds in, rows × resamples out)."""
   picks = np.random.default_rng(0).integers(0, times.shape[1], (resamples, times.shape[1]))
-  means = times[:, picks].mean(axis=2)  # rows × resamples
-  regrets = means[chosen] / means.min(axis=0)
+  return times[:, picks].mean(axis=2)
+
+
+def _central(values, level: float) -> list:
   tail = (1 - level) / 2
-  return [float(np.quantile(regrets, tail)), float(np.quantile(regrets, 1 - tail))]
+  return [float(np.quantile(values, tail)), float(np.quantile(values, 1 - tail))]
 
 
 def level_interval(result: dict, resamples: int = 2000, level: float = 0.9):
@@ -282,12 +291,8 @@ def level_interval(result: dict, resamples: int = 2000, level: float = 0.9):
   pair = [[r['seconds'] for r in row['runs']] for row in (choice, best)]
   if any(s is None for seconds in pair for s in seconds):
     return None
-  times = np.array(pair)  # 2 × seeds
-  picks = np.random.default_rng(0).integers(0, times.shape[1], (resamples, times.shape[1]))
-  means = times[:, picks].mean(axis=2)
-  ratios = means[0] / means[1]
-  tail = (1 - level) / 2
-  return [float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))]
+  means = _resampled_means(np.array(pair), resamples)
+  return _central(means[0] / means[1], level)
 
 
 def _error(predicted, measured):
