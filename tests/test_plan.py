@@ -824,6 +824,28 @@ def test_each_family_s_steps_follow_its_own_run_by_hand():
   again = rank.rank([{'candidate': local, 't_predicted': 0.01}], 100, 16, (math.inf,) * 3,
                     None, (1, 1), methods)[0]
   assert again['basis'] is None and "K at least the local_sgd run's 84 steps" in again['notes'][0]
+  # τ = 8 stopped short (stalled at 84) where τ = 2 reached (56): the row at τ = 2 rests on
+  # its own run, K 56, choosable; τ = 4, between a measured point and a bound, is not.
+  stalled = {**two, 'local_sgd': {**two['local_sgd'], 'stopped': 'stalled'}}
+  by_period = {r['candidate'].period: r for r in rank.rank(
+      [{'candidate': dataclasses.replace(local, period=p), 't_predicted': 0.01} for p in (2, 4)],
+      100, 16, (math.inf,) * 3, None, (1, 1), stalled)}
+  assert by_period[2]['basis'] == 'local_sgd' and by_period[2]['K'][0] == pytest.approx(56)
+  assert rank.choosable(by_period[2])
+  assert any('the run at τ = 8 stopped (stalled) at 84' in n for n in by_period[2]['notes'])
+  assert by_period[4]['basis'] is None
+  assert any("run's 84 steps at τ = 8 (it stopped: stalled)" in n for n in by_period[4]['notes'])
+  # The other way: τ = 8 reached, τ = 2 stopped at 80, above the line's 72: τ = 2 takes at
+  # least 80, never chosen; τ = 4 stays on the line through K_1 and τ = 8 (76), choosable.
+  small_short = {**two, 'local_sgd': {**two['local_sgd'],
+                                      'small': {'K': 80.0, 'period': 2, 'stopped': 'max_steps'}}}
+  by_period = {r['candidate'].period: r for r in rank.rank(
+      [{'candidate': dataclasses.replace(local, period=p), 't_predicted': 0.01} for p in (2, 4)],
+      100, 16, (math.inf,) * 3, None, (1, 1), small_short)}
+  assert by_period[2]['basis'] is None and by_period[2]['K'][0] == pytest.approx(80)
+  assert any("run's 80 steps at τ = 2 (it stopped: max_steps)" in n
+             for n in by_period[2]['notes'])
+  assert by_period[4]['basis'] == 'local_sgd' and by_period[4]['K'][0] == pytest.approx(76)
   # Not measured at all: BN over all's K, said, never chosen.
   alone = rank.rank([{'candidate': c('sync-join', 'allreduce', 2, 32, 'device'),
                       't_predicted': 0.01}], 100, 16, (math.inf,) * 3)[0]

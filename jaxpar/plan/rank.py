@@ -98,13 +98,28 @@ def steps(c, k_b: float, b: int, b_noise: float, methods: dict | None = None) ->
 def period_steps(run: dict, period: int) -> float:
   """Local SGD's K at τ = `period` for its run's row (`run`: 'K_1', 'K' at 'period', and
   where measured a run at the smallest period, 'small'): the line through K_1 and the two
-  measured runs, piece by piece; with one run, `steps_model.PERIOD` through K_1 and it."""
+  measured runs, piece by piece; with one run, `steps_model.PERIOD` through K_1 and it. At
+  the smallest period a run there that stopped short is a lower bound."""
   small = small_run(run)
   if small:
     return float(np.interp(period, [1, small['period'], run['period']],
                            [run['K_1'], small['K'], run['K']]))
   fitted = steps_model.PERIOD.fit([1, run['period']], [run['K_1'], run['K']])
-  return steps_model.PERIOD.predict(fitted, period)
+  k = steps_model.PERIOD.predict(fitted, period)
+  own = period_run(run, period)
+  return max(k, own['K']) if own['stopped'] != 'reached' and own is not run else k
+
+
+def period_run(run: dict, period: int) -> dict:
+  """The Local SGD run that a row at τ = `period` rests on, for choosing it: the run at the
+  smallest period (`run['small']`, with the row's setting) up to that period, else the run
+  at the largest. A row at τ = 2 whose own run reached the target is choosable though the
+  run at τ = 8 stalled (VGG16E 32², 2 processes: τ = 2 reached in 348 steps, τ = 8 still
+  on its plateau at 1,057)."""
+  small = run.get('small')
+  if small and small['period'] < run['period'] and period <= small['period']:
+    return {**run, **small}
+  return run
 
 
 def small_run(run: dict) -> dict | None:
@@ -244,6 +259,8 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
            or (f == 'bn_device' and c.bn == 'device' and c.devices > 1)]
     for family in own:
       run = methods.get(family)
+      if run is not None and family == 'local_sgd':
+        run = period_run(run, c.period)
       if run is None:
         row['basis'] = None
         notes.append({'bn_device': 'BN per device changes the maths: K taken as with BN over '
@@ -254,7 +271,8 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
                                "maths'; ranked, never chosen"}[family])
       elif run['stopped'] != 'reached':
         row['basis'] = None
-        notes.append(f"K at least the {family} run's {run['K']:.0f} steps (it stopped: "
+        at = f" at τ = {run['period']}" if family == 'local_sgd' and 'period' in run else ''
+        notes.append(f"K at least the {family} run's {run['K']:.0f} steps{at} (it stopped: "
                      f"{run['stopped']}); ranked, never chosen")
       elif row['basis'] is not None:
         row['basis'] = family
@@ -275,7 +293,11 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     elif c.family == 'local_sgd' and row['basis'] is not None:
       run = methods['local_sgd']
       small = small_run(run)
-      if small:
+      if small and run['stopped'] != 'reached':
+        notes.append(f"K(τ) through K_1 {run['K_1']:.0f} and the run at τ = "
+                     f"{small['period']} ({small['K']:.0f} steps); the run at τ = "
+                     f"{run['period']} stopped ({run['stopped']}) at {run['K']:.0f}")
+      elif small:
         notes.append(f"K(τ) through K_1 {run['K_1']:.0f} and the runs at τ = "
                      f"{small['period']} ({small['K']:.0f} steps) and {run['period']} "
                      f"({run['K']:.0f}), a line between each two")
