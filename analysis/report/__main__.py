@@ -178,7 +178,8 @@ PLANS_WITH_TIE_ROUNDS = ('methods/googlenet32_p2_loopback_tie_rounds',
 # A subset's reading at the target confirmed on more of the split; then further runs read
 # often enough to place K.
 PLANS_WITH_CONFIRMED_SUBSET = ('methods/squeezenet32_p2_loopback_confirmed',
-                               'methods/squeezenet32_p2_loopback_spaced')
+                               'methods/squeezenet32_p2_loopback_spaced',
+                               'methods/vgg16e32_p2_loopback_spaced')
 # Every method ranked, each check in the order it was made.
 PLANS_CHECKED = (PLANS_WITH_METHODS + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES
                  + PLANS_WITH_REAL_PROGRAMS + PLANS_WITH_PAIRED_ROUNDS + PLANS_WITH_TWO_PERIODS
