@@ -107,7 +107,9 @@ def period_steps(run: dict, period: int) -> float:
   fitted = steps_model.PERIOD.fit([1, run['period']], [run['K_1'], run['K']])
   k = steps_model.PERIOD.predict(fitted, period)
   own = period_run(run, period)
-  return max(k, own['K']) if own['stopped'] != 'reached' and own is not run else k
+  if own is not run and own['stopped'] != 'reached':  # the smallest period's, stopped short
+    return max(k, own['K'])
+  return k
 
 
 def period_run(run: dict, period: int) -> dict:
@@ -271,7 +273,7 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
                                "maths'; ranked, never chosen"}[family])
       elif run['stopped'] != 'reached':
         row['basis'] = None
-        at = f" at τ = {run['period']}" if family == 'local_sgd' and 'period' in run else ''
+        at = f" at τ = {run['period']}" if family == 'local_sgd' else ''
         notes.append(f"K at least the {family} run's {run['K']:.0f} steps{at} (it stopped: "
                      f"{run['stopped']}); ranked, never chosen")
       elif row['basis'] is not None:
