@@ -1909,11 +1909,20 @@ def test_a_regret_check_extended_by_a_row_keeps_the_rows_it_had():
     return {'step': 10, 'seconds': {'row 0': 2.0, 'row 1': 1.9, 'row 2': 2.1}[label],
             'summary': ''}
   import unittest.mock
+  from jaxpar.plan import probe
+  # Extended on another host of the kind: each run keeps the CPU it trained on (the earlier
+  # result's runs, which name none, its `machine`'s).
+  both['machine'] = dict(both['machine'], cpu='CPU A')
+  real = probe.machine()
+  other = lambda: dict(real, cpu='CPU B')
   with unittest.mock.patch.object(plan_regret, 'train', train), \
+      unittest.mock.patch.object(probe, 'machine', other), \
       tempfile.TemporaryDirectory() as folder:
     out = os.path.join(folder, 'r.json')
     three = plan_regret.run([], plan, [2], 3, '', both, out)
     written = json.loads(open(out).read())
+  assert three['machines'] == {'CPU A': [0, 1], 'CPU B': [0, 1, 2]}  # row 1 trained anew
+  assert [r['cpu'] for r in three['rows'][0]['runs']] == ['CPU A', 'CPU A', 'CPU B']
   assert sorted(trained) == [('row 0', 2), ('row 1', 0), ('row 1', 1), ('row 1', 2),
                              ('row 2', 2)]
   assert written['seeds'] == 2 and three['seeds'] == 3  # the last seed: returned, not written

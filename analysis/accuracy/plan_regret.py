@@ -178,9 +178,13 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = ''
   runs kept: the regret over all of them. With `out`, the result so far is written there
   after each seed (`summary` of the seeds every row has): a check stopped part way is
   extended from it (`--extend`)."""
+  from jaxpar.plan import probe
   chosen = plan.get('choice_rank', 1) - 1
   made = plan.get('processes', 1)
-  done = {r['rank'] - 1: r['runs'] for r in earlier['rows']} if earlier else {}
+  here = probe.machine()['cpu']
+  # Each run keeps the CPU it trained on: an extension may run on another host of the kind.
+  done = ({r['rank'] - 1: [{'cpu': earlier['machine']['cpu'], **run} for run in r['runs']]
+           for r in earlier['rows']} if earlier else {})
   indices = sorted({chosen} | {r - 1 for r in ranks} | set(done))
   runs = {i: list(done.get(i, [])) for i in indices}
   with tempfile.TemporaryDirectory() as scratch:
@@ -200,7 +204,8 @@ def run(configuration: list, plan: dict, ranks: list, seeds: int, rate: str = ''
                      if row['devices'] == 1 else made)
         outcome = train(configuration, path, seed, os.path.join(scratch, f'run_{i}_{seed}'),
                         processes, rate)
-        runs[i].append({'seed': seed, 'step': outcome['step'], 'seconds': outcome['seconds']})
+        runs[i].append({'seed': seed, 'step': outcome['step'], 'seconds': outcome['seconds'],
+                        'cpu': here})
         print(f"{row['label']} seed {seed}: {outcome['summary']}", file=sys.stderr, flush=True)
       if out and seed + 1 < seeds:
         with open(out, 'w') as f:
@@ -241,13 +246,25 @@ def summary(plan: dict, runs: dict, seeds: int, earlier: dict | None = None) -> 
           'setting': plan['setting'], 'processes': plan.get('processes', 1),
           'link': plan.get('link', 'loopback'), 'target': plan['target'],
           'planning_s': plan['planning_s'], 'plan_created': plan['created'],
-          'seeds': seeds, 'rows': results,
+          'seeds': seeds, 'rows': results, 'machines': machines(results),
           'best_measured': best['label'] if best else None, 'regret': regret,
           'regret_interval': regret_interval({'rows': results}),
           'level_interval': level_interval({'rows': results, 'best_measured':
                                             best['label'] if best else None}),
           'median_T_error': _median([r['T_error'] for r in results]),
           'median_K_error': _median([r['K_error'] for r in results])}
+
+
+def machines(rows: list) -> dict:
+  """{CPU: the seeds trained on it} over the rows' runs: every row of a seed trains on one
+  host, in turn, but a check extended later (`--extend`) may have run its new seeds on another
+  host of the kind; `machine` is the newest's."""
+  found = {}
+  for row in rows:
+    for r in row['runs']:
+      if 'cpu' in r:
+        found.setdefault(r['cpu'], set()).add(r['seed'])
+  return {cpu: sorted(seeds) for cpu, seeds in found.items()}
 
 
 def regret_interval(result: dict, resamples: int = 2000, level: float = 0.9):
