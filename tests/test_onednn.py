@@ -275,6 +275,35 @@ def test_the_devices_of_a_mesh_share_the_openmp_threads(share):
                              atol=1e-4 * float(np.abs(dw).max()))
 
 
+def test_no_more_calls_run_at_once_than_the_cores_hold_teams():
+  # Eight devices call at once, each call here a team of all T threads (sharing off): the
+  # gate lets T / T = 1 run at a time, the others wait; ungated (the default), the eight ran
+  # together (8 teams of T on T cores). The same bits either way: a call's team never changes.
+  mesh = jax.make_mesh((8,), ('data',))
+  x, w = _inputs(n=16, hw=12, c=8, d=16)
+  x = jax.device_put(x, NamedSharding(mesh, P('data')))
+  step = jax.jit(jax.shard_map(
+      lambda x, w: jax.grad(functools.partial(_loss, conv_lib.conv_onednn), argnums=(0, 1))(
+          x, jax.lax.pcast(w, 'data', to='varying')),
+      mesh=mesh, in_specs=(P('data'), P()), out_specs=(P('data'), P('data'))))
+  jax.block_until_ready(step(x, w))  # compiled outside the count
+  most, got = {}, {}
+  try:
+    onednn.share_threads(False)
+    for gated in (True, False):
+      onednn.gate(gated)
+      onednn.most_in_flight(reset=True)
+      got[gated] = [jax.block_until_ready(step(x, w)) for _ in range(5)]
+      most[gated] = onednn.most_in_flight()
+  finally:
+    onednn.share_threads(True)
+    onednn.gate(False)
+  assert most[True] == 1 and most[False] > 1, most
+  for again in got[True][1:] + got[False]:
+    for a, b in zip(got[True][0], again):
+      np.testing.assert_array_equal(a, b)
+
+
 def test_a_program_on_one_device_shares_as_the_process_devices_do():
   # A one-device program in a process of D CPU devices takes T / D too: its calls cannot
   # tell whether other devices run at the same time.

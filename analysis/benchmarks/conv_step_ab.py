@@ -22,6 +22,8 @@ one step of each per round, so all see the same machine state:
 - `unshared`: `auto`'s program, every oneDNN call with all OpenMP threads, however many
   devices the process has (`onednn.share_threads(False)`; by default they share them,
   jaxpar/models/onednn.py);
+- `gated`: `auto`'s program with at most T / team oneDNN calls at once, the others waiting
+  (`onednn.gate(True)`; by default as many as XLA's threads start, jaxpar/models/onednn.py);
 - `xla`: XLA's convolution everywhere;
 - `measured`: the isolated table's fastest lowering for every geometry it has;
 - `measured:K` for each lowering K the table picks in this step where the rule does not: the
@@ -59,7 +61,7 @@ from jaxpar.step import make_train_step, to_global  # noqa: E402
 
 FLAGS = flags.FLAGS
 VARIANTS = ('rule', 'auto', 'previous', 'pool_reduce_window', 'pool_full', 'onednn', 'unshared',
-            'xla', 'measured', 'measured:*')
+            'gated', 'xla', 'measured', 'measured:*')
 FASTER = 0.02  # `verified`: a kind's variant must be at least this much below `rule`
 
 
@@ -98,7 +100,7 @@ class _Choices:
 
 
 def _runner(cfg, name: str, impl: str, source, batch, mesh, share: bool = True,
-            pool: dict | None = None, **tables):
+            gate: bool = False, pool: dict | None = None, **tables):
   """`pool`: `pooling.max_pool`'s formulation (its keyword arguments); the step before
   oneDNN (`onednn=False` in `tables`) had flax's max-pool too."""
   cfg = cfg.copy_and_resolve_references()
@@ -109,16 +111,18 @@ def _runner(cfg, name: str, impl: str, source, batch, mesh, share: bool = True,
   with _Choices(**tables) as recorded:  # the step's lowering only (not the initialisation's)
     runner = Runner(name, make_train_step(model, tx, mesh, strategy), state, batch,
                     jax.random.key(0), mesh.size)
-  runner.used, runner.share = recorded.used, share
+  runner.used, runner.share, runner.gate = recorded.used, share, gate
   return runner
 
 
 def _run(runner, timed: bool = True):
   onednn.share_threads(runner.share)
+  onednn.gate(runner.gate)
   try:
     runner(timed=timed)
   finally:
     onednn.share_threads(True)
+    onednn.gate(False)
 
 
 def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
@@ -139,7 +143,7 @@ def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
               ('pool_reduce_window', 'auto', {'pool': {'forward': 'reduce_window'}}),
               ('pool_full', 'auto', {'pool': {'gradient': 'full'}}),
               ('onednn', 'onednn', {}), ('unshared', 'auto', {'share': False}),
-              ('xla', 'xla', {}),
+              ('gated', 'auto', {'gate': True}), ('xla', 'xla', {}),
               ('measured', 'measured', {'measured': table})]
   variants += [(f'measured:{kind}', 'measured',
                 {'measured': {k: v for k, v in differing.items() if v == kind}})
@@ -200,9 +204,11 @@ def write_choices(results: list, path: str, faster: float = FASTER) -> None:
 
 
 def table(results: list) -> str:
-  """One line per network, size and variant: the step against `rule`'s, one run each."""
+  """One line per network, size and variant: the step (median; and the mean, which a heavy
+  tail of slow steps moves where the median stays) against `rule`'s, one run each."""
   lines = ['| network | input | compute | batch | variant | convolutions by lowering | '
-           'step (s) | × rule | noise |', '|---|---|---|---:|---|---|---:|---:|---:|']
+           'step (s) | mean (s) | × rule | noise |',
+           '|---|---|---|---:|---|---|---:|---:|---:|---:|']
   for result in results:
     for row in result['rows']:
       used = (', '.join(f'{k} {v}' for k, v in sorted(row['convolutions_by_lowering'].items()))
@@ -210,6 +216,7 @@ def table(results: list) -> str:
       lines.append(f"| {result['network']} | {result['image_size']}² | {result['dtype']} "
                    f"| {result['global_batch']} "
                    f"| {row['variant']} | {used} | {row['median_s']:.3f} | "
+                   f"{float(np.mean(row['samples'])):.3f} | "
                    f"{row['over_rule']:.2f} | {row['noise']:.0%} |")
   return '\n'.join(lines)
 

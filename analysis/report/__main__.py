@@ -353,6 +353,7 @@ TABLES = {
     'conv-onednn-passes': lambda: _conv_onednn('passes'),
     'conv-step-onednn': lambda: _conv_steps('step_onednn'),
     'conv-step-share': lambda: _conv_steps('step_share'),
+    'conv-step-gate': lambda: _conv_steps('step_gate'),
     'conv-step-onednn-bf16': lambda: _conv_steps('step_onednn_bf16'),
     'conv-step-bf16-above16': lambda: _conv_steps('step_bf16_above16'),
     'conv-step-pool': lambda: _conv_steps('step_pool'),

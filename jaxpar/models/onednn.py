@@ -28,7 +28,10 @@ D CPU devices of a process (emulated devices) run their steps at once, under `sh
 an auto-sharded `jit`: each call takes max(1, T / D) threads, so they share the cores
 instead of oversubscribing them (`share_threads(False)`: every call takes T;
 docs/performance.md). D is fixed for the process, never by how many calls happen to run at
-the moment: oneDNN's sums depend on its team, and results must not depend on timing.
+the moment: oneDNN's sums depend on its team, and results must not depend on timing. XLA
+also runs a program's independent instructions at once (an Inception module's branches, a
+layer's two gradients), each call on its own thread, so two teams may share the cores;
+`gate(True)` lets at most T / team calls run at once (off by default: docs/performance.md).
 
 Meshes: inside `shard_map` (jaxpar's step) each device calls oneDNN on its own shard. Where
 XLA partitions the program instead (an auto-sharded `jit` over a mesh), each pass carries a
@@ -205,6 +208,20 @@ def share_threads(on: bool) -> None:
   default) or all of them (module doc); for measuring the difference."""
   if lib := _library_functions():
     lib.JaxparOnednnShareThreads(int(on))
+
+
+def gate(on: bool) -> None:
+  """Whether at most T / team oneDNN calls run at once in this process, the others waiting,
+  or as many as XLA's threads start (the default; module doc); for measuring the
+  difference."""
+  if lib := _library_functions():
+    lib.JaxparOnednnGate(int(on))
+
+
+def most_in_flight(reset: bool = False) -> int:
+  """The most oneDNN calls seen running at once in this process (since the last reset)."""
+  lib = _library_functions()
+  return lib.JaxparOnednnMostInFlight(int(reset)) if lib else 0
 
 
 def threads() -> int:

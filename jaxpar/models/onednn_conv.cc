@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -192,6 +193,48 @@ int AllThreads() {
   return all;
 }
 
+// Calls at once. XLA runs a program's independent instructions at the same time on its
+// threads (an Inception module's branches; a layer's input and kernel gradients), and each
+// calling thread leads its own team: on one device, two calls of T threads each are 2T
+// threads on T cores meeting at barriers. JaxparOnednnGate(1) lets at most T / team calls
+// run at once (the others wait for one to end), never more threads than cores; which calls
+// wait changes no call's team, so no result. Off by default: on 2 cores of an Intel Xeon
+// (2026-12-04) it removed GoogLeNet 32² bfloat16's tail (the ungated step's mean over 2×
+// its median) but made SqueezeNet 224² bfloat16's step 11 % and ResNet34 224²'s 4 % slower
+// (docs/performance.md). JaxparOnednnMostInFlight: the most calls seen at once.
+std::atomic<bool> gating{false};
+std::mutex gate_mutex;
+std::condition_variable gate_open;
+int gate_busy = 0;
+std::atomic<int> in_flight{0}, most_in_flight{0};
+
+class Gate {
+ public:
+  Gate(int slots) : gated_(gating.load()) {
+    if (gated_) {
+      std::unique_lock<std::mutex> lock(gate_mutex);
+      gate_open.wait(lock, [&] { return gate_busy < slots; });
+      ++gate_busy;
+    }
+    const int now = in_flight.fetch_add(1) + 1;
+    int seen = most_in_flight.load();
+    while (now > seen && !most_in_flight.compare_exchange_weak(seen, now)) {}
+  }
+  ~Gate() {
+    in_flight.fetch_sub(1);
+    if (gated_) {
+      {
+        std::lock_guard<std::mutex> lock(gate_mutex);
+        --gate_busy;
+      }
+      gate_open.notify_one();
+    }
+  }
+
+ private:
+  const bool gated_;
+};
+
 int Team(int64_t callers) {
   const int all = AllThreads();
   int threads = sharing ? std::max<int64_t>(1, all / std::max<int64_t>(1, callers)) : all;
@@ -221,6 +264,7 @@ ffi::Error Run(Pass pass, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::A
   g.pad_r = {padding[1], padding[3]};
   const int threads = Team(callers);
   omp_set_num_threads(threads);  // this (XLA's) thread's team, for this call
+  Gate gate(std::max(1, AllThreads() / threads));
   try {
     const Plan& p = GetPlan(pass, g, threads);
     thread_local dnnl::stream stream(Engine());
@@ -294,6 +338,10 @@ extern "C" int JaxparOnednnSupports(int type, char* why, int why_size) {
 extern "C" int JaxparOnednnIsa() { return static_cast<int>(dnnl::get_effective_cpu_isa()); }
 
 extern "C" void JaxparOnednnShareThreads(int on) { sharing = on != 0; }
+extern "C" void JaxparOnednnGate(int on) { gating = on != 0; }
+extern "C" int JaxparOnednnMostInFlight(int reset) {
+  return reset ? most_in_flight.exchange(0) : most_in_flight.load();
+}
 extern "C" int JaxparOnednnThreads() { return AllThreads(); }
 extern "C" long long JaxparOnednnCalls(int threads) {
   return threads >= 0 && threads <= kMaxTeam ? calls_by_team[threads].load() : 0;
