@@ -2,8 +2,9 @@
 function's, waiting for its result; or any other), and rounds in which every timer runs in
 turn (`conv_bench`, `pool_bench`); the order of a round's settings (`in_turn`) and two
 settings' ratio taken round by round (`paired_ratio`: `bench`, `compile_bench`,
-`ray_worker_bench`); and the host's speed every benchmark records when it starts
-(`host_speed`); a tool's arguments passed on to the processes it times (`passed_on`)."""
+`ray_worker_bench`) and whether its median is known closely enough (`known_within`); and
+the host's speed every benchmark records when it starts (`host_speed`); a tool's arguments
+passed on to the processes it times (`passed_on`)."""
 import time
 
 import jax
@@ -63,6 +64,18 @@ def paired_ratio(times_a, times_b) -> dict:
   low, high = median_interval(ratios)
   return {'median': float(median), 'q25': float(q25), 'q75': float(q75),
           'interval': [low, high]}
+
+
+def known_within(times_a, times_b, within: float) -> bool:
+  """Whether the median of a's time over b's, round by round (`paired_ratio`), is known within
+  ± `within` of itself: its 95 % interval inside [(1 − within)·m, (1 + within)·m]. A
+  benchmark runs rounds until it is (`bench --within`); fewer than 6 rounds never are."""
+  ratios = np.asarray(times_a, float) / np.asarray(times_b, float)
+  if len(ratios) < 6:
+    return False
+  low, high = median_interval(ratios)
+  median = float(np.median(ratios))
+  return (1 - within) * median <= low and high <= (1 + within) * median
 
 
 def median_interval(samples, level: float = 0.95) -> tuple:

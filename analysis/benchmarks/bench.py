@@ -34,6 +34,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from absl import app, flags  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -178,7 +179,13 @@ REPEAT = 2
 
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False,
           with_torch_compile: bool = False, repeat: int = REPEAT,
-          with_device_bn: bool = False) -> dict:
+          with_device_bn: bool = False, within: float = 0.0, max_steps: int = 0) -> dict:
+  """The steps side by side: `steps` timed rounds, then, with `within` > 0, more rounds, a
+  turn at a time (a round led by each runner), up to `max_steps` in all, until the ratios
+  the verdicts rest on — jaxpar's throughput over jit's and, with `with_device_bn`, the
+  sync-BN ratio — are each known within ± `within` of their median
+  (`alternate.known_within`); the PyTorch peers' ratios get those rounds too, whatever
+  their width."""
   peers = [compiled for compiled, wanted in ((False, with_torch), (True, with_torch_compile))
            if wanted]
   check(cfg, bool(peers), '--torch_compile' if with_torch_compile and not with_torch
@@ -223,7 +230,20 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
     for r in runners:
       r(timed=False)
   faults = [[] for _ in runners]
-  for i in range(steps):  # alternate: every runner sees the same machine state
+  # The ratios `within` waits for: (numerator, denominator) runners, round by round.
+  watched = [(runners[1], runners[0])] + ([(runners[0], runners[2])] if with_device_bn else [])
+
+  def more(i):
+    if i < steps or (within and i < max_steps and i % len(runners)):
+      return True  # asked for, or the rest of a turn: every runner leads as often
+    if not within or i >= max_steps:
+      return False
+    wanted = not all(alternate.known_within(a.times, b.times, within) for a, b in watched)
+    # Across processes every process runs the same rounds: process 0's timings decide.
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(wanted)))
+
+  i = 0
+  while more(i):  # alternate: every runner sees the same machine state
     # Each round starts with the next runner: each comes right after each other equally
     # often (the first of every round ran up to 1.12x the second's time, the same program
     # on one device, 2026-11-27: the step after PyTorch's pays for it, `REPEAT` aside).
@@ -235,7 +255,9 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
       before = host_memory.minor_faults()
       r()
       counted.append(host_memory.minor_faults() - before)
-    print(f'\rround {i + 1}/{steps}', end='', file=sys.stderr, flush=True)
+    i += 1
+    print(f'\rround {i}/{max(steps, max_steps if within else 0)}', end='', file=sys.stderr,
+          flush=True)
   print(file=sys.stderr)
   results = [r.result(global_batch) | {'page_faults_per_step': float(np.mean(counted))}
              for r, counted in zip(runners, faults)]
@@ -272,6 +294,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
                                                        + sys.argv[1:]),
           'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
           'mesh': list(cfg.mesh.shape), 'global_batch': global_batch, 'repeat': repeat,
+          'rounds': i, 'within': within or None,
           'method': f'{cfg.scheme} {cfg.server} {cfg.grad_reduce} {cfg.grad_reduce_dtype}',
           'steps': results, **ratios}
 
@@ -328,9 +351,16 @@ def main(argv):
   if FLAGS.steps < 1 or FLAGS.warmup < 1 or FLAGS.profile < 0 or FLAGS.repeat < 1:
     raise app.UsageError('--steps, --warmup and --repeat must be at least 1, --profile at '
                          'least 0.')
+  if FLAGS.within < 0 or FLAGS.within >= 1:
+    raise app.UsageError(f'--within={FLAGS.within}: a fraction of the median, e.g. 0.03 for '
+                         '±3 %; 0 runs --steps rounds.')
+  if FLAGS.within and FLAGS.max_steps < FLAGS.steps:
+    raise app.UsageError(f'--within={FLAGS.within} needs --max_steps of at least --steps '
+                         f'({FLAGS.steps}), got {FLAGS.max_steps}.')
   try:
     result = bench(FLAGS.config, FLAGS.steps, FLAGS.warmup, FLAGS.profile, FLAGS.torch,
-                   FLAGS.torch_compile, FLAGS.repeat, FLAGS.device_bn)
+                   FLAGS.torch_compile, FLAGS.repeat, FLAGS.device_bn, FLAGS.within,
+                   FLAGS.max_steps)
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
@@ -347,6 +377,11 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'A configs/*.py file[:arg].')
   flags.DEFINE_integer('steps', 10, 'Timed rounds (one step of each) after the warm-up.')
   flags.DEFINE_integer('warmup', 2, 'Untimed rounds first.')
+  flags.DEFINE_float('within', 0.0, 'Then more rounds, up to --max_steps in all, until '
+                     "jaxpar's throughput over jit's (and with --device_bn the sync-BN ratio) "
+                     "is known within ± this fraction of its median (the median's 95 % "
+                     'interval; 0.03: ±3 %). 0: --steps rounds.')
+  flags.DEFINE_integer('max_steps', 0, 'The most rounds --within may run.')
   flags.DEFINE_integer('repeat', REPEAT, 'Steps each runner takes in a row each round, the '
                        'last timed (1: alternate step by step).')
   flags.DEFINE_bool('torch', False, 'Also time the PyTorch peer (torchvision\'s network), '

@@ -145,6 +145,12 @@ def _date(r) -> str:
   return r.get('created', '')[:10] or '?'
 
 
+def _cpu(r) -> str:
+  """The run's CPU, short: 'Intel(R) Xeon(R) Processor' → 'Intel Xeon'."""
+  model = r.get('machine', {}).get('cpu', '') or '?'
+  return ' '.join(model.replace('(R)', '').replace('(TM)', '').replace(' Processor', '').split())
+
+
 def cell(r) -> tuple:
   """What a run measured, less when: its device, network, input, compute, devices, processes,
   BatchNorm grouping and global batch."""
@@ -164,11 +170,14 @@ def newest(results) -> list:
 
 def table(results) -> str:
   """The rows of `results`; a first column names the device when they ran on several kinds,
-  and one the day each ran when they ran on several days."""
+  and one the day each ran when they ran on several days — with its CPU when they ran on
+  several (a host of the same kind may be another CPU from one day to the next)."""
   compiled = any(_peers({s['step']: s for s in r['steps']})[1] for r in results)
   peak = any(peak_flops(r) for r in results)
   kinds = len({_device(r) for r in results}) > 1
   days = len({_date(r) for r in results}) > 1
+  hosts = len({_cpu(r) for r in results if _device(r) == 'cpu'}) > 1
+  when = lambda r: f'{_date(r)}, {_cpu(r)}' if hosts else _date(r)
   head = ['network', 'input', 'compute', 'devices', 'batch', 'jaxpar BN over', 'jaxpar step (s)',
           'jit step (s)', 'jaxpar / jit throughput', 'PyTorch step (s)', 'jaxpar / PyTorch']
   align = ['---'] * 4 + ['---:', '---'] + ['---:'] * 5
@@ -180,7 +189,7 @@ def table(results) -> str:
   if peak:
     head.append("jaxpar / GPU's peak")
     align.append('---:')
-  if days:
+  if days or hosts:
     head, align = ['measured'] + head, ['---'] + align
   if kinds:
     head, align = ['device'] + head, ['---'] + align
@@ -189,8 +198,8 @@ def table(results) -> str:
       r['config']['distributed']['num_processes'], r['config']['bn_group_size'],
       r['dtype'] != 'float32', _device(r), _date(r)))
   rows = [row(r, compiled, peak) for r in ordered]
-  if days:
-    rows = [f'| {_date(r)} {line}' for r, line in zip(ordered, rows)]
+  if days or hosts:
+    rows = [f'| {when(r)} {line}' for r, line in zip(ordered, rows)]
   if kinds:
     rows = [f'| {_device(r)} {line}' for r, line in zip(ordered, rows)]
   return '\n'.join(
