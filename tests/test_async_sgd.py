@@ -68,7 +68,10 @@ def test_one_worker_is_sequential_sgd(server_kind, name):
   # So AdamW's entries are held to 2e-4 · lr per step absolute, SGD's to float rounding.
   assert_trees_close(state.params, ref.params, rtol=1e-4 if name == 'adamw' else 1e-5,
                      atol=2e-4 * 0.01 * 4 if name == 'adamw' else 1e-6)
-  assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-5, atol=1e-6)
+  # The running statistics of the layers those parameters feed move with them (seen with
+  # jaxlib 0.12 on an Intel Xeon: 1.6e-6 absolute in a running mean of 0.02 after AdamW).
+  assert_trees_close(state.batch_stats, ref.batch_stats, rtol=1e-5,
+                     atol=1e-5 if name == 'adamw' else 1e-6)
   assert int(state.step) == 4 and int(state.examples_seen) == 64
   # A push's gradient up and the weights down, float32.
   assert metrics[0]['sent_bytes'] == 2 * 4 * sum(x.size for x in jax.tree.leaves(ref.params))

@@ -241,12 +241,9 @@ def _team_calls_since(before):
   return {t: n - before.get(t, 0) for t, n in now.items() if n - before.get(t, 0)}
 
 
-@pytest.mark.parametrize('share', [True, False])
-def test_the_devices_of_a_mesh_share_the_openmp_threads(share):
-  # Eight devices call at once (the tests' process has 8): with sharing each call takes
-  # max(1, T / 8) of the T threads, without all T; every call says 8 (an attribute). The
-  # results equal XLA's either way, and the same step gives the same bits again (the team
-  # is fixed by the program, not by the timing of the calls).
+def _eight_devices_step():
+  """Both gradients of a oneDNN convolution under `shard_map` over the tests' 8 devices (each
+  calls oneDNN on its share of the batch), and its inputs."""
   mesh = jax.make_mesh((8,), ('data',))
   x, w = _inputs(n=16, hw=12, c=8, d=16)
   x = jax.device_put(x, NamedSharding(mesh, P('data')))
@@ -254,6 +251,16 @@ def test_the_devices_of_a_mesh_share_the_openmp_threads(share):
       lambda x, w: jax.grad(functools.partial(_loss, conv_lib.conv_onednn), argnums=(0, 1))(
           x, jax.lax.pcast(w, 'data', to='varying')),
       mesh=mesh, in_specs=(P('data'), P()), out_specs=(P('data'), P('data'))))
+  return step, x, w
+
+
+@pytest.mark.parametrize('share', [True, False])
+def test_the_devices_of_a_mesh_share_the_openmp_threads(share):
+  # Eight devices call at once (the tests' process has 8): with sharing each call takes
+  # max(1, T / 8) of the T threads, without all T; every call says 8 (an attribute). The
+  # results equal XLA's either way, and the same step gives the same bits again (the team
+  # is fixed by the program, not by the timing of the calls).
+  step, x, w = _eight_devices_step()
   assert step.lower(x, w).as_text().count('callers = 8 : i64') == 3
   want = jax.jit(jax.grad(functools.partial(_loss, lax.conv_general_dilated), argnums=(0, 1)))
   jax.block_until_ready(step(x, w))  # compiled, and each plan made, outside the count
@@ -279,13 +286,7 @@ def test_no_more_calls_run_at_once_than_the_cores_hold_teams():
   # Eight devices call at once, each call here a team of all T threads (sharing off): the
   # gate lets T / T = 1 run at a time, the others wait; ungated (the default), the eight ran
   # together (8 teams of T on T cores). The same bits either way: a call's team never changes.
-  mesh = jax.make_mesh((8,), ('data',))
-  x, w = _inputs(n=16, hw=12, c=8, d=16)
-  x = jax.device_put(x, NamedSharding(mesh, P('data')))
-  step = jax.jit(jax.shard_map(
-      lambda x, w: jax.grad(functools.partial(_loss, conv_lib.conv_onednn), argnums=(0, 1))(
-          x, jax.lax.pcast(w, 'data', to='varying')),
-      mesh=mesh, in_specs=(P('data'), P()), out_specs=(P('data'), P('data'))))
+  step, x, w = _eight_devices_step()
   jax.block_until_ready(step(x, w))  # compiled outside the count
   most, got = {}, {}
   try:
