@@ -234,10 +234,12 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   watched = [(runners[1], runners[0])] + ([(runners[0], runners[2])] if with_device_bn else [])
 
   def more(i):
-    if i < steps or (within and i < max_steps and i % len(runners)):
-      return True  # asked for, or the rest of a turn: every runner leads as often
+    if i < steps:
+      return True
     if not within or i >= max_steps:
       return False
+    if i % len(runners):
+      return True  # the rest of a turn: every runner leads as often
     wanted = not all(alternate.known_within(a.times, b.times, within) for a, b in watched)
     # Across processes every process runs the same rounds: process 0's timings decide.
     return bool(multihost_utils.broadcast_one_to_all(np.int32(wanted)))

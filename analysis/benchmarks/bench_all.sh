@@ -5,9 +5,10 @@
 # beside their PyTorch peer (needs the [bench] extra; PyTorch's bfloat16 autocast on CPU
 # runs 10-25x slower than its float32). Rounds: multiples of 6, so that with the peer (3
 # runners) and without (2) each round starts with the next runner and each starts as often;
-# then more, a turn at a time (a round led by each runner), until jaxpar's throughput over jit's is known within ±3 %
-# (`--within 0.03`: the median's 95 % interval), up to a cap that keeps the slow steps'
-# rows within minutes (a shared host's speed moves 20-90 % between rounds).
+# then more, a turn at a time (a round led by each runner), until jaxpar's throughput over
+# jit's is known within ±3 % (`--within 0.03`: the median's 95 % interval), up to a cap that
+# keeps the slow steps' rows within minutes (a shared host's speed moves 20-90 % between
+# rounds).
 #   bash analysis/benchmarks/bench_all.sh runs      # 1.5-2 h on 2 cores
 set -euo pipefail
 out=${1:-runs}; mkdir -p "$out"
