@@ -433,3 +433,79 @@ def test_bench_times_batchnorm_per_device_beside_over_the_group(data_dir):
 def test_device_bn_is_refused_where_there_is_nothing_to_compare(data_dir, overrides, error):
   with pytest.raises(config_lib.ConfigError, match=error):
     bench.bench(_config(data_dir, **overrides), steps=1, warmup=1, with_device_bn=True)
+
+
+def test_gpu_kernels_are_read_off_the_streams_and_summed_by_kind_a_step():
+  from analysis.benchmarks import profile
+  meta = [{'ph': 'M', 'name': 'process_name', 'pid': 1, 'args': {'name': '/device:GPU:0'}},
+          {'ph': 'M', 'name': 'thread_name', 'pid': 1, 'tid': 14,
+           'args': {'name': 'Stream #14(Compute)'}},
+          {'ph': 'M', 'name': 'thread_name', 'pid': 1, 'tid': 2, 'args': {'name': 'XLA Ops'}},
+          {'ph': 'M', 'name': 'process_name', 'pid': 7, 'args': {'name': '/host:CPU'}}]
+  def kernel(name, ts, dur, tid=14):
+    return {'ph': 'X', 'pid': 1, 'tid': tid, 'name': name, 'ts': ts, 'dur': dur}
+  events = meta + [
+      kernel('sm90_xmma_fprop_implicit_gemm_bf16', 0, 100), kernel('loop_add_fusion', 110, 20),
+      kernel('MemcpyD2D', 140, 10), kernel('sm90_xmma_wgrad_indexed_implicit_gemm', 1000, 60),
+      kernel('sm90_xmma_dgrad_implicit_gemm', 1070, 30), kernel('nvjet_hsh_64x8', 1110, 40),
+      kernel('cudnn-conv.1', 0, 150, tid=2),  # a derived line: the same time again
+      {'ph': 'X', 'pid': 7, 'tid': 1, 'name': 'host work', 'ts': 0, 'dur': 500}]
+  device = profile._device_events(events)
+  assert len(device) == 6
+  found = profile.gpu_kernels(device, steps=2)
+  assert abs(found['busy_s_per_step'] - 260e-6 / 2) < 1e-12
+  assert abs(found['span_s_per_step'] - 1150e-6 / 2) < 1e-12
+  assert found['kernels_per_step'] == 3
+  assert {k: round(v * 1e6, 6) for k, v in found['by_kind_s_per_step'].items()} == {
+      'convolution forward': 50, 'convolution weight gradient': 30,
+      'convolution data gradient': 15, 'matrix product': 20,
+      'fusion/elementwise/reduction': 10, 'copy/set': 5}
+  assert found['top'][0][:2] == ('sm90_xmma_fprop_implicit_gemm_bf16', 'convolution forward')
+  # PyTorch's traces mark their device events by category instead.
+  torch_events = [{'ph': 'X', 'cat': 'kernel', 'name': 'triton_poi_fused_relu_0', 'ts': 0,
+                   'dur': 8, 'pid': 0, 'tid': 7},
+                  {'ph': 'X', 'cat': 'cpu_op', 'name': 'aten::relu', 'ts': 0, 'dur': 30,
+                   'pid': 0, 'tid': 1}]
+  assert [e['name'] for e in profile._device_events(torch_events)] == ['triton_poi_fused_relu_0']
+
+
+def test_traced_steps_keep_the_trace_and_find_no_gpu_kernels_on_a_cpu(tmp_path):
+  from analysis.benchmarks import profile
+  step = jax.jit(lambda x: (x @ x).sum())
+  x = jax.numpy.ones((64, 64))
+  found = profile.traced_steps(lambda: step(x).block_until_ready(), 2,
+                               str(tmp_path / 'step.trace.json.gz'))
+  assert (tmp_path / 'step.trace.json.gz').stat().st_size > 0
+  assert found['kernels_per_step'] == 0 and found['busy_s_per_step'] == 0
+  assert any('/host:CPU' in t for t in found['threads'])
+
+
+def test_the_gpu_check_tables_read_the_committed_runs():
+  folder = ROOT / 'analysis/report/bench/gpu/check_2026-12-04'
+  results = []
+  for path in sorted(folder.glob('*.json')):
+    results.append(dict(json.loads(path.read_text()), run=path.stem))
+  by_run = {r['run']: r for r in results}
+  lines = bench_table.check_table(results).splitlines()
+  rows = {line.split(' | ')[0].lstrip('| '): line.split(' | ') for line in lines[2:] if
+          line.startswith('| ')}
+  vgg = by_run['vgg16e_224_bfloat16_compile']
+  steps = {s['step']: s for s in vgg['steps']}
+  peer = steps['torch.compile (CUDA)']
+  rate = peer['flops_per_device'] / steps['jaxpar shard_map']['median_s']
+  assert rows['vgg16e_224_bfloat16_compile'][9] == f'{rate / 1e12:.0f}'
+  assert rows['vgg16e_224_bfloat16_compile'][10] == f'{100 * rate / 989.4e12:.0f} % |'
+  # A run without a peer takes the same network's count, scaled to its batch.
+  big = by_run['resnet34_224_bfloat16_b256']
+  count = next(s for s in by_run['resnet34_224_bfloat16_compile']['steps']
+               if s['step'].startswith('torch.compile'))['flops_per_device']
+  expected = count * 4 / big['steps'][0]['median_s']
+  assert rows['resnet34_224_bfloat16_b256'][9] == f'{expected / 1e12:.0f}'
+  assert rows['resnet34_224_bfloat16_b256'][7] == '–'
+  assert '`--xla_gpu_enable_command_buffer=`' in rows['resnet34_224_bfloat16_no_graphs'][4]
+  kernels = bench_table.kernel_table(results).splitlines()
+  assert len(kernels) == 2 + 3 * 3  # three traced runs, three steps each
+  first = kernels[2].split(' | ')
+  k = next(s for s in by_run['resnet34_224_bfloat16_compile']['steps']
+           if s['step'] == first[3])
+  assert first[-1] == f"{1e3 * (k['median_s'] - k['kernels']['busy_s_per_step']):.2f} |"

@@ -41,3 +41,36 @@ def test_the_input_rate_tables_on_hand_made_rates():
   lines = input_rate.cores_needed(result, [gpu]).splitlines()
   assert 'at 400 images/s a core' in lines[0]
   assert lines[2] == '| H200 | resnet34 | bfloat16 | 64 | 6,000 | 15 | 2026-11-29 |'
+
+
+def test_the_hosts_table_puts_each_host_and_pipeline_on_a_line():
+  machine = {'cpu': 'Intel(R) Xeon(R) Processor', 'cores': 16, 'accelerators': ['NVIDIA H200']}
+  rates = {'1': {'median': 180.0, 'interval': [176.0, 182.0]},
+           '8': {'median': 1320.0, 'interval': [1073.0, 1343.0]},
+           '16': {'median': 1181.0, 'interval': [1100.0, 1444.0]}}
+  torch_run = {'created': '2026-12-04T17:00:35', 'machine': machine,
+               'pipeline': {'kind': 'torch'}, 'rates': rates, 'images': {'writer': 'Pillow'}}
+  old = {'created': '2026-12-02T16:09:43', 'machine': {'cpu': 'AMD EPYC', 'cores': 2},
+         'pipeline': {'augment': 'inception_crop'},  # before `kind`: jaxpar's stream
+         'rates': {'1': {'median': 514.0, 'interval': [456.0, 553.0]}}}
+  lines = input_rate.hosts_table([torch_run, old]).splitlines()
+  assert lines[2] == ("| 2026-12-02 | AMD EPYC, 2 cores | jaxpar's tf.data stream | TensorFlow "
+                      '| 514 [456–553] | 514 [456–553] | 1 | 514 |')
+  assert lines[3] == ("| 2026-12-04 | Intel Xeon, 16 cores (H200 host) | PyTorch's ImageNet loader "
+                      '| Pillow | 180 [176–182] | 1,320 [1,073–1,343] | 8 | 165 |')
+
+
+def test_input_rate_refuses_bad_core_counts_in_one_line(capsys):
+  import pytest
+  for bad in ('1,x', f'1,{len(os.sched_getaffinity(0)) + 1}'):
+    with pytest.raises(SystemExit):
+      input_rate.main(['--core_counts', bad])
+    assert '--core_counts' in capsys.readouterr().err
+
+
+def test_pytorchs_loader_times_the_same_files(tmp_path):
+  import pytest
+  pytest.importorskip('torchvision')
+  input_rate.write_images(str(tmp_path / 'jpegs'), 70, classes=2)
+  found = input_rate.child(str(tmp_path / 'jpegs'), 1, 1, 'torch')
+  assert found['cores'] == 1 and found['images_per_s'] > 0

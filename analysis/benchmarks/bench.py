@@ -25,6 +25,7 @@ the others. On a GPU (`bench_gpu.sh`) the PyTorch peers run on CUDA, and XLA's F
 import datetime
 import json
 import os
+import re
 import sys
 import time
 
@@ -179,13 +180,16 @@ REPEAT = 2
 
 def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool = False,
           with_torch_compile: bool = False, repeat: int = REPEAT,
-          with_device_bn: bool = False, within: float = 0.0, max_steps: int = 0) -> dict:
+          with_device_bn: bool = False, within: float = 0.0, max_steps: int = 0,
+          trace_dir: str = '', trace_steps: int = 3) -> dict:
   """The steps side by side: `steps` timed rounds, then, with `within` > 0, more rounds, a
   turn at a time (a round led by each runner), up to `max_steps` in all, until the ratios
   the verdicts rest on — jaxpar's throughput over jit's and, with `with_device_bn`, the
   sync-BN ratio — are each known within ± `within` of their median
   (`alternate.known_within`); the PyTorch peers' ratios get those rounds too, whatever
-  their width."""
+  their width. With `trace_dir`, each runner's `trace_steps` more steps under a profiler
+  (JAX's, or PyTorch's for its peers): the traces kept there, and each result's `kernels`
+  the device time by kernel (`profile.traced_steps`; on a GPU)."""
   peers = [compiled for compiled, wanted in ((False, with_torch), (True, with_torch_compile))
            if wanted]
   check(cfg, bool(peers), '--torch_compile' if with_torch_compile and not with_torch
@@ -266,6 +270,18 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   if profile_steps:
     for r, result in zip(runners[:2], results):
       result['profile'] = r.profile(profile_steps)
+  if trace_dir:
+    os.makedirs(trace_dir, exist_ok=True)
+    for r, result in zip(runners, results):
+      slug = re.sub(r'[^a-z0-9]+', '_', r.name.lower()).strip('_')
+      try:  # a trace that cannot be read costs its summary, not the timings above
+        result['kernels'] = profile.traced_steps(
+            lambda: r(timed=False), trace_steps,
+            os.path.join(trace_dir, f'{slug}.trace.json.gz'),
+            r.torch if isinstance(r, torch_peer.TorchRunner) else None)
+      except Exception as e:  # noqa: BLE001
+        result['kernels'] = {'error': f'{type(e).__name__}: {e}'[:500]}
+        print(f'bench: tracing {r.name} failed: {e}', file=sys.stderr)
   for r in runners:
     if isinstance(r, torch_peer.TorchRunner):
       r.close()
@@ -297,6 +313,7 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
           'network': cfg.model, 'image_size': cfg.image_size, 'dtype': cfg.dtype,
           'mesh': list(cfg.mesh.shape), 'global_batch': global_batch, 'repeat': repeat,
           'rounds': i, 'within': within or None,
+          'xla_flags': os.environ.get('XLA_FLAGS', ''),
           'method': f'{cfg.scheme} {cfg.server} {cfg.grad_reduce} {cfg.grad_reduce_dtype}',
           'steps': results, **ratios}
 
@@ -362,7 +379,7 @@ def main(argv):
   try:
     result = bench(FLAGS.config, FLAGS.steps, FLAGS.warmup, FLAGS.profile, FLAGS.torch,
                    FLAGS.torch_compile, FLAGS.repeat, FLAGS.device_bn, FLAGS.within,
-                   FLAGS.max_steps)
+                   FLAGS.max_steps, FLAGS.trace)
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)
@@ -394,6 +411,9 @@ if __name__ == '__main__':
   flags.DEFINE_bool('device_bn', False, 'Also time jaxpar\'s step with BatchNorm per device '
                     '(bn_group_size=1): the ratio sync_bn_over_device_bn is the configured '
                     'group\'s step time over it, round by round.')
+  flags.DEFINE_string('trace', '', 'Then trace 3 more steps of each runner into this folder '
+                      "(JAX's profiler; PyTorch's for its peers): the device time by kernel in "
+                      "each step's JSON (`kernels`), the traces beside it. For GPUs.")
   flags.DEFINE_string('out', '', 'Also write the results as JSON here.')
   flags.mark_flag_as_required('config')
   app.run(main)

@@ -145,7 +145,7 @@ def _date(r) -> str:
   return r.get('created', '')[:10] or '?'
 
 
-def _cpu(r) -> str:
+def cpu_name(r) -> str:
   """The run's CPU, short: 'Intel(R) Xeon(R) Processor' → 'Intel Xeon'."""
   model = r.get('machine', {}).get('cpu', '') or '?'
   return ' '.join(model.replace('(R)', '').replace('(TM)', '').replace(' Processor', '').split())
@@ -176,8 +176,8 @@ def table(results) -> str:
   peak = any(peak_flops(r) for r in results)
   kinds = len({_device(r) for r in results}) > 1
   days = len({_date(r) for r in results}) > 1
-  hosts = len({_cpu(r) for r in results if _device(r) == 'cpu'}) > 1
-  when = lambda r: f'{_date(r)}, {_cpu(r)}' if hosts else _date(r)
+  hosts = len({cpu_name(r) for r in results if _device(r) == 'cpu'}) > 1
+  when = lambda r: f'{_date(r)}, {cpu_name(r)}' if hosts else _date(r)
   head = ['network', 'input', 'compute', 'devices', 'batch', 'jaxpar BN over', 'jaxpar step (s)',
           'jit step (s)', 'jaxpar / jit throughput', 'PyTorch step (s)', 'jaxpar / PyTorch']
   align = ['---'] * 4 + ['---:', '---'] + ['---:'] * 5
@@ -388,3 +388,68 @@ def main(argv):
 
 if __name__ == '__main__':
   main(sys.argv[1:])
+
+
+def _flops_per_image(results) -> dict:
+  """{(network, image size, dtype): FLOPs an image} by the PyTorch peers' count of the step,
+  from whichever of `results` timed one (the count is linear in the batch)."""
+  found = {}
+  for r in results:
+    peer = next((p for p in _peers({s['step']: s for s in r['steps']}) if p), None)
+    if peer:
+      found[(r['network'], r['image_size'], r['dtype'])] = (
+          peer['flops_per_device'] * math.prod(r['mesh']) / r['global_batch'])
+  return found
+
+
+def check_table(results) -> str:
+  """One GPU's check (analysis/benchmarks/gpu_check.sh): each run's step — its XLA flags
+  and batch — beside `jit`'s and torch.compile's, and its FLOP rate against the GPU's peak
+  by PyTorch's count of the step (for a run without a peer, the count of the same
+  network's step in another run, scaled to its batch)."""
+  per_image = _flops_per_image(results)
+  lines = ['| run | network | compute | batch | XLA flags | jaxpar step (ms) | jaxpar / jit '
+           'throughput | torch.compile step (ms) | jaxpar / torch.compile | jaxpar TFLOP/s* '
+           "| jaxpar / GPU's peak |", '|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|']
+  for r in sorted(results, key=lambda r: (r['network'], r['dtype'], r['global_batch'],
+                                          r.get('xla_flags', ''))):
+    steps = {s['step']: s for s in r['steps']}
+    jaxpar, compiled = steps['jaxpar shard_map'], _peers(steps)[1]
+    flops = per_image.get((r['network'], r['image_size'], r['dtype']))
+    rate = flops * r['global_batch'] / math.prod(r['mesh']) / jaxpar['median_s'] if flops else None
+    peak = peak_flops(r)
+    flags = f"`{r['xla_flags']}`" if r.get('xla_flags') else 'default'
+    peer_step = f"{1e3 * compiled['median_s']:.2f}" if compiled else '–'
+    peer_ratio = ratio(r, 'shard_map_over_torch_compile', 3) if compiled else '–'
+    tflops = f'{rate / 1e12:.0f}' if rate else 'n/a'
+    share = f'{100 * rate / peak:.0f} %' if rate and peak else 'n/a'
+    lines.append(
+        f"| {r.get('run', '')} | {r['network']} | {r['dtype']} | {r['global_batch']} | {flags} "
+        f"| {1e3 * jaxpar['median_s']:.2f} | {ratio(r, 'shard_map_over_jit', 3)} | {peer_step} "
+        f'| {peer_ratio} | {tflops} | {share} |')
+  return '\n'.join(lines + ['', '* FLOPs as PyTorch counts the same step (XLA leaves out the '
+                            "convolutions on a GPU: cuDNN calls); % of the device's dense "
+                            'peak for the step\'s compute dtype.'])
+
+
+def kernel_table(results) -> str:
+  """Where each traced step's GPU time goes (`bench --trace`): the kernels' summed time a step
+  by kind (`profile.gpu_kind`), and the step's time the GPU ran none (the median step less
+  the kernels' sum: launch gaps and the blocking step's start and end)."""
+  kinds = ('convolution forward', 'convolution data gradient', 'convolution weight gradient',
+           'matrix product', 'fusion/elementwise/reduction', 'copy/set')
+  lines = ['| network | compute | batch | step | step (ms) | kernels a step | '
+           + ' | '.join(f'{k} (ms)' for k in kinds) + ' | GPU idle (ms) |',
+           '|---|---|---:|---|---:|---:|' + '---:|' * (len(kinds) + 1)]
+  for r in sorted(results, key=lambda r: (r['network'], r['dtype'])):
+    for s in r['steps']:
+      k = s.get('kernels')
+      if not k or 'error' in k or not k['kernels_per_step']:
+        continue
+      by_kind = k['by_kind_s_per_step']
+      lines.append(
+          f"| {r['network']} | {r['dtype']} | {r['global_batch']} | {s['step']} "
+          f"| {1e3 * s['median_s']:.2f} | {k['kernels_per_step']:.0f} | "
+          + ' | '.join(f'{1e3 * by_kind.get(kind, 0.0):.2f}' for kind in kinds)
+          + f" | {1e3 * (s['median_s'] - k['busy_s_per_step']):.2f} |")
+  return '\n'.join(lines)

@@ -73,3 +73,91 @@ def op_times(run, hlo_text: str, steps: int = 2) -> dict:
     by_category[cats[name]] += s
   return {'seconds_per_step': dict(by_category.most_common()),
           'top': [(n, cats[n], s) for n, s in per_instruction.most_common(10)]}
+
+
+# What a GPU kernel does, from its name (cuDNN's, cuBLAS's, XLA's and Inductor's names), in
+# this order: a cuDNN convolution kernel's name says its pass, and also 'gemm'.
+_GPU_KINDS = (('convolution forward', ('fprop', 'conv2d_fprop', 'implicit_convolve')),
+              ('convolution data gradient', ('dgrad',)),
+              ('convolution weight gradient', ('wgrad',)),
+              ('matrix product', ('gemm', 'nvjet', 'cublas', 'cutlass')),
+              ('copy/set', ('memcpy', 'memset', 'nchwtonhwc', 'nhwctonchw', 'transpose')))
+
+
+def gpu_kind(name: str) -> str:
+  low = name.lower()
+  return next((kind for kind, parts in _GPU_KINDS if any(p in low for p in parts)),
+              'fusion/elementwise/reduction')
+
+
+def gpu_kernels(events, steps: int, top: int = 25) -> dict:
+  """GPU time per step of a trace's device events (complete events, µs): the busy time (the
+  sum of the kernels' durations), the span from the first kernel's start to the last one's
+  end, the time by kind (`gpu_kind`) and the `top` kernels by time, each with its calls a
+  step."""
+  per_name, calls = collections.Counter(), collections.Counter()
+  for e in events:
+    per_name[e['name']] += e['dur'] * 1e-6 / steps
+    calls[e['name']] += 1 / steps
+  by_kind = collections.Counter()
+  for name, s in per_name.items():
+    by_kind[gpu_kind(name)] += s
+  span = ((max(e['ts'] + e['dur'] for e in events) - min(e['ts'] for e in events)) * 1e-6
+          / steps if events else 0.0)
+  return {'busy_s_per_step': sum(per_name.values()), 'span_s_per_step': span,
+          'kernels_per_step': sum(calls.values()),
+          'by_kind_s_per_step': dict(by_kind.most_common()),
+          'top': [(name[:160], gpu_kind(name), s, calls[name])
+                  for name, s in per_name.most_common(top)]}
+
+
+def _device_events(events) -> list:
+  """The complete events that ran on a GPU: in a JAX trace, those on the streams
+  ('Stream #…' threads) of its GPU planes ('/device:GPU:…'), not the derived lines beside
+  them ('XLA Ops', 'XLA Modules', which span the same kernels); in a PyTorch trace, the
+  kernel, copy and set events."""
+  meta = [e for e in events if e.get('ph') == 'M']
+  gpu = {e['pid'] for e in meta if e.get('name') == 'process_name'
+         and '/device:GPU' in str(e.get('args', {}).get('name', ''))}
+  streams = {(e['pid'], e['tid']) for e in meta if e.get('name') == 'thread_name'
+             and e['pid'] in gpu and str(e.get('args', {}).get('name', '')).startswith('Stream')}
+  return [e for e in events if e.get('ph') == 'X' and 'dur' in e
+          and ((e.get('pid'), e.get('tid')) in streams
+               or e.get('cat') in ('kernel', 'gpu_memcpy', 'gpu_memset'))]
+
+
+def traced_steps(run, steps: int, out: str, torch_module=None) -> dict:
+  """Runs `run()` (one blocking step) `steps` times under JAX's profiler, or PyTorch's when
+  `torch_module` is given, keeps the trace at `out` (gzipped Chrome trace JSON) and returns
+  `gpu_kernels` of its device events."""
+  import glob
+  import gzip
+  import json
+  import shutil
+  import tempfile
+  with tempfile.TemporaryDirectory() as logdir:
+    if torch_module is None:
+      import jax
+      with jax.profiler.trace(logdir):
+        for _ in range(steps):
+          run()
+      (path,) = glob.glob(f'{logdir}/**/*.trace.json.gz', recursive=True)
+      shutil.copy(path, out)
+    else:
+      activities = [torch_module.profiler.ProfilerActivity.CPU,
+                    torch_module.profiler.ProfilerActivity.CUDA]
+      with torch_module.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+          run()
+      path = f'{logdir}/trace.json'
+      prof.export_chrome_trace(path)
+      with open(path, 'rb') as f, gzip.open(out, 'wb') as g:
+        shutil.copyfileobj(f, g)
+  with gzip.open(out) as f:
+    events = json.load(f)['traceEvents']
+  found = gpu_kernels(_device_events(events), steps)
+  # What the trace holds, to read it again where the filter above found nothing.
+  found['threads'] = sorted({f"{e.get('pid')}: {e['args'].get('name')}" for e in events
+                             if e.get('ph') == 'M' and 'args' in e
+                             and e.get('name') in ('process_name', 'thread_name')})[:60]
+  return found

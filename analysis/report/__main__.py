@@ -304,6 +304,20 @@ def _input_rate(what):
   return input_rate.cores_needed(result, [r for r in gpus if r['image_size'] == 224])
 
 
+def _input_hosts():
+  from analysis.benchmarks import input_rate
+  return input_rate.hosts_table(_load('input/*.json'))
+
+
+def _gpu_check(folder, what):
+  """One GPU check's runs (analysis/benchmarks/gpu_check.sh), each named by its file."""
+  from analysis.benchmarks import bench_table
+  paths = sorted(glob.glob(os.path.join(REPORT, 'bench/gpu', folder, '*.json')))
+  results = [dict(r, run=os.path.basename(p)[:-len('.json')])
+             for p, r in zip(paths, _load(f'bench/gpu/{folder}/*.json'))]
+  return getattr(bench_table, what)(results)
+
+
 def _ci(what):
   from analysis.report import ci
   return getattr(ci, what)(_load('ci/*.json'))
@@ -393,6 +407,9 @@ TABLES = {
     'grad-fusion': _fusion,
     'input-rate': lambda: _input_rate('table'),
     'input-cores-per-gpu': lambda: _input_rate('cores'),
+    'input-rate-hosts': _input_hosts,
+    'gpu-check-2026-12-04': lambda: _gpu_check('check_2026-12-04', 'check_table'),
+    'gpu-kernels-2026-12-04': lambda: _gpu_check('check_2026-12-04', 'kernel_table'),
     'bench-sync-bn': lambda: _bench_sync_bn('bench/sync_bn/*.json'),
     'bench-gpus': lambda: _bench('bench/gpu/*.json', 'bench/gpu_h100/*.json', newest=True),
     'bench-methods': _methods,
