@@ -1980,6 +1980,35 @@ def test_the_choice_is_level_with_the_best_where_the_paired_seeds_cannot_tell_th
   assert plan_regret.level_interval(result([9, None, 9], [10, 10, 10])) is None
 
 
+def test_a_best_choice_is_level_with_its_runner_up_where_the_paired_seeds_cannot_tell():
+  from analysis.accuracy import plan_regret
+
+  def result(choice, second, third):
+    rows = [('choice', True, choice), ('second', False, second), ('third', False, third)]
+    return {'best_measured': 'choice', 'seeds': 3,
+            'rows': [{'label': label, 'choice': chosen, 'runs': [{'seconds': s} for s in t]}
+                     for label, chosen, t in rows]}
+  # Fastest on the mean (10.33 against 10.67) but slower on seed 0: the runner-up is the
+  # next fastest by its mean, and the paired ratio's interval holds 1.
+  found = plan_regret.runner_up(result([11, 10, 10], [9, 11, 12], [20, 20, 20]))
+  assert found['runner_up'] == 'second'
+  low, high = found['runner_up_interval']
+  assert low < 1 < high
+  text = plan_regret._interval({**result([11, 10, 10], [9, 11, 12], [20, 20, 20]), **found,
+                                'regret_interval': [1.0, 1.1]})
+  assert text == f' (1.00–1.10), level with second ({low:.2f}–{high:.2f})'
+  # Faster on every seed: the ratio stays below 1, no tie is said.
+  clear = plan_regret.runner_up(result([8, 8, 8], [10, 11, 12], [20, 20, 20]))
+  assert clear['runner_up_interval'][1] < 1
+  assert 'level with' not in plan_regret._interval(
+      {**result([8, 8, 8], [10, 11, 12], [20, 20, 20]), **clear})
+  # A row that missed the target on a seed is not a runner-up; a choice that is not the
+  # best has none (`level_interval` speaks for it).
+  assert plan_regret.runner_up(result([8, 8, 8], [7, None, 7], [9, 9, 9]))['runner_up'] == 'third'
+  assert plan_regret.runner_up({**result([8, 8, 8], [7, 7, 7], [9, 9, 9]),
+                                'best_measured': 'second'}) == {}
+
+
 def test_the_regret_tool_passes_the_config_on_as_given():
   from analysis.accuracy import plan_regret
   argv = ['--config', 'configs/thesis.py:net=resnet34', '--config.image_size=16',

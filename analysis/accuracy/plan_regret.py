@@ -251,6 +251,7 @@ def summary(plan: dict, runs: dict, seeds: int, earlier: dict | None = None) -> 
           'regret_interval': regret_interval({'rows': results}),
           'level_interval': level_interval({'rows': results, 'best_measured':
                                             best['label'] if best else None}),
+          **runner_up({'rows': results, 'best_measured': best['label'] if best else None}),
           'median_T_error': _median([r['T_error'] for r in results]),
           'median_K_error': _median([r['K_error'] for r in results])}
 
@@ -310,6 +311,26 @@ def level_interval(result: dict, resamples: int = 2000, level: float = 0.9):
     return None
   means = _resampled_means(np.array(pair), resamples)
   return _central(means[0] / means[1], level)
+
+
+def runner_up(result: dict, resamples: int = 2000, level: float = 0.9) -> dict:
+  """Where the choice is the best measured row: the next fastest (by its mean over the
+  seeds, every seed reached) as 'runner_up', and the choice's T ÷ its T with the seeds
+  resampled in pairs as 'runner_up_interval' (its central `level` range). Where that holds 1
+  the two rows are level — the regret interval's upper end is the runner-up winning
+  resamples — and the choice between them lies inside the seeds' spread. {} otherwise."""
+  choice = next((row for row in result['rows'] if row['choice']), None)
+  if choice is None or result.get('best_measured') != choice['label']:
+    return {}
+  done = [row for row in result['rows'] if row is not choice
+          and all(r['seconds'] is not None for r in row['runs'])]
+  if not done:
+    return {}
+  mean = lambda row: np.mean([r['seconds'] for r in row['runs']])  # noqa: E731
+  other = min(done, key=mean)
+  pair = np.array([[r['seconds'] for r in row['runs']] for row in (choice, other)])
+  means = _resampled_means(pair, resamples)
+  return {'runner_up': other['label'], 'runner_up_interval': _central(means[0] / means[1], level)}
 
 
 def _error(predicted, measured):
@@ -490,6 +511,9 @@ def _interval(result: dict) -> str:
            else level_interval(result) if result.get('seeds', 1) > 1 else None)
   if level and level[0] <= 1 <= level[1]:
     text += f', level ({level[0]:.2f}–{level[1]:.2f})'
+  second = result.get('runner_up_interval')
+  if second and second[0] <= 1 <= second[1]:
+    text += f", level with {result['runner_up']} ({second[0]:.2f}–{second[1]:.2f})"
   return text
 
 
