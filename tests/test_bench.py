@@ -509,3 +509,24 @@ def test_the_gpu_check_tables_read_the_committed_runs():
   k = next(s for s in by_run['resnet34_224_bfloat16_compile']['steps']
            if s['step'] == first[3])
   assert first[-1] == f"{1e3 * (k['median_s'] - k['kernels']['busy_s_per_step']):.2f} |"
+
+
+def test_bench_traces_each_runner_beside_its_program_and_records_xla_flags(data_dir, tmp_path,
+                                                                          monkeypatch):
+  monkeypatch.setenv('XLA_FLAGS', '--xla_cpu_enable_fast_math=false')  # read, not reapplied
+  result = bench.bench(_config(data_dir), steps=1, warmup=1, trace_dir=str(tmp_path / 'tr'),
+                       trace_steps=1)
+  assert result['xla_flags'] == '--xla_cpu_enable_fast_math=false'
+  for slug, step in zip(('jaxpar_shard_map', 'auto_sharded_jit'), result['steps']):
+    assert (tmp_path / 'tr' / f'{slug}.trace.json.gz').stat().st_size > 0
+    assert (tmp_path / 'tr' / f'{slug}.hlo.txt').read_text().startswith('HloModule')
+    assert step['kernels']['kernels_per_step'] == 0  # a CPU: no device streams
+  # A trace that cannot be read costs its summary, not the timings.
+  from analysis.benchmarks import profile
+
+  def broken(*args):
+    raise RuntimeError('no trace')
+  monkeypatch.setattr(profile, 'traced_steps', broken)
+  result = bench.bench(_config(data_dir), steps=1, warmup=1, trace_dir=str(tmp_path / 'tr2'))
+  assert [s['kernels'] for s in result['steps']] == [{'error': 'RuntimeError: no trace'}] * 2
+  assert all(s['median_s'] > 0 for s in result['steps'])

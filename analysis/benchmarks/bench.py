@@ -188,8 +188,9 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
   sync-BN ratio — are each known within ± `within` of their median
   (`alternate.known_within`); the PyTorch peers' ratios get those rounds too, whatever
   their width. With `trace_dir`, each runner's `trace_steps` more steps under a profiler
-  (JAX's, or PyTorch's for its peers): the traces kept there, and each result's `kernels`
-  the device time by kernel (`profile.traced_steps`; on a GPU)."""
+  (JAX's, or PyTorch's for its peers): the traces kept there with each JAX step's compiled
+  HLO (the program whose instructions the trace's `hlo_op`s name), and each result's
+  `kernels` the device time by kernel (`profile.traced_steps`; on a GPU)."""
   peers = [compiled for compiled, wanted in ((False, with_torch), (True, with_torch_compile))
            if wanted]
   check(cfg, bool(peers), '--torch_compile' if with_torch_compile and not with_torch
@@ -274,6 +275,9 @@ def bench(cfg, steps: int, warmup: int, profile_steps: int = 0, with_torch: bool
     os.makedirs(trace_dir, exist_ok=True)
     for r, result in zip(runners, results):
       slug = re.sub(r'[^a-z0-9]+', '_', r.name.lower()).strip('_')
+      if not isinstance(r, torch_peer.TorchRunner):  # the program the trace's ops name
+        with open(os.path.join(trace_dir, f'{slug}.hlo.txt'), 'w') as f:
+          f.write(r.compiled.as_text())
       try:  # a trace that cannot be read costs its summary, not the timings above
         result['kernels'] = profile.traced_steps(
             lambda: r(timed=False), trace_steps,

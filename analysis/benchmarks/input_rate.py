@@ -46,7 +46,7 @@ SHAPES = ((375, 500), (500, 375), (333, 500), (400, 500), (500, 333))  # (height
 BATCH = 64
 IMAGE_SIZE = 224
 PIPELINES = ('tf', 'torch', 'nvjpeg')
-# What each pipeline does to an image, for the JSON.
+# Each pipeline's name in the tables, and what it does to an image (the JSON's `augment`).
 PIPELINE_NAMES = {'tf': "jaxpar's tf.data stream", 'torch': "PyTorch's ImageNet loader",
                   'nvjpeg': 'nvJPEG on the GPU (1 core reads)'}
 _AUGMENT = {'tf': 'inception_crop (decode_and_crop_jpeg)',
@@ -67,7 +67,7 @@ def write_images(root: str, count: int, classes: int = 8, noise: float = 25.0) -
     folder = os.path.join(root, f'class_{i % classes}')
     os.makedirs(folder, exist_ok=True)
     low = rng.uniform(0, 255, (12, 16, 3)).astype(np.float32)
-    image = np.stack([np.asarray(Image.fromarray(low[..., c], mode='F').resize(
+    image = np.stack([np.asarray(Image.fromarray(low[..., c]).resize(
         (width, height), Image.BICUBIC)) for c in range(3)], axis=-1)
     image += rng.normal(0, noise, image.shape)
     path = os.path.join(folder, f'{i}.jpg')
