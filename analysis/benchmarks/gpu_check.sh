@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One GPU machine's checks, in one prepared run (~8 min on one H200 without its start): where
-# jaxpar's step stands against torch.compile and the GPU's peak, where their time goes, and
-# how fast the host can feed it.
+# One GPU machine's checks in one prepared run (~11 min on one H200 past its start, half of it
+# compiling; 2026-12-04): where jaxpar's step stands against torch.compile and the GPU's peak,
+# where their time goes, and how fast the host can feed it.
 #   bash analysis/benchmarks/gpu_check.sh runs/gpu_check
 # 1. VGG16E and ResNet34 at 224², batch 64, bfloat16 (VGG16E float32 last), each step beside
 #    torch.compile's (analysis.benchmarks.bench --torch_compile), 3 more steps of each traced
@@ -44,7 +44,7 @@ cell resnet34_224_bfloat16_b256 resnet34 bfloat16 256
 echo "== input ($(date +%T))"
 $python -m analysis.benchmarks.input_rate --pipeline torch --core_counts 1,2,4,8,16 --rounds 3 \
     --out "$out/input_rate_torch.json" || echo "gpu_check.sh: input_rate torch FAILED" >&2
-$python -m analysis.benchmarks.input_rate --pipeline nvjpeg --rounds 3 --batches 16 \
+$python -m analysis.benchmarks.input_rate --pipeline nvjpeg --rounds 3 --batches 16 --images 256 \
     --out "$out/input_rate_nvjpeg.json" || echo "gpu_check.sh: input_rate nvjpeg FAILED" >&2
 cell vgg16e_224_float32_compile vgg16e float32 64 --torch_compile \
   --trace "$out/traces_vgg16e_f32"
