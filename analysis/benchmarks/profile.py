@@ -7,6 +7,11 @@ convolution, an all-reduce, …) under the instruction's name in the compiled HL
 fusion holding a convolution is a convolution); `op_times` runs the step under the
 profiler and sums the events' durations by category. Emulated devices run on threads of
 one process: the sums add every device's thread, so they are CPU time, not wall time.
+
+On a GPU the trace's device lines hold kernels, not instructions: `traced_steps` (`bench
+--trace`) sums the kernels' time a step by what their names say they do (`gpu_kind`:
+cuDNN's convolution passes, matrix products, copies, the rest), for JAX's steps and
+PyTorch's alike (`gpu_kernels`).
 """
 import collections
 import re
@@ -85,6 +90,7 @@ _GPU_KINDS = (('convolution forward', ('fprop', 'conv2d_fprop', 'implicit_convol
 
 
 def gpu_kind(name: str) -> str:
+  """The kind of GPU kernel `name` is (`_GPU_KINDS`, first match), else a fusion."""
   low = name.lower()
   return next((kind for kind, parts in _GPU_KINDS if any(p in low for p in parts)),
               'fusion/elementwise/reduction')
