@@ -66,6 +66,10 @@ def test_input_rate_refuses_bad_core_counts_in_one_line(capsys):
     with pytest.raises(SystemExit):
       input_rate.main(['--core_counts', bad])
     assert '--core_counts' in capsys.readouterr().err
+  # nvJPEG reads on one core: other counts contradict it, refused before anything runs.
+  with pytest.raises(SystemExit):
+    input_rate.main(['--pipeline', 'nvjpeg', '--core_counts', '1,2'])
+  assert '--core_counts=1,2 with --pipeline=nvjpeg' in capsys.readouterr().err
 
 
 def test_pytorchs_loader_times_the_same_files(tmp_path):

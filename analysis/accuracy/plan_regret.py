@@ -309,6 +309,12 @@ def level_interval(result: dict, resamples: int = 2000, level: float = 0.9):
   pair = [[r['seconds'] for r in row['runs']] for row in (choice, best)]
   if any(s is None for seconds in pair for s in seconds):
     return None
+  return _paired_interval(pair, resamples, level)
+
+
+def _paired_interval(pair, resamples: int, level: float) -> list:
+  """The central `level` range of row a's mean T ÷ row b's, `pair` = [a's, b's] seconds a
+  seed, the seeds resampled in pairs (`_resampled_means`)."""
   means = _resampled_means(np.array(pair), resamples)
   return _central(means[0] / means[1], level)
 
@@ -328,9 +334,9 @@ def runner_up(result: dict, resamples: int = 2000, level: float = 0.9) -> dict:
     return {}
   mean = lambda row: np.mean([r['seconds'] for r in row['runs']])  # noqa: E731
   other = min(done, key=mean)
-  pair = np.array([[r['seconds'] for r in row['runs']] for row in (choice, other)])
-  means = _resampled_means(pair, resamples)
-  return {'runner_up': other['label'], 'runner_up_interval': _central(means[0] / means[1], level)}
+  pair = [[r['seconds'] for r in row['runs']] for row in (choice, other)]
+  return {'runner_up': other['label'],
+          'runner_up_interval': _paired_interval(pair, resamples, level)}
 
 
 def _error(predicted, measured):

@@ -369,27 +369,6 @@ def fusion_table(results) -> str:
   return '\n'.join(lines)
 
 
-def main(argv):
-  kind = argv[0] if argv[:1] in (['--methods'], ['--sync_bn']) else ''
-  paths = argv[1:] if kind else argv
-  if not paths or any(p.startswith('-') for p in paths):
-    print(__doc__, file=sys.stderr)
-    sys.exit(2 if paths else 1)
-  results = []
-  for path in paths:
-    try:
-      with open(path) as f:
-        results.append(json.load(f))
-    except (OSError, json.JSONDecodeError) as e:
-      sys.exit(f'bench_table: {path}: not a JSON written by analysis.benchmarks.bench ({e}); '
-               'pass the files its --out wrote')
-  print({'--methods': methods_table, '--sync_bn': sync_bn_table}.get(kind, table)(results))
-
-
-if __name__ == '__main__':
-  main(sys.argv[1:])
-
-
 def _flops_per_image(results) -> dict:
   """{(network, image size, dtype): FLOPs an image} by the PyTorch peers' count of the step,
   from whichever of `results` timed one (the count is linear in the batch)."""
@@ -453,3 +432,24 @@ def kernel_table(results) -> str:
           + ' | '.join(f'{1e3 * by_kind.get(kind, 0.0):.2f}' for kind in kinds)
           + f" | {1e3 * (s['median_s'] - k['busy_s_per_step']):.2f} |")
   return '\n'.join(lines)
+
+
+def main(argv):
+  kind = argv[0] if argv[:1] in (['--methods'], ['--sync_bn']) else ''
+  paths = argv[1:] if kind else argv
+  if not paths or any(p.startswith('-') for p in paths):
+    print(__doc__, file=sys.stderr)
+    sys.exit(2 if paths else 1)
+  results = []
+  for path in paths:
+    try:
+      with open(path) as f:
+        results.append(json.load(f))
+    except (OSError, json.JSONDecodeError) as e:
+      sys.exit(f'bench_table: {path}: not a JSON written by analysis.benchmarks.bench ({e}); '
+               'pass the files its --out wrote')
+  print({'--methods': methods_table, '--sync_bn': sync_bn_table}.get(kind, table)(results))
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])

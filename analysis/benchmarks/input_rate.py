@@ -267,6 +267,9 @@ def main(argv=None):
     p.error(f'--max_cores and --core_counts must be 1-{available} (this machine\'s cores); '
             '--images, --rounds and --batches at least 1')
   if args.pipeline == 'nvjpeg':
+    if counts not in ([], [1]):
+      p.error(f'--core_counts={args.core_counts} with --pipeline=nvjpeg: one core reads the '
+              'files and the GPU decodes; leave --core_counts out')
     counts = [1]  # one core reads the files; the GPU decodes
   from jaxpar.plan.probe import machine, versions
   found = versions()
