@@ -1,6 +1,7 @@
 """Evaluation: the mean top-1, top-5 and loss over every example of a split (or of its first
 `examples`), once, with the loss's standard error."""
 import math
+import time
 
 import jax
 import jax.numpy as jnp
@@ -10,22 +11,29 @@ from jaxpar.data import pipeline
 
 
 def evaluate(eval_step, variables, mesh, source, cfg, split: str = 'test',
-             examples: int = 0) -> dict:
+             examples: int = 0, clock: list | None = None) -> dict:
   """{top1, top5, loss (means), loss_se (the loss mean's standard error, where the step sums
   squared losses), count, unreadable_files} of `split` ('test', or 'train' unaugmented: the
   training set's loss that `analysis.accuracy` targets); with `examples`, of the split's
-  first `examples` only (each process its share of them) — the same ones every time."""
+  first `examples` only (each process its share of them) — the same ones every time.
+  With `clock` (a list), each batch is waited for and `time.perf_counter()` appended: before
+  the first and after each, so that its differences are the batches' times."""
   total = split_size(source, split)
-  total = min(total, examples) if examples else total
+  subset = 0 < examples < total
+  total = examples if subset else total
   share = math.ceil(total / jax.process_count())
   per_process = cfg.eval_batch // jax.process_count()
   num_batches = math.ceil(share / per_process)
   sums = None
-  batches = eval_batches(source, cfg, split, per_process, num_batches,
-                         share if examples else 0)
+  batches = eval_batches(source, cfg, split, per_process, num_batches, share if subset else 0)
+  if clock is not None:
+    clock.append(time.perf_counter())
   for batch in pipeline.prefetch_to_device(batches, mesh):
     out = eval_step(variables, batch)
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+    if clock is not None:
+      jax.block_until_ready(sums)
+      clock.append(time.perf_counter())
   sums = jax.device_get(sums)
   count = float(sums.pop('count'))
   means = {k: float(v) / count for k, v in sums.items()}
@@ -47,9 +55,13 @@ def eval_batches(source, cfg, split: str, batch: int, num_batches: int, take: in
   On a small split, building the tf.data pipeline and reading the split again cost more
   than the evaluation itself: `jaxpar.plan`'s serial run of the README's quickstart
   evaluates the digits' training split every 20 steps; its 65 evaluations took 35 s less
-  (116 s -> 81 s to the same step, 2 cores of an AMD EPYC, 2026-11-28)."""
+  (116 s -> 81 s to the same step, 2 cores of an AMD EPYC, 2026-11-28). A subset of whole
+  batches (`take` a multiple of `batch`) is replayed from the whole split's kept batches
+  where those are kept (`_whole_batches_of`)."""
   key = (split, batch, num_batches, cfg.image_size, cfg.augment.kind, take)
   kept = source.kept.get(key)
+  if kept is None and take and take % batch == 0:
+    kept = _whole_batches_of(source, key)
   if kept is not None:
     yield from kept
     return
@@ -71,3 +83,15 @@ def eval_batches(source, cfg, split: str, batch: int, num_batches: int, take: in
   source.kept[key] = kept  # a whole pass only
   logging.info('Evaluation: the %s split (%.1f MiB decoded) is kept in memory for the next '
                'evaluations (dataset.eval_cache_mb=%g).', split, mib, cfg.dataset.eval_cache_mb)
+
+
+def _whole_batches_of(source, key: tuple):
+  """A subset of whole batches (`key`'s take a multiple of its batch) as the first batches
+  of the whole split kept in memory at the same batch: the same examples (each process's
+  share read in order), without reading the split again; None where that is not kept."""
+  split, batch, num_batches, image_size, kind, _ = key
+  for (s, b, n, size, k, take), kept in source.kept.items():
+    if (s, b, size, k, take) == (split, batch, image_size, kind, 0) and kept \
+        and n >= num_batches:
+      return kept[:num_batches]
+  return None

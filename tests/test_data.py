@@ -100,6 +100,13 @@ def test_evaluation_reads_a_small_split_once_and_replays_the_same_batches(data_d
   fresh = sources.open_source(cfg.dataset)
   assert evaluate(sums, {}, mesh, fresh, cfg, split='test') == test[0]
   assert reads[3:] == ['test'] and not any(fresh.kept.values())
+  # A subset of whole batches replays the kept split's first batches; one of part of a batch,
+  # or the whole split asked for by its size, reads what it needs.
+  for examples, read_again in ((128, False), (100, True), (360, False)):
+    alone = evaluate(sums, {}, mesh, fresh, cfg, split='test', examples=examples)
+    before = len(reads)
+    assert evaluate(sums, {}, mesh, kept, cfg, split='test', examples=examples) == alone
+    assert (len(reads) > before) == read_again
 
 
 def test_an_evaluation_of_the_first_examples_gives_their_mean_and_its_standard_error(data_dir):

@@ -150,23 +150,31 @@ def test_k_s_range_is_widened_by_the_seeds_spread():
 
 
 def test_the_serial_run_s_metric_costs_at_most_its_share_of_the_steps():
-  """probe._MetricCost by hand: the digits' 1,437 training images, evaluation batches of 256,
-  an evaluation every 20 steps, at most 10 % of the steps between two."""
+  """probe._MetricCost by hand: the digits' 1,437 training images (6 evaluation batches of
+  256), an evaluation every 20 steps, readings within half of 10 % of the steps."""
   source = type('Source', (), {'num_train_global': 1437, 'num_test_global': 360})()
   target = planner.probe.Target('loss', 0.5)
 
-  def settled(whole_s, step_s):
+  def settled(batch_s, step_s):
     cost = planner.probe._MetricCost(source, target, 256, 20, 0.1)
-    cost.evaluated(5.6, 0.1)       # step 0: compiles, reads the split
-    cost.evaluated(whole_s, 0.05)  # step 20: the whole split, timed
+    cost.clocked([0.0, 5.0] + [5.0 + batch_s * i for i in (1, 2, 3, 4, 5)])  # step 0's
+    cost.evaluated(5.0 + 5 * batch_s, 0.1)
     cost.trained(20 * step_s)
     return cost.settle(step_s), cost.examples, cost.every
-  # Cheap enough whole (0.05 s against 10 % of 20 × 30 ms): the whole split.
-  assert settled(0.05, 0.03) == (False, 0, 20)
-  # 0.44 s whole against 0.2 s allowed (20 × 100 ms): two batches (0.157 s), every 20.
-  assert settled(0.44, 0.1) == (True, 512, 20)
-  # Against 0.06 s allowed (20 × 30 ms): one batch costs 0.078 s, so evaluations 40 apart.
-  assert settled(0.44, 0.03) == (True, 256, 40)
+  # The whole split (6 × 4 ms) within half of 10 % of 20 × 30 ms (30 ms): all of it.
+  assert settled(0.004, 0.03) == (False, 0, 20)
+  # 6 × 60 ms against 130 ms allowed (20 × 130 ms): two batches, every 20.
+  assert settled(0.06, 0.13) == (True, 512, 20)
+  # Against 40 ms allowed (20 × 40 ms): one batch of 60 ms, so 1.5 × further apart: every 30.
+  assert settled(0.06, 0.04) == (True, 256, 30)
+  # Step 0's split a single batch: no clock; the first window's whole split timed instead.
+  cost = planner.probe._MetricCost(source, target, 256, 20, 0.1)
+  cost.clocked([0.0, 5.0])
+  assert cost.batch_seconds is None
+  cost.evaluated(5.0, 0.1)
+  cost.evaluated(0.36, 0.05)  # step 20: the whole split, 6 batches
+  assert cost.settle(0.04) and (cost.examples, cost.every) == (256, 30)
+  assert cost.batch_seconds == pytest.approx(0.06)
   cost = planner.probe._MetricCost(source, target, 256, 20, 0.0)  # share 0: the whole split
   cost.evaluated(5.6, 0.1)
   cost.evaluated(0.44, 0.05)
@@ -174,25 +182,54 @@ def test_the_serial_run_s_metric_costs_at_most_its_share_of_the_steps():
   assert cost.to_dict()['examples'] == 1437 and cost.to_dict()['eval_seconds'] == 0.44
 
 
-def test_a_subset_s_reading_at_the_target_is_read_again_on_more_of_the_split():
-  """probe._MetricCost.confirming by hand (the digits, evaluation batches of 256, the whole
-  split timed at 0.44 s, the subset its first 256): a confirmation takes what fits in 10 %
-  of the training so far — the whole split, 768 examples, or none under twice the subset."""
+def test_a_subset_s_reading_at_the_target_is_read_again_on_what_is_left_of_the_share():
+  """probe._MetricCost.confirming by hand (the digits, evaluation batches of 256 at 60 ms,
+  the subset its first 256): a confirmation takes what is left of 10 % of the training so far
+  after the readings, a tenth kept in hand — the whole split, 768 examples, or none under
+  twice the subset — and the metric's share stays within 10 %."""
   source = type('Source', (), {'num_train_global': 1437, 'num_test_global': 360})()
   cost = planner.probe._MetricCost(source, planner.probe.Target('loss', 0.5), 256, 20, 0.1)
-  cost.evaluated(5.6, 0.1)
-  cost.evaluated(0.44, 0.05)
+  cost.clocked([0.0, 5.0, 5.06, 5.12])
+  cost.evaluated(5.12, 0.1)
   cost.trained(20 * 0.03)
   assert cost.settle(0.03) and cost.examples == 256 and cost.on_subset()
-  for trained, examples in ((6.0, 1437), (3.0, 768), (1.0, 0)):
+  for _ in range(5):
+    cost.evaluated(0.06, 0.05)  # five readings of one batch: 0.3 s spent
+  # A confirmation of k batches costs a reading (60 ms) + (k - 1) × 60 ms, × 1.1 in hand.
+  for trained, examples in ((7.2, 1437), (6.6, 1280), (5.0, 768), (4.0, 0)):
     cost.train_seconds = trained
     assert cost.confirming() == examples
-  assert cost.confirmed(200, 0.404, 0.474, 1437, 0.44) == pytest.approx(0.474 / 0.404)
+  cost.train_seconds = 7.2
+  assert cost.confirmed(200, 0.404, 0.474, 1437, 0.36) == pytest.approx(0.474 / 0.404)
   assert cost.scale == pytest.approx(0.474 / 0.404)
-  cost.train_seconds = 6.0
-  assert cost.confirming() == 512  # 0.6 s less the 0.44 s spent: 522 examples' worth
+  assert cost.to_dict()['share'] == pytest.approx(0.66 / 7.2) and cost.to_dict()['share'] <= 0.1
+  for trained, examples in ((7.5, 0), (9.3, 1024), (10.0, 1280)):  # 0.66 s spent
+    cost.train_seconds = trained
+    assert cost.confirming() == examples
   assert cost.to_dict()['confirmed'] == [{'step': 200, 'subset': 0.404, 'examples': 1437,
                                           'value': 0.474}]
+
+
+def test_the_metric_share_check_judges_each_run_against_its_budget():
+  """`analysis.accuracy.metric_share`: a run within its budget reads 'yes', one over it
+  '**no**', a target not reached says why."""
+  from analysis.accuracy import metric_share
+
+  def row(seed, share, confirmed, k=180.0):
+    metric = {'examples': 256, 'of': 1437, 'every': 47, 'eval_seconds': 0.04, 'share': share,
+              'budget': 0.1, 'confirmed': confirmed}
+    return {'seed': seed, 'K': k, 'stopped': 'reached' if k else 'max_steps', 'steps': 188,
+            'step_seconds': 0.018, 'metric': metric, 'within': share <= 0.1}
+  result = {'network': 'squeezenet', 'batch_norm': True, 'image_size': 32,
+            'target': {'kind': 'loss', 'value': 0.5}, 'created': '2026-12-04T20:13:00',
+            'machine': {'cpu': 'Intel(R) Xeon(R) Processor'}, 'cores': 1,
+            'runs': [row(0, 0.099, [{'step': 188, 'examples': 512}]), row(1, 0.108, []),
+                     row(2, 0.05, [], k=None)]}
+  lines = metric_share.table([result]).splitlines()[2:]
+  assert lines[0].endswith('| 512 (step 188) | 9.9% | 10% | yes | 2026-12-04, Intel(R) Xeon(R) '
+                           'Processor, 1 core |')
+  assert '| — | 10.8% | 10% | **no** |' in lines[1]
+  assert '| not reached (max_steps) |' in lines[2]
 
 
 @pytest.mark.parametrize('wider', [True, False])
@@ -214,7 +251,7 @@ def test_the_serial_run_s_k_rests_on_the_confirmed_reading_not_the_subset_s(monk
     def confirming(self):
       return total if wider else 0
 
-  def evaluate(eval_step, variables, mesh, source, cfg, split, examples):
+  def evaluate(eval_step, variables, mesh, source, cfg, split, examples, clock=None):
     loss = 55 / variables if variables else 2.3
     return {'loss': loss * (0.85 if 0 < examples < total else 1.0), 'loss_se': 0.01}
 

@@ -57,26 +57,33 @@ def judge(curve: list, k: float, threshold: float, reach: float) -> dict:
           'predicted_K': predicted, 'error': error, 'backtest': check, 'verdict': verdict}
 
 
-def run(cfg, target: probe.Target, seeds: int, reach: float, max_steps: int) -> list:
+def serial_seeds(cfg, target: probe.Target, seeds: int, max_steps: int):
+  """The plan's serial run (`probe.serial_run`, without B_noise) at seeds config.seed, +1, …:
+  yields (seed, its result), each as the plan measures it (`plan.eval_every`,
+  `plan.eval_share`)."""
   from jaxpar import validation
   from jaxpar.data import sources
   from jaxpar import config as config_lib
   source = sources.open_source(cfg.dataset)
-  out = []
   for i in range(seeds):
     one = config_lib.with_overrides(cfg, {**probe.one_device_overrides(cfg, cfg.per_device_batch),
                                           'total_steps': max_steps, 'seed': cfg.seed + i})
     validation.validate(one)
-    serial = probe.serial_run(one, source, target, eval_every=cfg.plan.eval_every,
-                              max_steps=max_steps, deadline=math.inf, noise_batches=0,
-                              log=lambda line: print(line, file=sys.stderr, flush=True),
-                              eval_share=cfg.plan.eval_share, time_saves=False)
-    row = {'seed': one.seed, 'K': serial['K'], 'stopped': serial['stopped'],
+    yield one.seed, probe.serial_run(one, source, target, eval_every=cfg.plan.eval_every,
+                                     max_steps=max_steps, deadline=math.inf, noise_batches=0,
+                                     log=lambda line: print(line, file=sys.stderr, flush=True),
+                                     eval_share=cfg.plan.eval_share, time_saves=False)
+
+
+def run(cfg, target: probe.Target, seeds: int, reach: float, max_steps: int) -> list:
+  out = []
+  for seed, serial in serial_seeds(cfg, target, seeds, max_steps):
+    row = {'seed': seed, 'K': serial['K'], 'stopped': serial['stopped'],
            'curve': serial['curve'], 'metric': serial['metric']}
     if serial['K'] is not None:
       row.update(judge(serial['curve'], serial['K'], target.threshold, reach))
     out.append(row)
-    print(f"seed {one.seed}: K = {serial['K']}; " + (
+    print(f"seed {seed}: K = {serial['K']}; " + (
         f"from the first {row['seen_steps']} steps: {row['predicted_K']} ({row['verdict']})"
         if serial['K'] else serial['stopped']), file=sys.stderr, flush=True)
   return out

@@ -194,6 +194,11 @@ def _far_targets():
   return far_targets.table(_load('plan/far/*.json'))
 
 
+def _metric_share():
+  from analysis.accuracy import metric_share
+  return metric_share.table(_load('plan/metric_share/*.json'))
+
+
 def _plan(name):
   from analysis.accuracy import plan_regret
   return plan_regret.report(*_load(f'plan/{name}.json', f'plan/{name}_regret.json'))
@@ -436,6 +441,7 @@ TABLES = {
     'plan-regret-latest': lambda: _plan_latest(*PLANS_CHECKED),
     'plan-methods-rows': lambda: _plan_families(*PLANS_CHECKED),
     'plan-far-targets': _far_targets,
+    'plan-metric-share': _metric_share,
 }
 
 def _test_files() -> str:

@@ -146,12 +146,12 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   costs it (`save_seconds`, after the run; None without `time_saves`), 'metric': how the
   target's metric was measured (`_MetricCost`)}.
 
-  With `eval_share`, the metric costs at most that share of the training between
-  evaluations: timed on the whole split at the first evaluation after step 0, then taken on
-  the split's first examples (whole evaluation batches, at least one; the same examples every
-  time) — and where one batch costs more, evaluations spaced further apart; a subset's
-  reading at the target is read again on as much of the split as a further share fits
-  (`_MetricCost.confirming`), the subset's readings put on that scale. `agree`: on
+  With `eval_share`, the metric costs at most that share of the training (`_MetricCost`):
+  step 0's evaluation of the whole split timed batch by batch, then the readings on the
+  split's first examples (whole evaluation batches, at least one; the same examples every
+  time) within half of the share — where one batch costs more, evaluations spaced
+  further apart; a subset's reading at the target is read again on as much of the split as
+  the rest fits (`_MetricCost.confirming`), the subset's readings put on that scale. `agree`: on
   the devices of several processes, process 0's value of a measurement in every process
   (`planner._Agree`), so that every process evaluates the same examples at the same steps."""
   from jaxpar import build
@@ -256,10 +256,10 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
   # Across processes a callable, so that every process stops at the same evaluation.
   past = deadline if callable(deadline) else lambda: time.perf_counter() > deadline
 
-  def measured(state):
+  def measured(state, clock=None):
     start = time.perf_counter()
     evaluation = evaluate(eval_step, variables_of(state), mesh, source, cfg,
-                          split=target.split, examples=cost.examples)
+                          split=target.split, examples=cost.examples, clock=clock)
     cost.evaluated(time.perf_counter() - start, target.standard_error(evaluation))
     return target.metric(evaluation)
 
@@ -271,7 +271,9 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
     return value
 
   subset = set()  # indices of the curve's readings on the subset
-  curve, seconds, track, stopped = [(0, measured(state))], [], [], 'max_steps'
+  clock = []  # step 0's batches, timed
+  curve, seconds, track, stopped = [(0, measured(state, clock))], [], [], 'max_steps'
+  cost.clocked(clock)
   mark, since, verdict, first = None, 0, 'plateau', None
 
   def confirm(step, state):
@@ -293,6 +295,17 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
     log(f'  {name} step {step}: {target.kind} metric {wider:.4f} on the first {examples} '
         f'examples, the subset\'s {own:.4f}: its readings × {cost.scale:.3f}')
 
+  def settle():  # the subset, every process's alike
+    if cost.settled:
+      return
+    if agree:
+      batch_seconds, seconds[0] = agree((cost.batch_seconds, seconds[0]))
+      cost.batch_seconds = batch_seconds
+      if batch_seconds is None:
+        cost.eval_seconds[-1] = agree(cost.eval_seconds[-1])
+    if cost.settle(seconds[0]):
+      log(f'  {name} run: {cost.describe()}.')
+
   begun = time.perf_counter()
   for step in range(1, max_steps + 1):
     state, metrics = loop(state)
@@ -306,6 +319,8 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
       if since:  # steps as training runs them, dispatched ahead, blocked once a window
         seconds.append((time.perf_counter() - mark) / since)
         cost.trained(seconds[-1] * since)
+      if len(seconds) == 1 and cost.batch_seconds is not None:
+        settle()  # timed at step 0: this reading is the subset's already
       curve.append((step, reading(state)))
       if noise:
         track.append({'step': step, **noise(variables_of(state))})
@@ -314,11 +329,8 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
       log(f'  {name} step {step}: {target.kind} metric {curve[-1][1]:.4f}'
           + (f", B_noise {_reading(track[-1]['b_noise'])}" if track else '')
           + (' (initial plateau)' if verdict == 'plateau' else ''))
-      if len(seconds) == 1:  # the subset, every process's alike
-        if agree:
-          cost.eval_seconds[-1], seconds[0] = agree((cost.eval_seconds[-1], seconds[0]))
-        if cost.settle(seconds[0]):
-          log(f'  {name} run: {cost.describe()}.')
+      if len(seconds) == 1:
+        settle()  # after the whole split, timed (step 0's was a single batch)
       if curve[-1][1] <= target.threshold and len(curve) - 1 in subset:
         confirm(step, state)
       if curve[-1][1] <= target.threshold:
@@ -338,11 +350,21 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
 
 
 class _MetricCost:
-  """How the serial run measures the target's metric, and what that costs: the whole split
-  until the first timed evaluation (step `every`: after step 0's, which compiles and reads
-  the split); then, where an evaluation costs more than `share` of the training between
-  two, the split's first whole evaluation batches that keep it within (at least one batch),
-  and where one batch costs more, evaluations `every` × k steps apart."""
+  """How the serial run measures the target's metric, and what that costs: at most `share` of
+  its training, every evaluation after step 0's counted (step 0's compiles the evaluation,
+  reads the split and starts the curve on all of it).
+
+  Step 0's evaluation is timed batch by batch: `batch_seconds`, the median of its batches
+  after the first (which compiles). At the end of the first window of `every` steps, where
+  the whole split costs more than `READINGS` of the share of a window, the readings take the
+  split's first whole evaluation batches that fit (at least one; the same examples every
+  time), and where one batch costs more, evaluations that much further apart. The rest of
+  the share is what a subset's reading at the target may be read again on more of the split
+  with (`confirming`). Where step 0 read a single batch (no time after the compiling one),
+  the first window's evaluation reads the whole split, timed, and the subset follows it."""
+
+  READINGS = 1 / 2  # of the share, the readings'; the rest confirms a subset's at the target
+  MARGIN = 0.1  # a confirmation's estimated cost × (1 + MARGIN) fits in what is left
 
   def __init__(self, source, target, batch: int, every: int, share: float):
     from jaxpar.evaluation import split_size
@@ -350,49 +372,73 @@ class _MetricCost:
     self.batch, self.every, self.share = min(batch, self.total), every, share
     self.examples = 0  # 0: the whole split
     self.eval_seconds, self.train_seconds, self.last_se, self.settled = [], 0.0, None, False
+    self.batch_seconds = None  # an evaluation batch's time, from step 0's evaluation
     # The subset's readings × scale: its bias against more of the split, read where the
     # subset first reads the target (`confirming`).
     self.scale, self.confirmations, self.confirm_seconds = 1.0, [], 0.0
+
+  def batches(self, examples: int) -> int:
+    return math.ceil(examples / self.batch)
 
   def evaluated(self, seconds: float, standard_error) -> None:
     self.eval_seconds.append(seconds)
     self.last_se = standard_error
 
+  def clocked(self, clock: list) -> None:
+    """Step 0's evaluation's clock (`evaluation.evaluate`'s): `batch_seconds` where it read
+    a batch after the first."""
+    times = np.diff(clock)[1:]
+    if len(times):
+      self.batch_seconds = float(np.median(times))
+
   def trained(self, seconds: float) -> None:
     self.train_seconds += seconds
 
   def settle(self, step_seconds: float) -> bool:
-    """After the first timed evaluation (of the whole split): the subset and spacing that
-    keep the metric within `share`; True where they changed."""
+    """At the end of the first window of steps (`step_seconds` a step): the subset and
+    spacing that keep the readings within `READINGS` × `share`; True where they changed."""
     if self.settled or not self.share:
       return False
     self.settled = True
-    per_example = self.eval_seconds[-1] / self.total
-    allowed = self.share * self.every * step_seconds
-    if per_example * self.total <= allowed:
+    if self.batch_seconds is None:  # the whole split, timed just now
+      self.batch_seconds = self.eval_seconds[-1] / self.batches(self.total)
+    allowed = self.READINGS * self.share * self.every * step_seconds
+    if self.batch_seconds * self.batches(self.total) <= allowed:
       return False
-    batches = max(1, int(allowed / (per_example * self.batch)))
+    batches = max(1, int(allowed / self.batch_seconds + 1e-9))
     self.examples = min(self.total, batches * self.batch)
-    over = per_example * self.examples / allowed
+    over = self.batch_seconds * batches / allowed
     if over > 1:
-      self.every *= math.ceil(over)
+      self.every = math.ceil(self.every * over - 1e-9)
     return True
 
   def on_subset(self) -> bool:
     return 0 < self.examples < self.total
 
+  def spent(self) -> float:
+    """Seconds the metric has cost: the evaluations after step 0's, and the confirmations."""
+    return sum(self.eval_seconds[1:]) + self.confirm_seconds
+
   def confirming(self) -> int:
     """The examples a subset's reading at the target is read again on: as many of the
-    split's first as fit in `share` of the training so far less what confirming has cost
-    (whole evaluation batches, the whole split where it fits); 0 where that is under twice
-    the subset (no wider view) or no subset is read. The subset is the same examples every
-    time: its error is a bias, not noise — the seed whose whole split read 0.581 and 0.474
-    at steps 160 and 200 read 0.533 and 0.404 on its first 256 examples, K 169 against 195."""
-    if not self.on_subset() or len(self.eval_seconds) < 2:
+    split's first as fit in what is left of `share` of the training so far, with `MARGIN` in
+    hand (whole evaluation batches, the whole split where it fits); 0 where that is under
+    twice the subset (no wider view) or no subset is read. The subset is the same examples every time: its error is a
+    bias, not noise — the seed whose whole split read 0.581 and 0.474 at steps 160 and 200
+    read 0.533 and 0.404 on its first 256 examples, K 169 against 195."""
+    if not self.on_subset():
       return 0
-    per_example = self.eval_seconds[1] / self.total  # the whole split, timed
-    allowed = self.share * self.train_seconds - self.confirm_seconds
-    examples = min(self.total, int(allowed / per_example) // self.batch * self.batch)
+    # What is left, less a tenth kept in hand for the clock's noise; a confirmation costs a
+    # reading (its call's own time included) and a batch's time for each further batch.
+    left = (self.share * self.train_seconds - self.spent()) / (1 + self.MARGIN)
+    own = self.batches(self.examples)
+    reading = (float(np.median(self.eval_seconds[2:])) if len(self.eval_seconds) > 2
+               else self.batch_seconds * own)
+    if left < reading:
+      return 0
+    batches = min(self.batches(self.total),
+                  own + int((left - reading) / self.batch_seconds + 1e-9))
+    examples = min(self.total, batches * self.batch)
     return examples if examples >= 2 * self.examples else 0
 
   def confirmed(self, step: int, own: float, wider: float, examples: int,
@@ -407,18 +453,20 @@ class _MetricCost:
     return rescale
 
   def describe(self) -> str:
-    whole = self.eval_seconds[1] if len(self.eval_seconds) > 1 else math.nan
+    whole = self.batch_seconds * self.batches(self.total)
     return (f'the metric on the first {self.examples} of {self.total} examples every '
-            f'{self.every} steps (the whole split took {whole:.2f} s, '
-            f'{whole / self.train_seconds:.0%} of the steps between two evaluations; budget '
-            f'{self.share:.0%})')
+            f'{self.every} steps (the whole split {whole:.2f} s, {self.batches(self.total)} '
+            f'batches of {self.batch_seconds:.3f} s; its readings within '
+            f'{self.READINGS * self.share:.0%} of the steps, the rest of the budget of '
+            f'{self.share:.0%} for reading again at the target)')
 
   def to_dict(self) -> dict:
     timed = self.eval_seconds[1:]  # the first compiles and reads the split
     return {'examples': self.examples or self.total, 'of': self.total, 'every': self.every,
             'eval_seconds': float(np.median(timed)) if timed else None,
-            'share': ((sum(timed) + self.confirm_seconds) / self.train_seconds
-                      if timed and self.train_seconds else None),
+            'batch_seconds': self.batch_seconds,
+            'share': self.spent() / self.train_seconds if self.train_seconds else None,
+            'budget': self.share,
             'standard_error': self.last_se, 'confirmed': self.confirmations}
 
 
