@@ -122,17 +122,25 @@ def main(argv):
   cfg = FLAGS.config
   target = probe.Target('loss', FLAGS.target_loss)
   runs = run(cfg, target, FLAGS.seeds, FLAGS.reach, FLAGS.max_steps)
-  result = {'tool': 'analysis.accuracy.far_targets',
-            'created': datetime.datetime.now().isoformat(timespec='seconds'),
-            'command': 'python -m analysis.accuracy.far_targets ' + shlex.join(sys.argv[1:]),
-            'machine': probe.machine(), 'versions': probe.versions(),
-            'network': cfg.model, 'image_size': cfg.image_size,
-            'batch_norm': bool(cfg.batch_norm), 'batch': cfg.per_device_batch,
-            'target': target.to_dict(), 'reach': FLAGS.reach, 'tolerance': TOLERANCE,
-            'runs': runs}
-  with open(FLAGS.out, 'w') as f:
+  write(FLAGS.out, record('analysis.accuracy.far_targets', cfg, target)
+        | {'reach': FLAGS.reach, 'tolerance': TOLERANCE, 'runs': runs}, table)
+
+
+def record(tool: str, cfg, target: probe.Target) -> dict:
+  """What a serial-run check's JSON opens with: the tool, its command, when, where, what."""
+  return {'tool': tool, 'created': datetime.datetime.now().isoformat(timespec='seconds'),
+          'command': f'python -m {tool} ' + shlex.join(sys.argv[1:]),
+          'machine': probe.machine(), 'versions': probe.versions(),
+          'network': cfg.model, 'image_size': cfg.image_size,
+          'batch_norm': bool(cfg.batch_norm), 'batch': cfg.per_device_batch,
+          'target': target.to_dict()}
+
+
+def write(path: str, result: dict, table_of) -> None:
+  """`result` as JSON at `path`, and its table printed."""
+  with open(path, 'w') as f:
     json.dump(result, f, indent=1)
-  print(table([result]))
+  print(table_of([result]))
 
 
 if __name__ == '__main__':

@@ -12,10 +12,7 @@ per_device_batch, the config's rate constant after warm-up, `plan.eval_every`,
 the share of the training they all took: judged against the budget. Run under `taskset -c
 0` it is the serial run of a plan across 2 processes on 2 cores (process 0's core).
 """
-import datetime
-import json
 import os
-import shlex
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -77,17 +74,8 @@ def main(argv):
   cfg = FLAGS.config
   target = planner.check(cfg)
   runs = run(cfg, target, FLAGS.seeds)
-  result = {'tool': 'analysis.accuracy.metric_share',
-            'created': datetime.datetime.now().isoformat(timespec='seconds'),
-            'command': 'python -m analysis.accuracy.metric_share ' + shlex.join(sys.argv[1:]),
-            'machine': probe.machine(), 'versions': probe.versions(),
-            'cores': len(os.sched_getaffinity(0)),
-            'network': cfg.model, 'image_size': cfg.image_size,
-            'batch_norm': bool(cfg.batch_norm), 'batch': cfg.per_device_batch,
-            'target': target.to_dict(), 'runs': runs}
-  with open(FLAGS.out, 'w') as f:
-    json.dump(result, f, indent=1)
-  print(table([result]))
+  far_targets.write(FLAGS.out, far_targets.record('analysis.accuracy.metric_share', cfg, target)
+                    | {'cores': len(os.sched_getaffinity(0)), 'runs': runs}, table)
 
 
 if __name__ == '__main__':
