@@ -95,7 +95,8 @@ def main(argv):
   if metric:
     print(f"the target's metric: the first {metric['examples']} of {metric['of']} examples "
           f"every {metric['every']} steps, standard error {metric['standard_error'] or 0:.3g} "
-          f"at the last; evaluations {metric['share'] or 0:.0%} of the serial run's steps")
+          f"at the last; evaluations {metric['share'] or 0:.0%} of the serial run's steps"
+          + (f" (budget {metric['budget']:.0%})" if metric.get('budget') else ''))
   print(f'plan written to {_OUT.value}; train with it: python -m jaxpar.train --config ... '
         f'--config.scheme=auto --config.plan.file={_OUT.value} --workdir ...')
   logging.flush()
