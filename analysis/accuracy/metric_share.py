@@ -41,7 +41,7 @@ def run(cfg, target: probe.Target, seeds: int) -> list:
                 'step_seconds': sum(serial['step_seconds']) / len(serial['step_seconds']),
                 'metric': metric, 'within': metric['share'] is not None
                 and metric['share'] <= metric['budget']})
-    print(f"seed {seed}: K = {serial['K']}; the metric's share {metric['share']:.1%} "
+    print(f"seed {seed}: K = {serial['K']}; the metric's share {metric['share'] or 0:.1%} "
           f"(budget {metric['budget']:.0%})", file=sys.stderr, flush=True)
   return out
 
@@ -52,8 +52,8 @@ def table(results: list) -> str:
            '| a reading | confirmed on | the metric\'s share | budget | within | measured |',
            '|---|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|---|']
   for result in results:
-    name = (f"{result['network']}{' BN' if result['batch_norm'] and result['network'] != 'resnet34' else ''}"
-            f" {result['image_size']}²")
+    bn = ' BN' if result['batch_norm'] and result['network'] != 'resnet34' else ''
+    name = f"{result['network']}{bn} {result['image_size']}²"
     measured = (f"{result['created'][:10]}, {result['machine']['cpu']}, "
                 f"{result['cores']} core{'s' if result['cores'] > 1 else ''}")
     for r in result['runs']:

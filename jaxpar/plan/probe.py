@@ -423,9 +423,10 @@ class _MetricCost:
     """The examples a subset's reading at the target is read again on: as many of the
     split's first as fit in what is left of `share` of the training so far, with `MARGIN` in
     hand (whole evaluation batches, the whole split where it fits); 0 where that is under
-    twice the subset (no wider view) or no subset is read. The subset is the same examples every time: its error is a
-    bias, not noise — the seed whose whole split read 0.581 and 0.474 at steps 160 and 200
-    read 0.533 and 0.404 on its first 256 examples, K 169 against 195."""
+    twice the subset (no wider view) or no subset is read. The subset is the same examples
+    every time: its error is a bias, not noise — the seed whose whole split read 0.581 and
+    0.474 at steps 160 and 200 read 0.533 and 0.404 on its first 256 examples, K 169
+    against 195."""
     if not self.on_subset():
       return 0
     # What is left, less a tenth kept in hand for the clock's noise; a confirmation costs a
