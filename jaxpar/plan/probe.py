@@ -295,8 +295,8 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
     log(f'  {name} step {step}: {target.kind} metric {wider:.4f} on the first {examples} '
         f'examples, the subset\'s {own:.4f}: its readings × {cost.scale:.3f}')
 
-  def settle():  # the subset, every process's alike
-    if cost.settled:
+  def settle():  # the subset, every process's alike (once; never with no share to keep)
+    if cost.settled or not cost.share:
       return
     if agree:
       batch_seconds, seconds[0] = agree((cost.batch_seconds, seconds[0]))
@@ -433,6 +433,8 @@ class _MetricCost:
     # reading (its call's own time included) and a batch's time for each further batch.
     left = (self.share * self.train_seconds - self.spent()) / (1 + self.MARGIN)
     own = self.batches(self.examples)
+    # The readings after the first window's (which read the whole split where step 0 had
+    # no batch to time).
     reading = (float(np.median(self.eval_seconds[2:])) if len(self.eval_seconds) > 2
                else self.batch_seconds * own)
     if left < reading:
