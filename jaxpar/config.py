@@ -223,7 +223,7 @@ def _scheme_and_plan(c) -> None:
   c.plan.eval_every = 20        # the serial run's evaluations (and B_noise readings)
   c.plan.eval_share = 0.1       # the metric's cost ≤ this share of the serial run (0: whole split)
   c.plan.max_steps = 2000       # the serial run's cap (beyond: K extrapolated)
-  c.plan.seeds = 2              # serial runs at seed, seed + 1, ...: K's spread between seeds
+  c.plan.seeds = 2              # serial (and each family's) runs at seed, seed + 1, ...: K's spread
   c.plan.cache = True           # reuse t_grad and the calls' costs of an earlier plan (plan/cache.py)
   c.plan.noise_batches = 4      # gradients per B_noise reading (0: none, perfect scaling)
   # The methods beside synchronous SGD whose steps to the target the plan measures (runs on

@@ -1428,7 +1428,7 @@ def test_local_sgd_is_run_at_the_smallest_period_and_the_largest(monkeypatch):
             'curve': [(10, 2.0)]}
 
   monkeypatch.setattr(planner.probe, 'serial_run', serial_run)
-  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',)})
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',), 'plan.seeds': 1})
   serial = {'K': 100.0, 'metric': {'every': 10}}
   found, _ = candidates.enumerate_candidates(c, 2)
   out = planner.method_runs(c, None, None, serial, found, lambda: False, [].append, None)
@@ -1449,6 +1449,98 @@ def test_local_sgd_is_run_at_the_smallest_period_and_the_largest(monkeypatch):
   found, _ = candidates.enumerate_candidates(c, 2)
   out = planner.method_runs(c, None, None, serial, found, lambda: False, [].append, None)
   assert [every for _, _, every in ran[1:]] == [4] and 'small' not in out['local_sgd']
+
+
+def test_each_family_is_run_at_the_serial_seeds_and_its_k_is_their_mean(monkeypatch):
+  """With `plan.seeds` = 2 every family's run is made again at seed + 1, from that seed's own
+  weights (variables None) and after every family's first seed, so that a budget spent
+  leaves each family a seed; K the mean, 'K_first' and the spread as factors of the mean
+  (by hand: BN per device 120 and 80 → 100, 0.8–1.2). A further seed cut by the budget's
+  clock is left out; one that stalled counts where it stopped and marks the run stopped.
+  Downpour's simulated run alike."""
+  ran = []
+  ks = {(0, 0): 120.0, (0, 1): 80.0, (8, 0): 90.0, (8, 1): 110.0, (2, 0): 60.0, (2, 1): 40.0}
+
+  def serial_run(cfg, source, target, **kw):
+    ran.append((kw['name'], cfg.seed, kw['variables']))
+    return {'K': ks[(cfg.sync_every, cfg.seed)], 'stopped': 'reached', 'curve': [(10, 2.0)]}
+
+  monkeypatch.setattr(planner.probe, 'serial_run', serial_run)
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',), 'plan.seeds': 2, 'seed': 0})
+  serial = {'K': 100.0, 'metric': {'every': 10}}
+  found, _ = candidates.enumerate_candidates(c, 2)
+  out = planner.method_runs(c, None, None, serial, found, lambda: False, [].append, 'w0')
+  assert ran == [('bn_device', 0, 'w0'), ('local_sgd', 0, 'w0'), ('local_sgd τ=2', 0, 'w0'),
+                 ('bn_device at seed 1', 1, None), ('local_sgd at seed 1', 1, None),
+                 ('local_sgd τ=2 at seed 1', 1, None)]
+  bn = out['bn_device']
+  assert (bn['K'], bn['K_first'], bn['stopped']) == (100.0, 120.0, 'reached')
+  assert bn['spread'] == (pytest.approx(0.8), pytest.approx(1.2))
+  assert [(r['seed'], r['K']) for r in bn['seeds']] == [(1, 80.0)]
+  assert planner.seed_ks(bn) == [120.0, 80.0]
+  assert out['local_sgd']['K'] == 100.0 and out['local_sgd']['small']['K'] == 50.0
+  # a budget spent after the first seed's runs leaves each family its first seed
+  ran.clear()
+  left = iter([False, False, False, True])
+  out = planner.method_runs(c, None, None, serial, found, lambda: next(left), [].append, None)
+  assert len(ran) == 3 and out['bn_device']['K'] == 120.0 and 'seeds' not in out['bn_device']
+  # a family short of the target at the first seed is not run again
+  def bn_stalls(cfg, source, target, **kw):
+    run = serial_run(cfg, source, target, **kw)
+    return {**run, 'stopped': 'stalled'} if cfg.sync_every == 0 else run
+
+  monkeypatch.setattr(planner.probe, 'serial_run', bn_stalls)
+  ran.clear()
+  out = planner.method_runs(c, None, None, serial, found, lambda: False, [].append, None)
+  assert [name for name, _, _ in ran] == ['bn_device', 'local_sgd', 'local_sgd τ=2',
+                                          'local_sgd at seed 1', 'local_sgd τ=2 at seed 1']
+  assert out['bn_device']['stopped'] == 'stalled' and 'seeds' not in out['bn_device']
+  assert [s['seed'] for s in out['local_sgd']['seeds']] == [1]
+  # the clock's cut left out; a stall counted as the cap, the run then a lower bound
+  run = {'K': 120.0, 'stopped': 'reached', 'seeds': [{'seed': 1, 'K': 30.0, 'stopped': 'time'}]}
+  assert planner.seed_mean(run) == {'K': 120.0, 'stopped': 'reached'}
+  run['seeds'] = [{'seed': 1, 'K': 200.0, 'stopped': 'stalled', 'curve': []}]
+  mean = planner.seed_mean(run)
+  assert (mean['K'], mean['stopped']) == (160.0, 'stalled')
+
+  def stale_run(cfg, source, target, staleness, **kw):
+    ran.append((cfg.seed, kw['variables']))
+    return {'K': [250.0, 230.0][cfg.seed], 'stopped': 'reached', 'curve': []}
+
+  monkeypatch.setattr(planner.probe, 'stale_run', stale_run)
+  ran.clear()
+  stale = planner.async_run(c, None, None, serial, 2, math.inf, [].append, 'w0')
+  assert ran == [(0, 'w0'), (1, None)]
+  assert (stale['K'], stale['K_first'], stale['staleness']) == (240.0, 250.0, 1)
+  monkeypatch.setattr(planner.probe, 'stale_run', lambda cfg, *a, **kw: ran.append(cfg.seed) or {
+      'K': None, 'stopped': 'stalled', 'curve': []})
+  ran.clear()
+  stale = planner.async_run(c, None, None, serial, 2, math.inf, [].append, 'w0')
+  assert ran == [0] and (stale['K'], stale['stopped']) == (200, 'stalled')
+
+
+def test_a_family_row_takes_its_own_seeds_spread_where_wider():
+  """`rank.seeds_range` by hand: the serial seeds' spread 0.9–1.1, BN per device's own runs
+  0.8–1.2: a per-device row's K range takes 0.8–1.2, a BN-over-all row keeps 0.9–1.1; Local
+  SGD's row at the smallest period takes that run's spread, not the largest's."""
+  bn = {'K': 100.0, 'batch': 32, 'stopped': 'reached', 'spread': (0.8, 1.2)}
+  assert rank.seeds_range((0.9, 1.1), [bn]) == (0.8, 1.2)
+  assert rank.seeds_range((0.9, 1.1), [None]) == (0.9, 1.1)
+  local = {'K': 90.0, 'period': 8, 'stopped': 'reached', 'spread': (0.5, 1.5),
+           'small': {'K': 60.0, 'period': 2, 'stopped': 'reached', 'spread': (0.95, 1.05)}}
+  assert rank.seeds_range((0.9, 1.1), [local], 2) == (0.9, 1.1)
+  assert rank.seeds_range((0.9, 1.1), [local], 8) == (0.5, 1.5)
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',)})
+  found, _ = candidates.enumerate_candidates(c, 2)
+  row = next(x for x in found if x.family == 'bn_device' and x.batch == 32
+             and x.scheme == 'sync-join' and x.server == 'allreduce')
+  every = next(x for x in found if x.exact and x.devices == 2 and x.batch == 32)
+  rows = rank.rank([{'candidate': row, 't_predicted': 0.01},
+                    {'candidate': every, 't_predicted': 0.01}], 100.0, 16, (math.inf,) * 3,
+                   spread=(0.9, 1.1), methods={'bn_device': bn})
+  by = {r['candidate']: r for r in rows}
+  assert by[row]['K'] == [pytest.approx(100.0), pytest.approx(80.0), pytest.approx(120.0)]
+  assert by[every]['K'] == [pytest.approx(50.0), pytest.approx(45.0), pytest.approx(55.0)]
 
 
 def test_a_further_run_reads_its_metric_as_training_judges_the_target():
@@ -1733,8 +1825,11 @@ def test_a_plan_on_two_emulated_devices_ranks_every_candidate_and_times_the_clos
   assert set(methods) == {'bn_device', 'local_sgd', 'async'}
   assert methods['bn_device']['batch'] == 32 and methods['local_sgd']['period'] == 8
   assert methods['async']['staleness'] == 1
+  # ... and again at the serial run's second seed: K the mean of the two.
   for run in methods.values():
-    assert run['K'] == pytest.approx(steps_model.reached(run['curve'], 2.2))
+    assert planner.seed_ks(run)[0] == pytest.approx(steps_model.reached(run['curve'], 2.2))
+    assert [s['seed'] for s in run['seeds']] == [c.seed + 1]
+    assert run['K'] == pytest.approx(np.mean(planner.seed_ks(run)))
   # The batch model through two measured points: K_b at 16 and the one-device run at 64.
   large = plan['serial']['large']
   assert large['batch'] == 64 and large['stopped'] == 'reached'

@@ -531,8 +531,11 @@ def _b_noise(reading: list) -> str:
 
 
 def _steps(run: dict) -> str:
-  return (f"{run['K']:.0f} steps" if run['stopped'] == 'reached'
-          else f"at least {run['K']:.0f} steps (stopped: {run['stopped']})")
+  from jaxpar.plan import planner
+  seeds = (' (the mean of ' + ', '.join(f'{k:.0f}' for k in planner.seed_ks(run)) + ')'
+           if run.get('seeds') else '')
+  return (f"{run['K']:.0f} steps{seeds}" if run['stopped'] == 'reached'
+          else f"at least {run['K']:.0f} steps{seeds} (stopped: {run['stopped']})")
 
 
 def report(plan: dict, result: dict) -> str:

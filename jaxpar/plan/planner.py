@@ -293,6 +293,8 @@ class _Planning:
     if methods:
       log(f"Plan [{self.since()}]: the methods' steps: " + ', '.join(
           family + (f" τ={run['period']}" if 'period' in run else '') + f" {run['K']:.0f}"
+          + (' (the mean of ' + ', '.join(f'{k:.0f}' for k in seed_ks(run)) + ')'
+             if run.get('seeds') else '')
           + ('' if run['stopped'] == 'reached' else f" (at least: {run['stopped']})")
           for family, run in rank.each_run(methods)) + '.')
     self.methods = methods
@@ -889,21 +891,32 @@ def async_run(one, source, target, serial: dict, devices: int, deadline: float, 
               variables=None) -> dict | None:
   """Downpour's updates to the target with N = `devices` workers: `probe.stale_run` at
   staleness N − 1 on one device, from the serial run's weights and batches ({'K',
-  'staleness', 'stopped', 'curve'}); None where `plan.methods` has no 'async', on one
-  device, or where the serial run did not reach the target (nothing to compare within
-  reach)."""
+  'staleness', 'stopped', 'curve'}), again at its further seeds (`seed_mean`); None where
+  `plan.methods` has no 'async', on one device, or where the serial run did not reach the
+  target (nothing to compare within reach)."""
   p = one.plan
   if 'async' not in p.methods or devices < 2 or serial['K'] is None:
     return None
   cap = _cap(serial, p)
-  if _spent(deadline, log, "Downpour's simulated run"):
-    return None
-  log(f'Plan: Downpour with {devices} workers: the serial run at staleness {devices - 1} '
-      f'(simulated on one device), at most {cap} steps.')
-  run = probe.stale_run(one, source, target, devices - 1, eval_every=serial['metric']['every'],
-                        max_steps=cap, deadline=deadline, log=log, variables=variables,
-                        eval_share=p.eval_share)
-  return _method_result(run, cap, staleness=devices - 1)
+  out = None
+  for seed in range(one.seed, one.seed + max(p.seeds, 1)):
+    at = '' if seed == one.seed else f' at seed {seed}'
+    if out and out['stopped'] != 'reached' or _spent(deadline, log,
+                                                        f"Downpour's simulated run{at}"):
+      break
+    log(f'Plan: Downpour with {devices} workers: the serial run at staleness {devices - 1} '
+        f'(simulated on one device){at}, at most {cap} steps.')
+    run = probe.stale_run(with_overrides(one, {'seed': seed}), source, target, devices - 1,
+                          eval_every=serial['metric']['every'], max_steps=cap,
+                          deadline=deadline, log=log,
+                          variables=variables if seed == one.seed else None,
+                          eval_share=p.eval_share)
+    result = _method_result(run, cap, staleness=devices - 1)
+    if out is None:
+      out = result
+    else:
+      out.setdefault('seeds', []).append({'seed': seed, **result})
+  return seed_mean(out) if out else None
 
 
 def method_runs(one, source, target, serial: dict, found: list, deadline, log,
@@ -914,9 +927,13 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
   ({'K', 'period', 'batch'}) and, where they differ, at the smallest ('small': {'K',
   'period', 'stopped', 'curve'}: GoogLeNet 32² on 2 processes reached loss 0.5 in 156–178
   steps at τ = 2, 196–244 at τ = 8, 216–253 at τ = 1, where a line through τ = 1 and 8 put
-  τ = 2 at 266); with 'stopped' and 'curve'. Those the candidates do not
-  have, and all where the serial run did not reach the target, are left out. `agree`:
-  process 0's value in every process (`_Agree`), for the runs' metric subsets."""
+  τ = 2 at 266); with 'stopped' and 'curve'. Each again at the serial run's further seeds
+  (`plan.seeds`, from each seed's own initial weights), all families at a seed before any at
+  the next, so that a budget spent leaves each family a seed: K their mean (`seed_mean`);
+  a family short of the target at the first seed is not run again (its K a lower bound).
+  Those the candidates do not have, and all where the serial run did not reach the target,
+  are left out. `agree`: process 0's value in every process (`_Agree`), for the runs'
+  metric subsets."""
   p, out = one.plan, {}
   if serial['K'] is None:
     return out
@@ -933,22 +950,59 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
            if 'local_sgd' in runs else None)
   if small in found and small.period < max(p.periods):
     runs['local_sgd_small'] = small
-  for family, c in runs.items():
+  first = {}  # each family's run at the first seed, its further seeds' beside it
+  for seed, family in itertools.product(range(one.seed, one.seed + max(p.seeds, 1)), runs):
+    if seed != one.seed and (first.get(family) or {}).get('stopped') != 'reached':
+      continue  # not run at the first seed, or short there: a lower bound at any seed
+    c = runs[family]
     name = family if family != 'local_sgd_small' else f'local_sgd τ={c.period}'
-    if _spent(deadline, log, f'{c.label} (its steps: {name})'):
+    at = '' if seed == one.seed else f' at seed {seed}'
+    if _spent(deadline, log, f'{c.label} (its steps: {name}{at})'):
       break
-    log(f'Plan: {c.label} to the target (its steps: {name}), at most {cap} steps.')
-    cfg_c = with_overrides(one, c.overrides())
-    run = probe.serial_run(cfg_c, source, target, **spacing(serial, p.eval_every),
-                           max_steps=cap, deadline=deadline, noise_batches=0, log=log,
-                           variables=variables, eval_share=p.eval_share, time_saves=False,
-                           name=name, agree=agree)
-    out[family] = _method_result(run, cap, batch=c.batch,
-                                 **({'period': c.period} if c.period else {}))
+    log(f'Plan: {c.label} to the target (its steps: {name}{at}), at most {cap} steps.')
+    run = probe.serial_run(with_overrides(one, {**c.overrides(), 'seed': seed}), source,
+                           target, **spacing(serial, p.eval_every), max_steps=cap,
+                           deadline=deadline, noise_batches=0, log=log,
+                           variables=variables if seed == one.seed else None,
+                           eval_share=p.eval_share, time_saves=False, name=name + at,
+                           agree=agree)
+    result = _method_result(run, cap, batch=c.batch, **({'period': c.period} if c.period else {}))
+    if seed == one.seed:
+      first[family] = result
+    else:
+      first[family].setdefault('seeds', []).append({'seed': seed, **result})
+  out = {family: seed_mean(run) for family, run in first.items()}
   if 'local_sgd_small' in out:
     out['local_sgd']['small'] = {k: v for k, v in out.pop('local_sgd_small').items()
                                  if k != 'batch'}
   return out
+
+
+def seed_ks(run: dict) -> list:
+  """A family's K at each seed it was run at (`seed_mean`), the first seed's first."""
+  return [run.get('K_first', run['K'])] + [s['K'] for s in run.get('seeds', [])]
+
+
+def seed_mean(run: dict) -> dict:
+  """A family's run at its first seed with its runs at further seeds ('seeds': the serial
+  run's further seeds, the same row, from that seed's initial weights and data order), as
+  one: 'K' their mean, 'K_first' the first seed's, 'spread' (low, high) their range as
+  factors of the mean — the row's own, not the serial seeds' (SqueezeNet-BN 32², BN per
+  device on 2 processes: 143 steps at seed 0, 86–116 at seeds 1–5, 114 the mean of all six:
+  one seed's K carries its luck). A further seed that stopped short of the target by the
+  budget's clock ('time') says nothing of the method and is left out; one that stalled or
+  ran to the cap counts as the cap (`_method_result`) and makes the run's 'stopped' (the
+  mean a lower bound, the row not chosen). One seed: the run as it was."""
+  seeds = [s for s in run.get('seeds', []) if s['stopped'] != 'time']
+  if not seeds:
+    return {k: v for k, v in run.items() if k != 'seeds'}
+  ks = [run['K']] + [s['K'] for s in seeds]
+  mean = float(np.mean(ks))
+  short = next((s['stopped'] for s in [run] + seeds if s['stopped'] != 'reached'), 'reached')
+  slim = [{k: v for k, v in s.items() if k in ('seed', 'K', 'stopped', 'curve')}
+          for s in seeds]
+  return {**run, 'K': mean, 'K_first': run['K'], 'spread': (min(ks) / mean, max(ks) / mean),
+          'stopped': short, 'seeds': slim}
 
 
 def fresh_singles(batches: set, b: int, reused: dict) -> list:

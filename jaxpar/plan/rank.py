@@ -30,6 +30,11 @@ The other families' K (`steps`), each from a run the plan makes (`planner.method
   async      Downpour's updates to the target at staleness N − 1, simulated on one device
              (`probe.stale_run`): its K is that run's.
 
+Each family's run is made at the serial run's seeds (`plan.seeds`), its K their mean and
+its row's range widened by their spread (`seeds_range`): one seed's K carries that seed's
+luck, which is the family's own, not the serial run's (SqueezeNet-BN 32², BN per device
+on 2 processes: 143 steps at seed 0, 86–116 at seeds 1–5).
+
 A family the plan did not measure keeps BN-over-all's K (per-device BN) and is not chosen;
 a run stopped short of the target gives a lower bound on K (said in the row, not chosen).
 
@@ -120,8 +125,15 @@ def period_run(run: dict, period: int) -> dict:
   on its plateau at 1,057)."""
   small = run.get('small')
   if small and small['period'] < run['period'] and period <= small['period']:
-    return {**run, **small}
+    return with_run(run, small)
   return run
+
+
+def with_run(run: dict, small: dict) -> dict:
+  """Local SGD's `run` with its run at the smallest period (`small`) in its place: the
+  row's setting kept, the K, curve and seeds (`planner.seed_mean`) the smaller period's."""
+  return {**{k: v for k, v in run.items() if k not in ('seeds', 'K_first', 'spread')},
+          **small}
 
 
 def small_run(run: dict) -> dict | None:
@@ -138,7 +150,7 @@ def each_run(methods: dict) -> list:
   runs = [(family, {k: v for k, v in run.items() if k != 'small'})
           for family, run in methods.items()]
   if 'small' in methods.get('local_sgd', {}):
-    runs.append(('local_sgd', {**dict(runs)['local_sgd'], **methods['local_sgd']['small']}))
+    runs.append(('local_sgd', with_run(dict(runs)['local_sgd'], methods['local_sgd']['small'])))
   return runs
 
 
@@ -150,6 +162,21 @@ def reference(methods: dict, candidate, k_b: float, b: int, b_noise: float) -> d
     return methods
   k_1 = steps(dataclasses.replace(candidate, period=0), k_b, b, b_noise, methods)
   return {**methods, 'local_sgd': {**methods['local_sgd'], 'K_1': k_1}}
+
+
+def seeds_range(spread: tuple, runs: list, period: int = 0) -> tuple:
+  """(low, high): the factors of K's range from seed to seed for a row resting on the
+  families' `runs` (None: not measured): the widest of the serial seeds' `spread` and each
+  run's own seeds' (`planner.seed_mean`; Local SGD's run at the row's period,
+  `period_run`) — a family's K is its own runs' mean, and its seeds' luck is not the
+  serial run's."""
+  lo, hi = spread
+  for run in runs:
+    if run and 'period' in run:
+      run = period_run(run, period)
+    if run and run.get('spread'):
+      lo, hi = min(lo, run['spread'][0]), max(hi, run['spread'][1])
+  return lo, hi
 
 
 def choosable(row: dict) -> bool:
@@ -220,7 +247,8 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
          fitted: bool = False, beyond: tuple | None = None) -> list:
   """Adds to each row ({'candidate': Candidate, 't_predicted', 't_measured'?: [seconds]})
   its 'label', steps 'K' [mid, low, high] (`steps`; the range: B_noise's, widened by the
-  seeds' `spread` of K_b, (low, high) as factors of it), its 'basis' (the family whose
+  seeds' `spread` of K_b, (low, high) as factors of it, or by its family's runs' own where
+  wider: `seeds_range`), its 'basis' (the family whose
   measured K it rests on, None where it has none: `choosable`), step time 't_step' [mid,
   low, high] (measured if it was, else predicted), 'saves' (checkpoints before the K-th
   step, `saves`: {'every', 'seconds'}), 'T' [mid, low, high], 'T_own' (T's range without
@@ -238,8 +266,11 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     c = row['candidate']
     row['label'] = c.label
     ks = [steps(c, k_b, b, x, methods) for x in (b_noise, low, high)]
-    row['K'] = [ks[0], min(ks) * spread[0], max(ks) * spread[1]]
-    own_k = [ks[0], min(ks), max(ks)]  # without the seeds' spread, which every row shares
+    own = [f for f in ('bn_device', 'local_sgd', 'async') if f == c.family
+           or (f == 'bn_device' and c.bn == 'device' and c.devices > 1)]
+    lo, hi = seeds_range(spread, [methods.get(f) for f in own], c.period)
+    row['K'] = [ks[0], min(ks) * lo, max(ks) * hi]
+    own_k = [ks[0], min(ks), max(ks)]  # without the seeds' spread: the tie rule's (`own_range`)
     short = beyond is not None and c.batch >= beyond[0] and c.family == 'sync'
     if short:
       row['K'] = [max(k, beyond[1]) for k in row['K']]
@@ -257,8 +288,6 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     # Each window's T at each B_noise reading (b_noise, low, high): `choose` pairs them.
     row['T_rounds'] = [time_to_target(ks, [w] * 3, saves) for w in measured or []]
     notes, row['basis'] = [], 'sync'
-    own = [f for f in ('bn_device', 'local_sgd', 'async') if f == c.family
-           or (f == 'bn_device' and c.bn == 'device' and c.devices > 1)]
     for family in own:
       run = methods.get(family)
       if run is not None and family == 'local_sgd':
