@@ -15,7 +15,8 @@ ones, choose — and apply the choice to a config (`scheme='auto'`, `plan.file`)
   1b. methods     each family of `plan.methods` to the target from the same weights:
                   Downpour simulated at staleness N − 1 (`async_run`, with the serial
                   run), BN per device and Local SGD at the largest and smallest period as
-                  their candidates on the run's devices (`method_runs`); `rank.steps`.
+                  their candidates on the run's devices (`method_runs`), each again at
+                  the further seeds, K their mean (`seed_mean`); `rank.steps`.
   2. t_grad       one device, every device batch a candidate computes; t_in, the input
                   pipeline's CPU a batch, at every batch a process makes
                   (`probe.input_seconds`).
