@@ -1456,8 +1456,9 @@ def test_each_family_is_run_at_the_serial_seeds_and_its_k_is_their_mean(monkeypa
   weights (variables None) and after every family's first seed, so that a budget spent
   leaves each family a seed; K the mean, 'K_first' and the spread as factors of the mean
   (by hand: BN per device 120 and 80 → 100, 0.8–1.2). A further seed cut by the budget's
-  clock is left out; one that stalled counts where it stopped and marks the run stopped.
-  Downpour's simulated run alike."""
+  clock is left out; one that stalled counts as its K (the cap) and marks the run stopped;
+  a family short of the target at the first seed is not run again. Downpour's simulated
+  run alike."""
   ran = []
   ks = {(0, 0): 120.0, (0, 1): 80.0, (8, 0): 90.0, (8, 1): 110.0, (2, 0): 60.0, (2, 1): 40.0}
 
