@@ -1529,8 +1529,8 @@ def test_a_family_row_takes_its_own_seeds_spread_where_wider():
   assert rank.seeds_range((0.9, 1.1), [None]) == (0.9, 1.1)
   local = {'K': 90.0, 'period': 8, 'stopped': 'reached', 'spread': (0.5, 1.5),
            'small': {'K': 60.0, 'period': 2, 'stopped': 'reached', 'spread': (0.95, 1.05)}}
-  assert rank.seeds_range((0.9, 1.1), [local], 2) == (0.9, 1.1)
-  assert rank.seeds_range((0.9, 1.1), [local], 8) == (0.5, 1.5)
+  assert rank.seeds_range((0.9, 1.1), [rank.period_run(local, 2)]) == (0.9, 1.1)
+  assert rank.seeds_range((0.9, 1.1), [rank.period_run(local, 8)]) == (0.5, 1.5)
   c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',)})
   found, _ = candidates.enumerate_candidates(c, 2)
   row = next(x for x in found if x.family == 'bn_device' and x.batch == 32

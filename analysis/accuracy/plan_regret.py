@@ -532,8 +532,7 @@ def _b_noise(reading: list) -> str:
 
 def _steps(run: dict) -> str:
   from jaxpar.plan import planner
-  seeds = (' (the mean of ' + ', '.join(f'{k:.0f}' for k in planner.seed_ks(run)) + ')'
-           if run.get('seeds') else '')
+  seeds = planner.said_seeds(run)
   return (f"{run['K']:.0f} steps{seeds}" if run['stopped'] == 'reached'
           else f"at least {run['K']:.0f} steps{seeds} (stopped: {run['stopped']})")
 

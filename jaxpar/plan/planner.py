@@ -294,9 +294,7 @@ class _Planning:
     if methods:
       log(f"Plan [{self.since()}]: the methods' steps: " + ', '.join(
           family + (f" τ={run['period']}" if 'period' in run else '') + f" {run['K']:.0f}"
-          + (' (the mean of ' + ', '.join(f'{k:.0f}' for k in seed_ks(run)) + ')'
-             if run.get('seeds') else '')
-          + ('' if run['stopped'] == 'reached' else f" (at least: {run['stopped']})")
+          + said_seeds(run) + ('' if run['stopped'] == 'reached' else f" (at least: {run['stopped']})")
           for family, run in rank.each_run(methods)) + '.')
     self.methods = methods
     self.t_one = (float(np.median(serial['step_seconds'])) if serial['step_seconds']
@@ -984,6 +982,12 @@ def seed_ks(run: dict) -> list:
   return [run.get('K_first', run['K'])] + [s['K'] for s in run.get('seeds', [])]
 
 
+def said_seeds(run: dict) -> str:
+  """' (the mean of K0, K1, …)' for a family's run at several seeds (`seed_mean`), else ''."""
+  return (' (the mean of ' + ', '.join(f'{k:.0f}' for k in seed_ks(run)) + ')'
+          if run.get('seeds') else '')
+
+
 def seed_mean(run: dict) -> dict:
   """A family's run at its first seed with its runs at further seeds ('seeds': the serial
   run's further seeds, the same row, from that seed's initial weights and data order), as
@@ -997,13 +1001,12 @@ def seed_mean(run: dict) -> dict:
   seeds = [s for s in run.get('seeds', []) if s['stopped'] != 'time']
   if not seeds:
     return {k: v for k, v in run.items() if k != 'seeds'}
-  ks = [run['K']] + [s['K'] for s in seeds]
-  mean = float(np.mean(ks))
+  mean, spread = seed_spread({'K': run['K'], 'seeds': seeds})
   short = next((s['stopped'] for s in [run] + seeds if s['stopped'] != 'reached'), 'reached')
   slim = [{k: v for k, v in s.items() if k in ('seed', 'K', 'stopped', 'curve')}
           for s in seeds]
-  return {**run, 'K': mean, 'K_first': run['K'], 'spread': (min(ks) / mean, max(ks) / mean),
-          'stopped': short, 'seeds': slim}
+  return {**run, 'K': mean, 'K_first': run['K'], 'spread': spread, 'stopped': short,
+          'seeds': slim}
 
 
 def fresh_singles(batches: set, b: int, reused: dict) -> list:

@@ -164,16 +164,14 @@ def reference(methods: dict, candidate, k_b: float, b: int, b_noise: float) -> d
   return {**methods, 'local_sgd': {**methods['local_sgd'], 'K_1': k_1}}
 
 
-def seeds_range(spread: tuple, runs: list, period: int = 0) -> tuple:
+def seeds_range(spread: tuple, runs) -> tuple:
   """(low, high): the factors of K's range from seed to seed for a row resting on the
-  families' `runs` (None: not measured): the widest of the serial seeds' `spread` and each
-  run's own seeds' (`planner.seed_mean`; Local SGD's run at the row's period,
-  `period_run`) — a family's K is its own runs' mean, and its seeds' luck is not the
-  serial run's."""
+  families' `runs` (None: not measured; Local SGD's the run at the row's period,
+  `period_run`): the widest of the serial seeds' `spread` and each run's own seeds'
+  (`planner.seed_mean`) — a family's K is its own runs' mean, and its seeds' luck is not
+  the serial run's."""
   lo, hi = spread
   for run in runs:
-    if run and 'period' in run:
-      run = period_run(run, period)
     if run and run.get('spread'):
       lo, hi = min(lo, run['spread'][0]), max(hi, run['spread'][1])
   return lo, hi
@@ -266,9 +264,12 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     c = row['candidate']
     row['label'] = c.label
     ks = [steps(c, k_b, b, x, methods) for x in (b_noise, low, high)]
-    own = [f for f in ('bn_device', 'local_sgd', 'async') if f == c.family
-           or (f == 'bn_device' and c.bn == 'device' and c.devices > 1)]
-    lo, hi = seeds_range(spread, [methods.get(f) for f in own], c.period)
+    # The families whose runs the row's K rests on, each its run (Local SGD's at its period).
+    own = {f: methods.get(f) for f in ('bn_device', 'local_sgd', 'async') if f == c.family
+           or (f == 'bn_device' and c.bn == 'device' and c.devices > 1)}
+    if own.get('local_sgd'):
+      own['local_sgd'] = period_run(own['local_sgd'], c.period)
+    lo, hi = seeds_range(spread, own.values())
     row['K'] = [ks[0], min(ks) * lo, max(ks) * hi]
     own_k = [ks[0], min(ks), max(ks)]  # without the seeds' spread: the tie rule's (`own_range`)
     short = beyond is not None and c.batch >= beyond[0] and c.family == 'sync'
@@ -288,10 +289,7 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
     # Each window's T at each B_noise reading (b_noise, low, high): `choose` pairs them.
     row['T_rounds'] = [time_to_target(ks, [w] * 3, saves) for w in measured or []]
     notes, row['basis'] = [], 'sync'
-    for family in own:
-      run = methods.get(family)
-      if run is not None and family == 'local_sgd':
-        run = period_run(run, c.period)
+    for family, run in own.items():
       if run is None:
         row['basis'] = None
         notes.append({'bn_device': 'BN per device changes the maths: K taken as with BN over '
