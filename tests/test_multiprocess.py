@@ -371,7 +371,12 @@ def test_a_stopped_run_resumes_a_lost_process_stops_the_other_and_a_restart_fini
   # 2. Resumed where it stopped; process 1 killed two steps after the next checkpoint.
   fake_ssh = tmp_path / 'bin'
   fake_ssh.mkdir()
-  (fake_ssh / 'ssh').write_text('#!/usr/bin/env bash\nshift  # the host\nexec bash -c "$*"\n')
+  # The "host" runs process i pinned to core i mod nproc, as local.sh pins it: the starts whose
+  # losses are compared below run each process's convolutions on one thread alike.
+  (fake_ssh / 'ssh').write_text(
+      '#!/usr/bin/env bash\nshift  # the host\n'
+      'i=$(grep -o "process_id=[0-9]*" <<<"$*" | head -1 | cut -d= -f2)\n'
+      'exec taskset -c $((i % $(nproc))) bash -c "$*"\n')
   (fake_ssh / 'ssh').chmod(0o755)
   saved = (stopped // EVERY + 1) * EVERY
   run = _launch(workdir, data_dir, _port(), fake_ssh)
@@ -402,10 +407,10 @@ def test_a_stopped_run_resumes_a_lost_process_stops_the_other_and_a_restart_fini
   assert checkpoints()[-1] == STEPS
   losses = train_losses(workdir)
   assert sorted(losses) == list(range(1, STEPS + 1))
-  # A step the lost run took beyond `saved`: twice, equal up to float32's summation order
-  # (the second start's processes were unpinned, the third's pinned one core each, so their
-  # convolutions summed with other thread counts: 10 ulps apart once, at step 18). A lost
-  # momentum or a shifted batch moves the loss by far more than 1e-5.
+  # A step the lost run took beyond `saved`: twice, with the same loss (both starts pinned
+  # each process to one core, so their sums ran in the same order: bit for bit on an Intel
+  # Xeon; unpinned, the second start's convolutions summed on 2 threads and its step 18 read
+  # 1.3e-4 apart once). A lost momentum or a shifted batch moves the loss by far more than 1e-5.
   for step in range(1, STEPS + 1):
     assert len(losses[step]) == (2 if step > saved and step in second else 1), step
     assert losses[step] == pytest.approx([losses[step][0]] * len(losses[step]), rel=1e-5), step
