@@ -186,7 +186,8 @@ PLANS_WITH_OWN_PERIOD = ('methods/vgg16e32_p2_loopback_own_period',)
 PLANS_WITH_METRIC_SHARE = ('methods/squeezenet32_p2_loopback_metric_share',)
 # Each family's run at the serial run's seeds, its K their mean (`planner.seed_mean`).
 PLANS_WITH_FAMILY_SEEDS = ('methods/squeezenet32_p2_loopback_family_seeds',
-                           'methods/resnet34_32_p2_loopback_family_seeds')
+                           'methods/resnet34_32_p2_loopback_family_seeds',
+                           'methods/googlenet32_p2_loopback_family_seeds')
 # Every method ranked, each check in the order it was made.
 PLANS_CHECKED = (PLANS_WITH_METHODS + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES
                  + PLANS_WITH_REAL_PROGRAMS + PLANS_WITH_PAIRED_ROUNDS + PLANS_WITH_TWO_PERIODS
