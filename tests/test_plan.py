@@ -87,6 +87,41 @@ def test_a_serial_run_that_stops_short_extrapolates_only_a_falling_curve():
                       'progress': 'stalled'}, target)
 
 
+def test_a_serial_run_whose_gradients_vanished_stops_and_says_why(data_dir):
+  """SqueezeNet as published, its classifier's ReLUs dead for every example (their bias
+  −1000; at 32² they die so in its first 50 steps): every batch's gradient is exactly zero,
+  the loss ln 10 for good. The serial run stops at the second such reading of the noise probe
+  instead of running out its steps as if on a plateau, and the plan says why; the same
+  network alive goes on."""
+  from jaxpar.data import sources
+  from jaxpar.plan import probe
+  track = [{'batch_g2': 0.4}, {'batch_g2': 0.0}]
+  assert not probe.vanished(track) and probe.vanished(track + [{'batch_g2': 0.0}])
+  assert not probe.vanished([{'batch_g2': 0.0}])  # one reading is not enough
+  assert not probe.vanished([{'g2': 0.0}, {'g2': 0.0}])  # a plan written before the reading
+  c = with_overrides(_config(**{'dataset.data_dir': data_dir}),
+                     probe.one_device_overrides(_config(), 16))
+  c.model, c.image_size, c.batch_norm = 'squeezenet', 16, False
+  source = sources.open_source(c.dataset)
+  target = probe.Target('loss', 0.5)
+  variables = probe.initial_variables(c, {'num_classes': source.num_classes,
+                                          'channels': source.channels})
+  kw = dict(eval_every=3, max_steps=30, deadline=math.inf, log=lambda _: None,
+            noise_batches=2, time_saves=False)
+  alive = probe.serial_run(c, source, target, **{**kw, 'max_steps': 6}, variables=variables)
+  assert alive['stopped'] == 'max_steps' and all(n['batch_g2'] > 0 for n in alive['noise'])
+  classifier = variables['params']['Conv_0']  # conv10: 1×1 to the classes, its bias, a ReLU
+  assert classifier['bias'].shape == (source.num_classes,)
+  classifier['bias'] = np.full_like(classifier['bias'], -1000.0)
+  dead = probe.serial_run(c, source, target, **kw, variables=variables)
+  assert dead['stopped'] == dead['progress'] == 'no_gradient' and dead['K'] is None
+  assert [s for s, _ in dead['curve']] == [0, 3, 6]
+  assert [m for _, m in dead['curve']] == pytest.approx([math.log(10)] * 3, rel=1e-6)
+  with pytest.raises(config_lib.RunError, match=r"gradients are zero at steps 3 and 6 .*"
+                     r"no number of steps reaches the target.*config.batch_norm=True"):
+    planner.steps_of(dead, target)
+
+
 def test_an_extrapolated_k_is_judged_on_the_curve_s_own_later_points():
   # A power law, loss = 10·s^(−1/2), observed to step 160 (K = 640 for 10·640^(−1/2)):
   # 4× beyond; its first 40 steps extrapolate to step 160's level exactly.

@@ -620,11 +620,20 @@ def _budget(p) -> str:
 def steps_of(serial: dict, target) -> tuple:
   """(K_b, how): the serial run's steps to the target — 'reached', or 'extrapolated' from a
   curve that stopped short while falling (`steps_model.extrapolate`). A curve still on its
-  initial plateau, or stalled, is one `RunError` saying which and what to change."""
+  initial plateau, stalled, or with no gradient left (`probe.vanished`), is one `RunError`
+  saying which and what to change."""
   if serial['K'] is not None:
     return serial['K'], 'reached'
   last = serial['curve'][-1]
   verdict = serial['progress']  # `steps_model.progress`, as the serial run judged it
+  if verdict == 'no_gradient':
+    steps = ' and '.join(str(n['step']) for n in serial['noise'][-2:])
+    raise config_lib.RunError(
+        f"jaxpar.plan: the serial run's gradients are zero at steps {steps} (every batch "
+        f"probed), its {target.kind} {last[1]:.3g}: no unit passes a gradient back (e.g. "
+        f"ReLUs every example leaves negative), so no number of steps reaches the target; "
+        f"train another network or setting (a BatchNorm variant: config.batch_norm=True; a "
+        f"lower config.optimizer.learning_rate)")
   if verdict == 'plateau':
     raise config_lib.RunError(
         f"jaxpar.plan: the serial run's {target.kind} is still on its initial plateau after "

@@ -141,8 +141,8 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   (`steps_model.progress`; an initial plateau goes on): {'curve': [(step, metric)], 'K':
   steps to the target or None, 'step_seconds': the mean step time of each window between evaluations (steps dispatched
   as training does, evaluations excluded, the first step's compilation too), 'noise':
-  [{'step', 'b_noise', 'g2', 's'}], 'stopped': why ('reached', 'max_steps', 'time',
-  'stalled'), 'progress': the curve's last verdict, 'save_seconds': what a checkpoint save
+  [{'step', 'b_noise', 'g2', 's', 'batch_g2'}], 'stopped': why ('reached', 'max_steps',
+  'time', 'stalled', 'no_gradient': `vanished`), 'progress': the curve's last verdict, 'save_seconds': what a checkpoint save
   costs it (`save_seconds`, after the run; None without `time_saves`), 'metric': how the
   target's metric was measured (`_MetricCost`)}.
 
@@ -326,9 +326,11 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
         track.append({'step': step, **noise(variables_of(state))})
       verdict = steps_model.progress(curve, target.chance(source.num_classes),
                                      patience=max(5, math.ceil(stall_steps / cost.every)))
+      if verdict != 'falling' and vanished(track):
+        verdict = 'no_gradient'
       log(f'  {name} step {step}: {target.kind} metric {curve[-1][1]:.4f}'
           + (f", B_noise {_reading(track[-1]['b_noise'])}" if track else '')
-          + (' (initial plateau)' if verdict == 'plateau' else ''))
+          + {'plateau': ' (initial plateau)', 'no_gradient': ' (no gradient)'}.get(verdict, ''))
       if len(seconds) == 1:
         settle()  # after the whole split, timed (step 0's was a single batch)
       if curve[-1][1] <= target.threshold and len(curve) - 1 in subset:
@@ -336,8 +338,8 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
       if curve[-1][1] <= target.threshold:
         stopped = 'reached'
         break
-      if verdict == 'stalled':
-        stopped = 'stalled'
+      if verdict in ('stalled', 'no_gradient'):
+        stopped = verdict
         break
       if past():
         stopped = 'time'
@@ -526,10 +528,11 @@ def save_seconds(state, step=None, repeats: int = 3) -> float:
 
 
 def noise_probe(cfg, model, source, count: int):
-  """variables → {'b_noise', 'g2', 's'}: `count` gradients of batch b at those weights,
-  from a stream apart from training's (`noise_scale.device_norms` of them). 'b_noise' is
-  None where the estimate of |G|² is not positive (the gradients' noise swamps their mean:
-  no reading at those weights; JSON has no NaN)."""
+  """variables → {'b_noise', 'g2', 's', 'batch_g2'}: `count` gradients of batch b at those
+  weights, from a stream apart from training's (`noise_scale.device_norms` of them).
+  'b_noise' is None where the estimate of |G|² is not positive (the gradients' noise swamps
+  their mean: no reading at those weights; JSON has no NaN); 'batch_g2' is |G_b|², the mean
+  squared norm of one batch's gradient (`vanished`)."""
   from jaxpar import build
   from jaxpar.step import gradients
   one = model.clone(bn_axis_name=None)
@@ -545,8 +548,19 @@ def noise_probe(cfg, model, source, count: int):
     stacked = jax.tree.map(lambda *g: np.stack(g), *grads)
     small, big = noise_scale.device_norms(stacked)
     g2, trace = noise_scale.two_batch_estimates(small, big, b, count * b)
-    return {'g2': g2, 's': trace, 'b_noise': trace / g2 if g2 > 0 else None}
+    return {'g2': g2, 's': trace, 'b_noise': trace / g2 if g2 > 0 else None, 'batch_g2': small}
   return probe
+
+
+def vanished(track: list, readings: int = 2) -> bool:
+  """The noise probe's last `readings` readings (`noise_probe`, along a run) found every
+  batch's gradient exactly zero: no unit passes a gradient back to any weight (ReLUs that
+  every example leaves negative: SqueezeNet as published, at 32², whose classifier's ReLUs
+  die in its first 50 steps), so no number of steps moves the loss. A curve on its initial
+  plateau still has gradients (GoogLeNet at ln 10 for its first ~60 steps: |G_b|² > 0),
+  and a curve that falls is never judged so."""
+  recent = track[-readings:]
+  return len(recent) == readings and all(t.get('batch_g2') == 0 for t in recent)
 
 
 # =============================================================================== steps and gradients
