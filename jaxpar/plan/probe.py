@@ -137,14 +137,16 @@ def serial_run(cfg, source, target: Target, *, eval_every: int, max_steps: int,
   """Trains `cfg` (a one-device config, `one_device_overrides`; or a candidate's on its
   mesh's devices, every process's) from its initial weights (`variables`, made already, or
   made here: `initial_variables`) until the target, `max_steps`, `deadline`
-  (time.perf_counter(), or a callable: past it) or a curve that has stalled
-  (`steps_model.progress`; an initial plateau goes on): {'curve': [(step, metric)], 'K':
-  steps to the target or None, 'step_seconds': the mean step time of each window between evaluations (steps dispatched
+  (time.perf_counter(), or a callable: past it), a curve that has stalled
+  (`steps_model.progress`; an initial plateau goes on) or gradients that vanished
+  (`vanished`): {'curve': [(step, metric)], 'K': steps to the target or None,
+  'step_seconds': the mean step time of each window between evaluations (steps dispatched
   as training does, evaluations excluded, the first step's compilation too), 'noise':
   [{'step', 'b_noise', 'g2', 's', 'batch_g2'}], 'stopped': why ('reached', 'max_steps',
-  'time', 'stalled', 'no_gradient': `vanished`), 'progress': the curve's last verdict, 'save_seconds': what a checkpoint save
-  costs it (`save_seconds`, after the run; None without `time_saves`), 'metric': how the
-  target's metric was measured (`_MetricCost`)}.
+  'time', 'stalled', 'no_gradient'), 'progress': the curve's last verdict (or
+  'no_gradient'), 'save_seconds': what a checkpoint save costs it (`save_seconds`, after the
+  run; None without `time_saves`), 'metric': how the target's metric was measured
+  (`_MetricCost`)}.
 
   With `eval_share`, the metric costs at most that share of the training (`_MetricCost`):
   step 0's evaluation of the whole split timed batch by batch, then the readings on the
@@ -531,7 +533,7 @@ def noise_probe(cfg, model, source, count: int):
   """variables → {'b_noise', 'g2', 's', 'batch_g2'}: `count` gradients of batch b at those
   weights, from a stream apart from training's (`noise_scale.device_norms` of them).
   'b_noise' is None where the estimate of |G|² is not positive (the gradients' noise swamps
-  their mean: no reading at those weights; JSON has no NaN); 'batch_g2' is |G_b|², the mean
+  their mean: no reading at those weights; JSON has no NaN); 'batch_g2' is |G_s|², the mean
   squared norm of one batch's gradient (`vanished`)."""
   from jaxpar import build
   from jaxpar.step import gradients
@@ -557,7 +559,7 @@ def vanished(track: list, readings: int = 2) -> bool:
   batch's gradient exactly zero: no unit passes a gradient back to any weight (ReLUs that
   every example leaves negative: SqueezeNet as published, at 32², whose classifier's ReLUs
   die in its first 50 steps), so no number of steps moves the loss. A curve on its initial
-  plateau still has gradients (GoogLeNet at ln 10 for its first ~60 steps: |G_b|² > 0),
+  plateau still has gradients (GoogLeNet at ln 10 for its first ~60 steps: |G_s|² > 0),
   and a curve that falls is never judged so."""
   recent = track[-readings:]
   return len(recent) == readings and all(t.get('batch_g2') == 0 for t in recent)
