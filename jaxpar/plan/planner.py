@@ -294,7 +294,8 @@ class _Planning:
     if methods:
       log(f"Plan [{self.since()}]: the methods' steps: " + ', '.join(
           family + (f" τ={run['period']}" if 'period' in run else '') + f" {run['K']:.0f}"
-          + said_seeds(run) + ('' if run['stopped'] == 'reached' else f" (at least: {run['stopped']})")
+          + said_seeds(run)
+          + ('' if run['stopped'] == 'reached' else f" (at least: {run['stopped']})")
           for family, run in rank.each_run(methods)) + '.')
     self.methods = methods
     self.t_one = (float(np.median(serial['step_seconds'])) if serial['step_seconds']
@@ -627,7 +628,7 @@ def steps_of(serial: dict, target) -> tuple:
   last = serial['curve'][-1]
   verdict = serial['progress']  # `steps_model.progress`, as the serial run judged it
   if verdict == 'no_gradient':
-    steps = ' and '.join(str(n['step']) for n in serial['noise'][-2:])
+    steps = ' and '.join(str(n['step']) for n in serial['noise'][-probe.VANISHED_READINGS:])
     raise config_lib.RunError(
         f"jaxpar.plan: the serial run's gradients are zero at steps {steps} (every batch "
         f"probed), its {target.kind} {last[1]:.3g}: no unit passes a gradient back (e.g. "

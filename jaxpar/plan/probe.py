@@ -554,7 +554,11 @@ def noise_probe(cfg, model, source, count: int):
   return probe
 
 
-def vanished(track: list, readings: int = 2) -> bool:
+# Readings in a row of every batch's gradient exactly zero that stop a run (`vanished`).
+VANISHED_READINGS = 2
+
+
+def vanished(track: list, readings: int = VANISHED_READINGS) -> bool:
   """The noise probe's last `readings` readings (`noise_probe`, along a run) found every
   batch's gradient exactly zero: no unit passes a gradient back to any weight (ReLUs that
   every example leaves negative: SqueezeNet as published, at 32², whose classifier's ReLUs
