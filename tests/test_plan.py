@@ -85,6 +85,12 @@ def test_a_serial_run_that_stops_short_extrapolates_only_a_falling_curve():
   with pytest.raises(config_lib.RunError, match='stopped falling towards the target'):
     planner.steps_of({'K': None, 'curve': curve[:3] + [(40, 2.0), (80, 2.1)],
                       'progress': 'stalled'}, target)
+  # A top-1 target reads as top-1 in the messages, not as the 1 − top-1 the curve holds.
+  top1 = planner.probe.Target('accuracy', 0.9)
+  assert (top1.shown(0.0664), target.shown(0.0664)) == ('top-1 93.36%', 'loss 0.0664')
+  stalled = {'K': None, 'curve': [(0, 0.9), (20, 0.28), (40, 0.31)], 'progress': 'stalled'}
+  with pytest.raises(config_lib.RunError, match=r'top-1 69\.00% at step 40\): .*base_lr'):
+    planner.steps_of(stalled, top1)
 
 
 def test_a_serial_run_whose_gradients_vanished_stops_and_says_why(data_dir):
@@ -1754,6 +1760,41 @@ def test_a_run_takes_the_malloc_setting_its_plan_timed_unless_the_config_names_o
   assert planner.apply(_config(host_memory='system'), plan).host_memory == 'system'
   del plan['host_memory']  # a plan made before the setting was recorded: the run decides
   assert planner.apply(_config(), plan).host_memory == 'auto'
+
+
+def test_each_candidate_s_run_takes_the_config_and_is_checked_before_the_plan_measures(caplog):
+  """The README's quickstart config (a 2×4 mesh, the 2-D torus's sum, BatchNorm in groups of
+  4, LARS) with scheme='auto': every candidate is timed on a one-axis mesh with XLA's
+  all-reduce, and its run takes that sum (logged; the torus needs two axes, and a plan of
+  24 minutes once ended in that error). Before the plan measures anything, a candidate whose
+  run cannot take a setting of the config is left out with the reason, and where none can,
+  the reason is one line."""
+  from runs import config_file
+  cfg = with_overrides(config_file('resnet34_2d'), {'scheme': 'sync-join'})  # as `prepare`
+  found, _ = candidates.enumerate_candidates(cfg, 8)
+  assert planner.runnable(cfg, found) == (found, [])
+  choice = candidates.Candidate('sync-split', 'allreduce', 2, 64, 'device')
+  with caplog.at_level('INFO'):
+    run = planner.apply(cfg, {'choice': {'overrides': choice.overrides()}})
+  assert (run.grad_reduce, tuple(run.mesh.shape), run.bn_group_size) == ('psum', (2,), 1)
+  validation.validate(run)
+  assert "grad_reduce='torus2d' -> 'psum' on its mesh of (2,)" in caplog.text
+  made_before = {k: v for k, v in choice.overrides().items() if k != 'grad_reduce'}
+  assert planner.apply(cfg, {'choice': {'overrides': made_before}}).grad_reduce == 'psum'
+  # Gradients sent in bfloat16: Local SGD sends none and Downpour pushes float32, so their
+  # rows are left out, each with its reason.
+  half = with_overrides(cfg, {'grad_reduce_dtype': 'bfloat16'})
+  kept, refused = planner.runnable(half, found)
+  other = lambda c: c.period or c.scheme == 'async'
+  assert kept == [c for c in found if not other(c)]
+  reasons = {e['method']: e['reason'] for e in refused}
+  assert set(reasons) == {c.label for c in found if other(c)}
+  assert all(('Local SGD does not all-reduce gradients' if c.period else "scheme='async'")
+             in reasons[c.label] for c in found if other(c))
+  # A hierarchical Local SGD group without its period: no candidate's run can take it.
+  with pytest.raises(config_lib.ConfigError, match=r"^config\.local_sgd_group_size=4 is invalid"
+                     r".*\(in the run of the candidate .*, config\.scheme='auto'\)$"):
+    planner.runnable(with_overrides(cfg, {'local_sgd_group_size': 4}), found)
 
 
 def test_the_plan_sizes_its_malloc_setting_by_its_largest_device_batch(monkeypatch):

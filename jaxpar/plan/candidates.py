@@ -100,9 +100,12 @@ class Candidate:
     return f'{self.scheme} {self.server} N={self.devices} B={self.batch}{bn}'
 
   def overrides(self) -> dict:
-    """Config paths → values that make a config run this candidate."""
+    """Config paths → values that make a config run this candidate: on a one-axis mesh, its
+    gradients summed by XLA's all-reduce (`psum`, as every candidate is timed: a 2-D torus
+    needs two axes)."""
     out = {'scheme': self.scheme, 'server': self.server, 'mesh.shape': (self.devices,),
-           'mesh.axes': ('data',), 'sync_every': 0, 'local_sgd_warmup': 0,
+           'mesh.axes': ('data',), 'grad_reduce': 'psum', 'sync_every': 0,
+           'local_sgd_warmup': 0,
            'fc_parallel': 'data', 'sparsify.capacity': 0.0, 'placement': 'auto',
            'central_schedule': 'serial',
            'bn_group_size': {'all': 0, 'device': 1, '': None}[self.bn]}

@@ -167,11 +167,16 @@ class _Planning:
     self.available = min(config_lib.num_devices(cfg), jax.device_count())
     self.found, self.excluded = candidates.enumerate_candidates(
         cfg, self.available, jax.local_device_count() if self.processes > 1 else None)
+    self.found, refused = runnable(cfg, self.found)
+    self.excluded += refused
     self.b = cfg.per_device_batch
     log(f'Plan: {len(self.found)} candidates on up to {self.available} '
         f'{jax.default_backend()} devices ({_setting(self.available)}) to '
         f'{self.target.describe()}, {_budget(p)}; excluded: '
         f"{', '.join(e['method'] for e in self.excluded)}.")
+    for reason, labels in itertools.groupby(refused, key=lambda e: e['reason']):
+      log(f"Plan: not ranked, their runs cannot take this config: "
+          f"{', '.join(e['method'] for e in labels)} ({reason}).")
     # The serial maths on one device, for the serial runs and every measurement after them.
     self.one = with_overrides(cfg, {**probe.one_device_overrides(cfg, self.b),
                                     'total_steps': p.max_steps})
@@ -631,23 +636,23 @@ def steps_of(serial: dict, target) -> tuple:
     steps = ' and '.join(str(n['step']) for n in serial['noise'][-probe.VANISHED_READINGS:])
     raise config_lib.RunError(
         f"jaxpar.plan: the serial run's gradients are zero at steps {steps} (every batch "
-        f"probed), its {target.kind} {last[1]:.3g}: no unit passes a gradient back (e.g. "
+        f"probed), its {target.shown(last[1])}: no unit passes a gradient back (e.g. "
         f"ReLUs every example leaves negative), so no number of steps reaches the target; "
         f"train another network or setting (a BatchNorm variant: config.batch_norm=True; a "
-        f"lower config.optimizer.learning_rate)")
+        f"lower config.optimizer.base_lr)")
   if verdict == 'plateau':
     raise config_lib.RunError(
         f"jaxpar.plan: the serial run's {target.kind} is still on its initial plateau after "
-        f"{last[0]} steps (at {last[1]:.3g}, not yet 5 % below its start or chance): nothing "
-        f"to extrapolate "
-        f"from; raise config.plan.max_steps (or config.plan.budget_s, or set it to 0: bounded "
+        f"{last[0]} steps ({target.shown(last[1])}: {target.measures()} not yet 5 % below its "
+        f"start or chance): nothing to extrapolate from; raise config.plan.max_steps (or config.plan.budget_s, or set it to 0: bounded "
         f"by steps)")
   k = steps_model.extrapolate(serial['curve'], target.threshold) if verdict == 'falling' else None
   if k is None:
     raise config_lib.RunError(
         f"jaxpar.plan: the serial run's {target.kind} stopped falling towards the target "
-        f"(no new lowest value in its last evaluations; {last[1]:.3g} at step {last[0]}): "
-        f"choose a nearer target, or another learning rate (config.optimizer.learning_rate)")
+        f"(no new best value in its last evaluations; {target.shown(last[1])} at step "
+        f"{last[0]}): choose a nearer target, or another learning rate "
+        f"(config.optimizer.base_lr)")
   return k, 'extrapolated'
 
 
@@ -1530,22 +1535,55 @@ def read(path: str) -> dict:
   return plan
 
 
-def apply(cfg, plan: dict):
-  """`cfg` with the plan's choice: its overrides (mesh, scheme, server, batch, BN groups) and
-  the learning rate constant after warm-up as in the serial run whose steps the plan
-  predicts (logged where the config had another schedule)."""
+def apply(cfg, plan: dict, quiet: bool = False):
+  """`cfg` with the plan's choice: its overrides (mesh, scheme, server, batch, BN groups, the
+  gradients' sum) and the learning rate constant after warm-up as in the serial run whose
+  steps the plan predicts (each change of the config's own setting logged, unless `quiet`)."""
+  say = (lambda *args: None) if quiet else logging.info
   overrides = {k: tuple(v) if isinstance(v, list) else v
                for k, v in plan['choice']['overrides'].items()}
+  # Every candidate is timed with XLA's all-reduce on a one-axis mesh (plans made before
+  # their choice said so too).
+  overrides.setdefault('grad_reduce', 'psum')
+  if cfg.grad_reduce != overrides['grad_reduce']:
+    say('Plan: grad_reduce=%r -> %r on its mesh of %s, the sum its candidates were timed '
+        'with.', cfg.grad_reduce, overrides['grad_reduce'], tuple(overrides['mesh.shape']))
   if cfg.optimizer.schedule != 'constant':
-    logging.info("Plan: optimizer.schedule=%r -> 'constant' (after %d warm-up steps): the "
-                 'plan predicts the steps of a constant rate.', cfg.optimizer.schedule,
-                 cfg.optimizer.warmup_steps)
+    say("Plan: optimizer.schedule=%r -> 'constant' (after %d warm-up steps): the plan "
+        'predicts the steps of a constant rate.', cfg.optimizer.schedule,
+        cfg.optimizer.warmup_steps)
   overrides['optimizer.schedule'] = 'constant'
   made = plan.get('host_memory')  # None: a plan made before it was recorded
   if cfg.host_memory == 'auto' and made:
-    logging.info('Plan: host_memory=auto -> %r, the setting its steps were timed in.', made)
+    say('Plan: host_memory=auto -> %r, the setting its steps were timed in.', made)
     overrides['host_memory'] = made
   return with_overrides(cfg, overrides)
+
+
+def runnable(cfg, found) -> tuple:
+  """(kept, refused): the candidates whose run, as `apply` makes it from `cfg`, passes the
+  checks that run makes of its config (no devices, nothing compiled), and one
+  {'method', 'reason'} for each that does not — a setting of the config its method cannot
+  take (e.g. gradients sent in bfloat16, which Local SGD never sends) — so that the plan
+  ranks only what it can train. None kept: the first reason, as one line."""
+  from jaxpar import validation
+  quiet = logging.get_absl_logger()
+  level = quiet.level
+  quiet.setLevel(30)  # the standard library's WARNING: the methods' defaults, logged by the run
+  kept, refused, first = [], [], None
+  try:
+    for c in found:
+      try:
+        validation.validate(apply(cfg, {'choice': {'overrides': c.overrides()}}, quiet=True))
+        kept.append(c)
+      except config_lib.ConfigError as e:
+        first = first or f'{e} (in the run of the candidate {c.label}, config.scheme=\'auto\')'
+        refused.append({'method': c.label, 'reason': str(e)})
+  finally:
+    quiet.setLevel(level)
+  if not kept:
+    raise config_lib.ConfigError(first)
+  return kept, refused
 
 
 def run_length(plan: dict, total_steps: int) -> int:

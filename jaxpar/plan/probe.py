@@ -91,6 +91,14 @@ class Target:
     return (f'training-set loss ≤ {self.value:g}' if self.kind == 'loss'
             else f'test top-1 ≥ {self.value:.1%}')
 
+  def shown(self, metric: float) -> str:
+    """A reading of `metric` as the target is set: the loss, or the top-1 (not 1 − top-1)."""
+    return f'loss {metric:.4f}' if self.kind == 'loss' else f'top-1 {1.0 - metric:.2%}'
+
+  def measures(self) -> str:
+    """What `metric` is, in words."""
+    return 'the loss' if self.kind == 'loss' else '1 − top-1'
+
   def to_dict(self) -> dict:
     return {'kind': self.kind, 'value': self.value}
 
@@ -294,8 +302,8 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
     curve[:] = [(s, v * rescale if i in subset else v) for i, (s, v) in enumerate(curve)]
     curve[-1] = (step, wider)
     subset.discard(len(curve) - 1)
-    log(f'  {name} step {step}: {target.kind} metric {wider:.4f} on the first {examples} '
-        f'examples, the subset\'s {own:.4f}: its readings × {cost.scale:.3f}')
+    log(f'  {name} step {step}: {target.shown(wider)} on the first {examples} examples, the '
+        f'subset\'s {target.shown(own)}: its readings of {target.measures()} × {cost.scale:.3f}')
 
   def settle():  # the subset, every process's alike (once; never with no share to keep)
     if cost.settled or not cost.share:
@@ -330,7 +338,7 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
                                      patience=max(5, math.ceil(stall_steps / cost.every)))
       if verdict != 'falling' and vanished(track):
         verdict = 'no_gradient'
-      log(f'  {name} step {step}: {target.kind} metric {curve[-1][1]:.4f}'
+      log(f'  {name} step {step}: {target.shown(curve[-1][1])}'
           + (f", B_noise {_reading(track[-1]['b_noise'])}" if track else '')
           + {'plateau': ' (initial plateau)', 'no_gradient': ' (no gradient)'}.get(verdict, ''))
       if len(seconds) == 1:
