@@ -530,3 +530,28 @@ def test_bench_traces_each_runner_beside_its_program_and_records_xla_flags(data_
   result = bench.bench(_config(data_dir), steps=1, warmup=1, trace_dir=str(tmp_path / 'tr2'))
   assert [s['kernels'] for s in result['steps']] == [{'error': 'RuntimeError: no trace'}] * 2
   assert all(s['median_s'] > 0 for s in result['steps'])
+
+
+def test_emulated_mesh_times_the_mesh_and_one_device_on_the_same_batch(data_dir):
+  """analysis.benchmarks.emulated_mesh on SqueezeNet 16² over 2 emulated devices: every call
+  timed each round, the ratios taken round by round, the rest what the parts leave, and the
+  one-device side the same maths at the whole batch (no timing asserted)."""
+  from analysis.benchmarks import emulated_mesh
+  cfg = _config(data_dir, image_size=16, global_batch=8, **{'mesh.shape': (2,)})
+  one = emulated_mesh.one_device(cfg)
+  assert (tuple(one.mesh.shape), config_lib.global_batch(one)) == ((1,), 8)
+  assert (one.model, one.dtype, one.optimizer.name) == (cfg.model, cfg.dtype, cfg.optimizer.name)
+  result = emulated_mesh.measure(cfg, rounds=2, repeat=1)
+  samples = result['samples_s']
+  assert set(samples) == set(emulated_mesh.CALLS) and all(len(t) == 2 for t in samples.values())
+  per_round = np.asarray(samples['mesh step']) / np.asarray(samples['one-device step'])
+  assert result['step_ratio']['median'] == pytest.approx(np.median(per_round))
+  m = result['median_s']
+  assert result['rest_s'] == pytest.approx(m['mesh step'] - m['mesh gradients']
+                                           - m['mesh update'])
+  assert result['devices'] == 2 and result['config']['global_batch'] == 8
+  row = emulated_mesh.table([result]).splitlines()[-1]
+  assert row.startswith('| squeezenet | 16² | float32 | 2 (2) | 8 |')
+  with pytest.raises(config_lib.ConfigError, match=r"^config.scheme='async'"):
+    emulated_mesh.check(_config(data_dir, scheme='async', server='central',
+                                **{'mesh.shape': (2,)}))

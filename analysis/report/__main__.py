@@ -57,6 +57,11 @@ def _bench_sync_bn(*patterns):
   return bench_table.sync_bn_table(_load(*patterns))
 
 
+def _emulated_mesh():
+  from analysis.benchmarks import emulated_mesh
+  return emulated_mesh.table(_load('bench/emulated/*.json'))
+
+
 def _fusion():
   from analysis.benchmarks import bench_table
   return bench_table.fusion_table(_load('bench/fusion/*.json'))
@@ -422,6 +427,7 @@ TABLES = {
     'gpu-check-2026-12-04': lambda: _gpu_check('check_2026-12-04', 'check_table'),
     'gpu-kernels-2026-12-04': lambda: _gpu_check('check_2026-12-04', 'kernel_table'),
     'bench-sync-bn': lambda: _bench_sync_bn('bench/sync_bn/*.json'),
+    'emulated-mesh': _emulated_mesh,
     'bench-gpus': lambda: _bench('bench/gpu/*.json', 'bench/gpu_h100/*.json', newest=True),
     'bench-methods': _methods,
     'host-memory-faults': _host_memory,
