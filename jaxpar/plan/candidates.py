@@ -105,9 +105,8 @@ class Candidate:
     needs two axes)."""
     out = {'scheme': self.scheme, 'server': self.server, 'mesh.shape': (self.devices,),
            'mesh.axes': ('data',), 'grad_reduce': 'psum', 'sync_every': 0,
-           'local_sgd_warmup': 0,
-           'fc_parallel': 'data', 'sparsify.capacity': 0.0, 'placement': 'auto',
-           'central_schedule': 'serial',
+           'local_sgd_warmup': 0, 'fc_parallel': 'data', 'sparsify.capacity': 0.0,
+           'placement': 'auto', 'central_schedule': 'serial',
            'bn_group_size': {'all': 0, 'device': 1, '': None}[self.bn]}
     if self.scheme == 'sync-split':
       out['global_batch'] = self.batch

@@ -644,8 +644,8 @@ def steps_of(serial: dict, target) -> tuple:
     raise config_lib.RunError(
         f"jaxpar.plan: the serial run's {target.kind} is still on its initial plateau after "
         f"{last[0]} steps ({target.shown(last[1])}: {target.measures()} not yet 5 % below its "
-        f"start or chance): nothing to extrapolate from; raise config.plan.max_steps (or config.plan.budget_s, or set it to 0: bounded "
-        f"by steps)")
+        f"start or chance): nothing to extrapolate from; raise config.plan.max_steps (or "
+        f"config.plan.budget_s, or set it to 0: bounded by steps)")
   k = steps_model.extrapolate(serial['curve'], target.threshold) if verdict == 'falling' else None
   if k is None:
     raise config_lib.RunError(
@@ -1565,22 +1565,28 @@ def runnable(cfg, found) -> tuple:
   checks that run makes of its config (no devices, nothing compiled), and one
   {'method', 'reason'} for each that does not — a setting of the config its method cannot
   take (e.g. gradients sent in bfloat16, which Local SGD never sends) — so that the plan
-  ranks only what it can train. None kept: the first reason, as one line."""
+  ranks only what it can train; across processes a run of one device, or Downpour's on
+  Ray's actors, is one process. None kept: the first reason, as one line."""
   from jaxpar import validation
-  quiet = logging.get_absl_logger()
-  level = quiet.level
-  quiet.setLevel(30)  # the standard library's WARNING: the methods' defaults, logged by the run
+  absl_logger = logging.get_absl_logger()
+  level = absl_logger.level
+  absl_logger.setLevel(30)  # Python's WARNING: the methods' defaults, logged by the run
   kept, refused, first = [], [], None
+  alone = {'distributed.coordinator': '', 'distributed.num_processes': 1,
+           'distributed.process_id': 0}
   try:
     for c in found:
+      run = apply(cfg, {'choice': {'overrides': c.overrides()}}, quiet=True)
+      if c.devices == 1 or c.backend == 'ray':  # trained as one process (`_check_processes`)
+        run = with_overrides(run, alone)
       try:
-        validation.validate(apply(cfg, {'choice': {'overrides': c.overrides()}}, quiet=True))
+        validation.validate(run)
         kept.append(c)
       except config_lib.ConfigError as e:
         first = first or f'{e} (in the run of the candidate {c.label}, config.scheme=\'auto\')'
         refused.append({'method': c.label, 'reason': str(e)})
   finally:
-    quiet.setLevel(level)
+    absl_logger.setLevel(level)
   if not kept:
     raise config_lib.ConfigError(first)
   return kept, refused
