@@ -50,15 +50,15 @@ def _positive_int(c, field):
     _fail(field, value, 'expected a positive integer')
 
 
-def validate(c) -> None:
+def validate(c, quiet: bool = False) -> None:
   """Checks that need no devices (and no compilation), then settles the `auto` fields
-  (in place, see `settle`): a value the user set is checked against the method, one left
-  `auto` is chosen to fit it."""
+  (in place, see `settle`; `quiet`: without logging them): a value the user set is checked
+  against the method, one left `auto` is chosen to fit it."""
   if c.scheme == 'auto':
     _fail('scheme', c.scheme, "jaxpar.train settles it with jaxpar.plan before the run; this "
           f"tool needs one of {list(SCHEMES)}")
   _validate_choices(c)
-  settle(c)
+  settle(c, quiet)
   _validate_data(c)
   shape, axes = _validate_mesh(c)
   _validate_method(c, shape, axes)
@@ -264,10 +264,10 @@ def _validate_run(c) -> None:
     if not 0 <= _get(c, field) < 1:
       _fail(field, _get(c, field), 'expected a decay rate in [0, 1)')
 
-def settle(c) -> None:
+def settle(c, quiet: bool = False) -> None:
   """Fills the fields left `auto` with what the chosen method needs, in place, and logs
-  those that matter to the run in one line. A field already set is left as it is (an
-  explicit contradiction is `validate`'s error). Idempotent."""
+  those that matter to the run in one line (unless `quiet`). A field already set is left as
+  it is (an explicit contradiction is `validate`'s error). Idempotent."""
   chosen = []
   if c.placement == 'auto':
     c.placement = 'greedy' if c.scheme == 'async' and c.server == 'distributed' else 'even'
@@ -290,7 +290,7 @@ def settle(c) -> None:
   if c.optimizer.lr_scaling == 'auto':
     c.optimizer.lr_scaling = optim.lr_scaling(c.optimizer)
     chosen.append(f'optimizer.lr_scaling={c.optimizer.lr_scaling!r} ({c.optimizer.name})')
-  if chosen:
+  if chosen and not quiet:
     logging.info('Defaults for this method: %s.', '; '.join(chosen))
 
 

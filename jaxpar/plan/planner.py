@@ -1568,25 +1568,17 @@ def runnable(cfg, found) -> tuple:
   ranks only what it can train; across processes a run of one device, or Downpour's on
   Ray's actors, is one process. None kept: the first reason, as one line."""
   from jaxpar import validation
-  absl_logger = logging.get_absl_logger()
-  level = absl_logger.level
-  absl_logger.setLevel(30)  # Python's WARNING: the methods' defaults, logged by the run
   kept, refused, first = [], [], None
-  alone = {'distributed.coordinator': '', 'distributed.num_processes': 1,
-           'distributed.process_id': 0}
-  try:
-    for c in found:
-      run = apply(cfg, {'choice': {'overrides': c.overrides()}}, quiet=True)
-      if c.devices == 1 or c.backend == 'ray':  # trained as one process (`_check_processes`)
-        run = with_overrides(run, alone)
-      try:
-        validation.validate(run)
-        kept.append(c)
-      except config_lib.ConfigError as e:
-        first = first or f'{e} (in the run of the candidate {c.label}, config.scheme=\'auto\')'
-        refused.append({'method': c.label, 'reason': str(e)})
-  finally:
-    absl_logger.setLevel(level)
+  for c in found:
+    run = apply(cfg, {'choice': {'overrides': c.overrides()}}, quiet=True)
+    if one_process(c.devices, c.backend):
+      run = with_overrides(run, probe.ONE_PROCESS)
+    try:
+      validation.validate(run, quiet=True)  # the methods' defaults: the run logs its own
+      kept.append(c)
+    except config_lib.ConfigError as e:
+      first = first or f'{e} (in the run of the candidate {c.label}, config.scheme=\'auto\')'
+      refused.append({'method': c.label, 'reason': str(e)})
   if not kept:
     raise config_lib.ConfigError(first)
   return kept, refused
@@ -1657,6 +1649,12 @@ def resolve(cfg, workdir: str):
   return chosen, plan
 
 
+def one_process(devices: int, backend: str) -> bool:
+  """Whether a choice trains as one process, whatever processes made its plan: one device,
+  or Downpour's workers as Ray's actors (its driver one device)."""
+  return devices == 1 or backend == 'ray'
+
+
 def _check_processes(cfg, plan: dict) -> None:
   """A plan made across processes is trained as its choice runs: one device as one process,
   all devices with the processes it was made with (where this run's count is configured)."""
@@ -1664,17 +1662,17 @@ def _check_processes(cfg, plan: dict) -> None:
   made = plan.get('processes', 1)
   if made == 1:
     return
-  devices, run = plan['choice']['devices'], multihost.process_count_of(**cfg.distributed)
-  if plan['choice'].get('backend') == 'ray':  # Downpour's workers are Ray's actors
-    devices = 1
-  if devices == 1 and run > 1:
+  choice, run = plan['choice'], multihost.process_count_of(**cfg.distributed)
+  alone = one_process(choice['devices'], choice.get('backend', ''))
+  if alone and run > 1:
     raise config_lib.ConfigError(
-        f"config.plan.file={cfg.plan.file!r} chose one process ({plan['choice']['label']}): run "
+        f"config.plan.file={cfg.plan.file!r} chose one process ({choice['label']}): run "
         f'jaxpar.train as one process (without launch/local.sh or config.distributed)')
-  if devices > 1 and run != made:
+  if not alone and run != made:
     raise config_lib.ConfigError(
-        f"config.plan.file={cfg.plan.file!r} chose {devices} devices over the {made} processes "
-        f'it was made with: launch {made} processes (e.g. launch/local.sh {made} ...)')
+        f"config.plan.file={cfg.plan.file!r} chose {choice['devices']} devices over the "
+        f'{made} processes it was made with: launch {made} processes (e.g. launch/local.sh '
+        f'{made} ...)')
 
 
 class TargetClock:

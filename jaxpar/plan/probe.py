@@ -104,6 +104,11 @@ class Target:
 
 
 # =============================================================================== the serial run
+# A run of this process alone: a one-device candidate's, and Downpour's on Ray's actors.
+ONE_PROCESS = {'distributed.coordinator': '', 'distributed.num_processes': 1,
+               'distributed.process_id': 0}
+
+
 def one_device_overrides(cfg, batch: int) -> dict:
   """sync-join on one device at `batch` with the config's optimizer at a constant rate after
   its warm-up (K must not depend on a run length the plan does not know yet); one process
@@ -113,8 +118,7 @@ def one_device_overrides(cfg, batch: int) -> dict:
           'local_sgd_warmup': 0, 'fc_parallel': 'data', 'sparsify.capacity': 0.0,
           'placement': 'auto', 'central_schedule': 'serial', 'grad_reduce': 'psum',
           'optimizer.schedule': 'constant', 'eval_every': 0, 'stop_after_steps': 0,
-          'distributed.coordinator': '', 'distributed.num_processes': 1,
-          'distributed.process_id': 0}
+          **ONE_PROCESS}
 
 
 def initial_variables(cfg, meta) -> dict:
