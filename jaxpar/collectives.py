@@ -71,6 +71,45 @@ def _scatter_reduce_gather(v, first, second):
   return lax.all_gather(part, first, tiled=True, to='invarying')[:v.size]
 
 
+def gathers_small_sums() -> bool:
+  """Whether `group_mean` sums by gathering: on CPU across processes, where XLA's
+  collectives are gloo's over TCP. gloo's ring all-reduce takes two exchanges one after the
+  other (reduce-scatter, then all-gather), its all-gather one: in a chain of sums on 2
+  processes over loopback, 256 floats, 152 µs a psum and 81 µs an `all_gather` and a sum.
+  Within one process XLA's all-reduce is not the slower, and on accelerators the collective
+  libraries reduce small buffers in one pass (docs/performance.md#batchnorm-across-devices)."""
+  return jax.process_count() > 1 and jax.default_backend() == 'cpu'
+
+
+def group_mean(local, axis_name):
+  """The mean of `local` over the devices of `axis_name`, inside `shard_map`, as the pair
+  (typed invariant, typed varying): `lax.pmean` and its `pcast(..., to='varying')`, whose
+  transpose sums the varying copy's cotangent over the group (one call each way).
+
+  For small buffers — a BatchNorm layer's statistics — where `gathers_small_sums`, each
+  way is one `all_gather` and a sum in the gathered order instead of an all-reduce: y =
+  (1/n)·Σⱼ xⱼ on every device, and ∂L/∂xⱼ = (1/n)·Σᵢ ∂L/∂yᵢ, the same sum of the
+  cotangents. Every device sums the same gathered rows in the same order, so the result is
+  the same on all of them; bytes sent are n times the buffer's instead of 2(n−1)/n times."""
+  if not gathers_small_sums():
+    shared = lax.pmean(local, axis_name)
+    return shared, lax.pcast(shared, axis_name, to='varying')
+
+  @jax.custom_vjp
+  def mean(x):
+    shared = lax.all_gather(x, axis_name, to='invarying').mean(0)
+    return shared, lax.pcast(shared, axis_name, to='varying')
+
+  def forward(x):
+    return mean(x), None
+
+  def backward(_, cotangents):  # the invariant copy feeds running averages only
+    return (lax.all_gather(cotangents[1], axis_name).mean(0),)
+
+  mean.defvjp(forward, backward)
+  return mean(local)
+
+
 def spanning(axes):
   """The axes of `axes` (a name or a tuple of names) with more than one device, inside
   `shard_map`. Reducing over an axis of one device is the identity, but JAX still emits

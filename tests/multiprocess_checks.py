@@ -131,6 +131,7 @@ def main(out):
     if loops:
       break
     time.sleep(0.1)
+  results['bn_gathered'] = np.array(collectives.gathers_small_sums())
   results['gloo_loops_idle'] = np.array(multihost.wait_for_idle_gloo_loops(10.0))
   results['gloo_loop_ids'] = np.array(loops, np.int64)
   results['gloo_loop_policies'] = np.array([os.sched_getscheduler(t) for t in loops], np.int64)

@@ -9,6 +9,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import collectives
 from jaxpar.mesh import make_mesh
 from jaxpar.models.layers import batch_norm
 from jaxpar.collectives import replicate
@@ -109,12 +110,23 @@ class FlaxBN(nn.Module):
                         dtype=jnp.float32, axis_name=self.axis_name, name='BatchNorm_0')(x)
 
 
+def _sums(monkeypatch, gathered: bool) -> str:
+  """The collective BatchNorm's statistics travel by: all-reduced (in one process), or
+  gathered and summed (`collectives.gathers_small_sums`: on CPU across processes), here
+  chosen by hand on emulated devices."""
+  monkeypatch.setattr(collectives, 'gathers_small_sums', lambda: gathered)
+  return '"stablehlo.all_gather"' if gathered else '"stablehlo.all_reduce"'
+
+
+@pytest.mark.parametrize('gathered', [False, True])
 @pytest.mark.parametrize('group_size', [2, 8])
-def test_batch_norm_sums_its_statistics_once_each_way_and_computes_flaxs_numbers(group_size):
+def test_batch_norm_sums_its_statistics_once_each_way_and_computes_flaxs_numbers(
+    group_size, gathered, monkeypatch):
   """jaxpar's BatchNorm against flax's on the same variables under `shard_map` (weights
   differentiated as a varying copy, as the step does): the same output, running statistics
-  and gradients (of the input and of scale and bias, per device), and one all-reduce in
-  each direction where flax's lowered program has one forward and two backward."""
+  and gradients (of the input and of scale and bias, per device), and one collective in
+  each direction where flax's lowered program has one all-reduce forward and two backward —
+  an all-reduce, or an all-gather and a sum where a run sums by gathering."""
   mesh = make_mesh((8,), ('d',), bn_group_size=group_size)
   bn_axes = group_axes(mesh.devices.shape, mesh.axis_names, group_size)
   x = _device_batches()
@@ -143,11 +155,15 @@ def test_batch_norm_sums_its_statistics_once_each_way_and_computes_flaxs_numbers
       return (y[None], *per_device, grads[1])
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(every), P(every)),
                                  out_specs=P(every)))
-  ours, theirs = program(BN(bn_axes)), program(FlaxBN(bn_axes))
+  theirs = program(FlaxBN(bn_axes))
+  calls = theirs.lower(x, w).as_text().count('"stablehlo.all_reduce"')
+  sums = _sums(monkeypatch, gathered)
+  ours = program(BN(bn_axes))
   for mine, flax_ in zip(ours(x, w), theirs(x, w)):
     assert_trees_close(mine, flax_, rtol=1e-6, atol=1e-6)
-  calls = [f.lower(x, w).as_text().count('"stablehlo.all_reduce"') for f in (ours, theirs)]
-  assert calls == [2, 3]
+  text = ours.lower(x, w).as_text()
+  assert (text.count(sums), calls) == (2, 3)
+  assert text.count('"stablehlo.all_reduce"') + text.count('"stablehlo.all_gather"') == 2
 
 
 def _branches(name, norm):
@@ -158,15 +174,18 @@ def _branches(name, norm):
           else Inception((3, 2, 4, 2, 3, 2), norm=norm))
 
 
+@pytest.mark.parametrize('gathered', [False, True])
 @pytest.mark.parametrize('name, channels, calls', [('fire', 7, 2), ('inception', 12, 2)])
 def test_parallel_branches_all_reduce_their_statistics_together_with_the_whole_batchs_numbers(
-    name, channels, calls):
+    name, channels, calls, gathered, monkeypatch):
   """A fire module's expand layers and an Inception module's two sets of independent layers
   (`layers.together`) over 2 devices: the output, the running statistics and the gradients
   of a weighted sum are those of the module on one device with both devices' rows (BatchNorm
   over the whole batch), the variables are named as without it, and the lowered program
   all-reduces once each way per set of layers: fire 1 + 1 (the squeeze layer, then both
-  expand layers; 3 without), Inception 2 (four layers, then two; 6 without)."""
+  expand layers; 3 without), Inception 2 (four layers, then two; 6 without) — all-reduces,
+  or all-gathers where a run sums by gathering."""
+  sums = _sums(monkeypatch, gathered)
   mesh = make_mesh((2,), ('d',), jax.devices()[:2])
   rng = np.random.default_rng(2)
   x = rng.normal(size=(2, 3, 6, 6, 5)).astype(np.float32) + np.arange(2)[:, None, None, None,
@@ -198,4 +217,6 @@ def test_parallel_branches_all_reduce_their_statistics_together_with_the_whole_b
   assert_trees_close((got[0].reshape(y.shape), got[1], summed, got[3].reshape(g_x.shape)),
                      (y, stats, g_params, g_x), rtol=2e-5, atol=2e-5)
   # BatchNorm's collectives alone: `calls` forward and as many backward.
-  assert program.lower(x, w).as_text().count('"stablehlo.all_reduce"') == 2 * calls
+  text = program.lower(x, w).as_text()
+  assert text.count(sums) == 2 * calls
+  assert text.count('"stablehlo.all_reduce"') + text.count('"stablehlo.all_gather"') == 2 * calls

@@ -193,7 +193,9 @@ def test_waiting_for_idle_gloo_loops_gives_up_where_there_is_none():
 @pytest.mark.parametrize('name', checks.STRATEGIES)
 def test_strategy_on_two_processes_equals_one_process(two_processes, name):
   """Three steps of each landed strategy give the same losses and weights on 2 processes ×
-  4 devices as on 1 process × 8 devices."""
+  4 devices as on 1 process × 8 devices — BatchNorm's statistics gathered and summed across
+  the processes (`collectives.group_mean`), all-reduced in the one process."""
+  assert bool(two_processes['bn_gathered'])
   one = checks.train(name, _mesh(), random_batches(3, batch=32))
   assert one['losses'][2] != one['losses'][0]
   np.testing.assert_allclose(two_processes[f'{name}/losses'], one['losses'], rtol=1e-5)

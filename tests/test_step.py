@@ -131,6 +131,36 @@ def test_ring_and_torus_steps_equal_the_psum_step(kind):
   assert_trees_close(state.batch_stats, ref_state.batch_stats, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize('shape', [(1, 4), (1, 1)])
+def test_a_torus_over_an_axis_of_one_device_sends_one_buffer_over_the_other(shape):
+  """`torus2d` on a mesh with an axis of one device: the step of `psum` in one buffer —
+  the same parameters after 2 steps, and the same collectives in its program (one
+  all-reduce of every gradient over 'y', none at all on 1×1) — not the torus's scatter,
+  sum and gather with two of them over one device."""
+  tx = optax.sgd(0.1, momentum=0.9)
+  batches = random_batches(2, batch=16)
+  mesh = make_mesh(shape, ('x', 'y'), jax.devices()[:shape[0] * shape[1]])
+  torus, one_buffer = (AllReduce(mesh.axis_names, 'torus2d'),
+                       AllReduce(mesh.axis_names, 'psum', fusion='one_buffer'))
+  state, losses = sharded_run(TinyResNet(), tx, mesh, batches, torus)
+  ref_state, ref_losses = sharded_run(TinyResNet(), tx, mesh, batches, one_buffer)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+  assert_trees_close(state.params, ref_state.params, rtol=1e-6, atol=1e-7)
+  model = TinyResNet(bn_axis_name=None)
+  state = init_plain(model, tx, (1, 16, 16, 3))
+  batch = to_global(mesh, batches[0])
+
+  def program(strategy):
+    step = make_train_step(model, tx, mesh, strategy)
+    return sorted((c.op, c.shape) for c in collectives(
+        step.lower(state, batch, jax.random.key(0)).as_text()))
+  sent = program(torus)
+  assert sent == program(one_buffer)
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  assert [c for c in sent if c[0] != 'all_reduce'] == []
+  assert any(np.prod(c[1]) == num_params for c in sent) == (shape == (1, 4))
+
+
 def test_bfloat16_compute_keeps_float32_state_and_tracks_float32_losses():
   """[Y]'s mixed precision: bf16 convolutions/activations/input, float32 master weights,
   optimizer state, BN statistics and loss; 4 steps stay within 2 % of float32's losses."""

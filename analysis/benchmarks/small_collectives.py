@@ -4,6 +4,7 @@ side by side in one run; then the same with another process busy on process 0's 
 idle priority starves the loop and jaxpar's watch puts it back at normal priority.
 
   python -m analysis.benchmarks.small_collectives [--out small_collectives.json]
+  python -m analysis.benchmarks.small_collectives --chain [--out sums_in_a_chain.json]
 
 Starts 2 processes on loopback, each pinned to its own core (as launch/local.sh does), that
 join with `distributed.collective_threads='normal'`; each round times every size back to back
@@ -14,6 +15,12 @@ priority under `IdleGlooLoops`' watch, as a run has it (a fresh watch each round
 again: the round's first sizes pay for finding the starvation). The table gives the median
 over rounds of each round's median, with the rounds' range. Prints a markdown table;
 `--out` writes the JSON.
+
+`--chain`: how a step's BatchNorm statistics can travel, as a step sends them — one program
+of `CHAIN` sums one after another, each needing the last, with the processes joined as a run
+joins them (gloo's loop at idle priority): `lax.psum` (XLA's all-reduce: gloo's ring, a
+reduce-scatter then an all-gather) against `lax.all_gather` and a sum on each device (one
+exchange; `collectives.group_mean`), the two alternated round by round; µs per sum.
 """
 import json
 import os
@@ -96,6 +103,72 @@ def child(process_id: int, port: str, rounds: int, calls: int, out: str):
                  'watch_reverted': reverted}, f)
 
 
+CHAIN = 51  # sums in one program: SqueezeNet's BatchNorm step sends 50 collectives
+CHAIN_SIZES = (2, 256, 2048, 16384)  # float32 elements: a layer's stacked statistics are 2·C
+
+
+def chain_child(process_id: int, port: str, rounds: int, calls: int, out: str):
+  from jaxpar import multihost
+  multihost.join(f'127.0.0.1:{port}', 2, process_id, 'none', 120, 60, 'idle')
+  import jax
+  import numpy as np
+  from jax import lax
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from jaxpar.mesh import make_mesh
+  mesh = make_mesh((2,), ('d',), jax.devices())
+
+  def chain(total):
+    def body(x):
+      for _ in range(CHAIN):  # each sum reads the last: one after another, as a step's
+        x = total(x) * 0.5
+      return x
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P('d'), out_specs=P('d'),
+                                 check_vma=False))
+  ways = {'psum': chain(lambda x: lax.psum(x, 'd')),
+          'all_gather': chain(lambda x: lax.all_gather(x, 'd').sum(0))}
+  arrays = {n: jax.make_array_from_process_local_data(
+      NamedSharding(mesh, P('d')), np.full((1, n), process_id + 1, np.float32))
+            for n in CHAIN_SIZES}
+  for step in ways.values():  # compile, connect, check: (1 + 2) / 2 = 1.5 after every sum
+    for n, x in arrays.items():
+      assert np.allclose(np.asarray(step(x).addressable_shards[0].data), 1.5), n
+  times = {way: {n: [] for n in CHAIN_SIZES} for way in ways}
+  for _ in range(rounds):
+    for way, step in ways.items():
+      for n, x in arrays.items():
+        step(x).block_until_ready()
+        t = []
+        for _ in range(calls):
+          start = time.perf_counter()
+          step(x).block_until_ready()
+          t.append(time.perf_counter() - start)
+        times[way][n].append(float(np.median(t)) / CHAIN)
+  if process_id == 0:
+    with open(out, 'w') as f:
+      json.dump({'chain': CHAIN, 'times': times}, f)
+
+
+def chain_table(result: dict) -> str:
+  """µs per sum in a chain by size: the median over rounds (the rounds' range), and the
+  all-gather's time ÷ the all-reduce's."""
+  import numpy as np
+  times = result['times']
+  sizes = [int(n) for n in times['psum']]
+  cell = lambda v: f'{np.median(v) * 1e6:.0f} ({min(v) * 1e6:.0f}–{max(v) * 1e6:.0f})'
+  names = {'psum': 'all-reduce (`psum`), µs',
+           'all_gather': 'all-gather and a sum (`group_mean`), µs'}
+  lines = ['| one sum of a chain | ' + ' | '.join(f'{n:,} floats' for n in sizes) + ' |',
+           '|---|' + '---:|' * len(sizes)]
+  for way, name in names.items():
+    lines.append(f'| {name} | ' + ' | '.join(cell(times[way][str(n)]) for n in sizes) + ' |')
+  ratio = [np.median(times['all_gather'][str(n)]) / np.median(times['psum'][str(n)])
+           for n in sizes]
+  lines.append('| all-gather ÷ all-reduce | ' + ' | '.join(f'{r:.2f}×' for r in ratio) + ' |')
+  return '\n'.join(lines)
+
+
 def table(result: dict) -> str:
   """Milliseconds per call by size: the median over rounds (the rounds' range)."""
   import numpy as np
@@ -127,6 +200,8 @@ def main(argv):
                               description=__doc__.split('\n\n')[0])
   p.add_argument('--rounds', type=int, default=5)
   p.add_argument('--calls', type=int, default=30)
+  p.add_argument('--chain', action='store_true',
+                 help='time sums in a chain: all-reduce against all-gather and a sum')
   p.add_argument('--out', default='')
   args = p.parse_args(argv)
   if args.rounds < 1 or args.calls < 1:
@@ -137,8 +212,8 @@ def main(argv):
     out = os.path.join(folder, 'result.json')
     procs = [subprocess.Popen(
         ['taskset', '-c', str(i % cores), sys.executable, '-m',
-         'analysis.benchmarks.small_collectives', '--child', str(i), port, str(args.rounds),
-         str(args.calls), out]) for i in range(2)]
+         'analysis.benchmarks.small_collectives', '--chain-child' if args.chain else '--child',
+         str(i), port, str(args.rounds), str(args.calls), out]) for i in range(2)]
     codes = [proc.wait(timeout=1800) for proc in procs]
     if any(codes):
       sys.exit(f'small_collectives: a process failed (exit statuses {codes})')
@@ -149,7 +224,7 @@ def main(argv):
                 created=time.strftime('%Y-%m-%dT%H:%M:%S'), jax=jax.__version__,
                 rounds=args.rounds, calls=args.calls, pinned=True,
                 command='python -m analysis.benchmarks.small_collectives ' + ' '.join(argv))
-  print(table(result))
+  print(chain_table(result) if args.chain else table(result))
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
@@ -157,7 +232,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  if sys.argv[1:2] == ['--child']:
-    child(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+  if sys.argv[1:2] in (['--child'], ['--chain-child']):
+    run = chain_child if sys.argv[1] == '--chain-child' else child
+    run(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
   else:
     main(sys.argv[1:])

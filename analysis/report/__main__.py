@@ -311,6 +311,11 @@ def _small_collectives():
   return small_collectives.table(_load('collectives/small_collectives.json')[0])
 
 
+def _sums_in_a_chain():
+  from analysis.benchmarks import small_collectives
+  return small_collectives.chain_table(_load('collectives/sums_in_a_chain.json')[0])
+
+
 def _input_rate(what):
   from analysis.benchmarks import bench_table, input_rate
   result = _load('input/rate.json')[0]
@@ -390,6 +395,7 @@ TABLES = {
     'conv-step-xla': lambda: _conv_steps('step_xla'),
     'pool-float32': _pools,
     'small-collectives': _small_collectives,
+    'sums-in-a-chain': _sums_in_a_chain,
     'collectives-resnet34': lambda: _bench('collectives/bench_resnet34_32_2p_*.json'),
     'calls-after-compute': _gaps,
     'configs-digits': lambda: _config_runs('resnet34_2d', 'vgg16e', 'googlenet', 'squeezenet'),

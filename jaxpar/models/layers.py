@@ -11,6 +11,7 @@ from flax.linen.dtypes import promote_dtype
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxpar import collectives
 from jaxpar.models import explicit
 from jaxpar.models.pooling import max_pool
 
@@ -94,10 +95,9 @@ def together(parent: nn.Module, layers: list, inputs: list) -> list:
   convolved = [layer(x, 'conv') for layer, x in zip(layers, inputs)]
   local = [layer(y, 'stats') for layer, y in zip(layers, convolved)]
   axis = keywords['axis_name']
-  shared = lax.pmean(jnp.concatenate(local, axis=-1), axis)
+  shared, converted = collectives.group_mean(jnp.concatenate(local, axis=-1), axis)
   ends = [int(n) for n in np.cumsum([s.shape[-1] for s in local])[:-1]]
-  parts = zip(jnp.split(shared, ends, axis=-1),
-              jnp.split(lax.pcast(shared, axis, to='varying'), ends, axis=-1))
+  parts = zip(jnp.split(shared, ends, axis=-1), jnp.split(converted, ends, axis=-1))
   return [layer(y, 'norm', part) for layer, y, part in zip(layers, convolved, parts)]
 
 
@@ -158,7 +158,9 @@ class BatchNorm(nn.BatchNorm):
   stacked cotangent (∂L/∂μ, ∂L/∂E[x²]) per layer: one call each way, the same numbers (a
   conversion changes no value; its transpose sums what the two psums summed). Layers that
   do not depend on each other share that one call each way (`together`). The running
-  averages take the invariant statistics, as flax's do. Without `axis_name`, during `init`
+  averages take the invariant statistics, as flax's do. Across processes on CPU each call is
+  an all-gather and a sum instead of an all-reduce (`collectives.group_mean`: one exchange
+  of gloo's where its all-reduce takes two). Without `axis_name`, during `init`
   and with running averages it is flax's module unchanged; variables and names are
   flax's, so checkpoints are interchangeable.
   """
@@ -194,9 +196,8 @@ class BatchNorm(nn.BatchNorm):
                        normalization._abs_sq(x32).mean(reduction_axes)])
     if local_stats:
       return local
-    if shared is None:
-      shared = lax.pmean(local, self.axis_name)  # invariant over the group
-      converted = lax.pcast(shared, self.axis_name, to='varying')
+    if shared is None:  # invariant over the group, and converted to per-device values
+      shared, converted = collectives.group_mean(local, self.axis_name)
     else:
       shared, converted = shared
 

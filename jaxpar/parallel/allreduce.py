@@ -45,7 +45,8 @@ def mean_all_reduce(axes, kind: str = 'psum', dtype=None, fusion: str = 'per_ten
                     live=None):
   """The mean over the data `axes` of a gradient tree, inside `shard_map`.
 
-  `kind` names the sum in `SUMS`; `torus2d` needs exactly two axes. `dtype`
+  `kind` names the sum in `SUMS`; `torus2d` needs exactly two axes (where one has a single
+  device, the sum is one all-reduce of a buffer over the other). `dtype`
   (e.g. jnp.bfloat16) is the dtype the gradients travel in; None keeps theirs.
   `fusion` (psum only; ring and torus2d always send one buffer): `per_tensor`, one
   all-reduce per gradient; `one_buffer`, every gradient in one (`collectives.fused_psum`);
@@ -53,11 +54,13 @@ def mean_all_reduce(axes, kind: str = 'psum', dtype=None, fusion: str = 'per_ten
   `live` (`models.live_taps.boxes`): kernels whose taps outside a box read padding only, so
   their gradients there are zero; only the box travels, the zeros are put back after.
   """
-  total = PSUMS[fusion] if kind == 'psum' else SUMS[kind]
-
   def reduce(grads):
-    # Axes of one device sum nothing (the torus keeps both of its axes by definition).
-    summing = axes if kind == 'torus2d' else spanning(axes)
+    # Axes of one device sum nothing, and no collective is written over them: a torus with
+    # one such axis is one all-reduce of its buffer over the other, as the torus's own
+    # middle step would be (its scatter and gather over one device are copies).
+    summing = spanning(axes)
+    total = (PSUMS[fusion] if kind == 'psum' else fused_psum
+             if kind == 'torus2d' and len(summing) < 2 else SUMS[kind])
     cut = live_taps.compact(grads, live) if live and summing else grads
     sent = cut if dtype is None else jax.tree.map(lambda g: g.astype(dtype), cut)
     summed = total(sent, summing) if summing else sent
