@@ -8,7 +8,8 @@ step faster — what `conv_impl='auto'` takes from it (jaxpar/models/conv_auto.j
       --choices_out=jaxpar/models/conv_auto.json
 
 The variants of one config's step (one device), each compiled once and then run alternately,
-one step of each per round, so all see the same machine state:
+one step of each per round, so all see the same machine state, each round starting with the
+next variant (`alternate.in_turn`: none always runs first or after the same one):
 - `rule`: `auto`'s rule without a table (oneDNN's convolution where `conv.onednn_in_auto`;
   else taps on small output maps, XLA's convolution above);
 - `auto`: `conv_impl='auto'` as committed (the rule, and `conv_auto.json`'s choices);
@@ -50,7 +51,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from analysis.benchmarks.alternate import host_speed  # noqa: E402
+from analysis.benchmarks.alternate import host_speed, in_turn  # noqa: E402
 from analysis.benchmarks.bench import Runner  # noqa: E402
 from analysis.steptime.measure import machine, versions  # noqa: E402
 from jaxpar import build  # noqa: E402
@@ -156,7 +157,7 @@ def ab(cfg, steps: int, warmup: int, wanted=VARIANTS) -> dict:
     for r in runners:
       _run(r, timed=False)
   for i in range(steps):
-    for r in runners:
+    for r in in_turn(runners, i):  # each round starts with the next variant
       _run(r)
     print(f'\rround {i + 1}/{steps}', end='', file=sys.stderr, flush=True)
   print(file=sys.stderr)
