@@ -33,6 +33,19 @@ import time
 SIZES = (1, 2, 4, 16, 256, 1024, 16384, 262144)  # float32 elements
 
 
+def median_call(step, x, calls: int, warm: int = 3) -> float:
+  """The median seconds of `calls` calls of `step(x)`, each to its result, after `warm`."""
+  import numpy as np
+  for _ in range(warm):
+    step(x).block_until_ready()
+  t = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    step(x).block_until_ready()
+    t.append(time.perf_counter() - start)
+  return float(np.median(t))
+
+
 def child(process_id: int, port: str, rounds: int, calls: int, out: str):
   from jaxpar import multihost
   multihost.join(f'127.0.0.1:{port}', 2, process_id, 'none', 120, 60, 'normal')
@@ -53,14 +66,7 @@ def child(process_id: int, port: str, rounds: int, calls: int, out: str):
   loops = multihost.gloo_loop_threads()
 
   def time_calls(x):
-    for _ in range(3):
-      step(x).block_until_ready()
-    t = []
-    for _ in range(calls):
-      start = time.perf_counter()
-      step(x).block_until_ready()
-      t.append(time.perf_counter() - start)
-    return float(np.median(t))
+    return median_call(step, x, calls)
 
   def set_all(sched):
     for tid in loops:
@@ -138,13 +144,7 @@ def chain_child(process_id: int, port: str, rounds: int, calls: int, out: str):
   for _ in range(rounds):
     for way, step in ways.items():
       for n, x in arrays.items():
-        step(x).block_until_ready()
-        t = []
-        for _ in range(calls):
-          start = time.perf_counter()
-          step(x).block_until_ready()
-          t.append(time.perf_counter() - start)
-        times[way][n].append(float(np.median(t)) / CHAIN)
+        times[way][n].append(median_call(step, x, calls, warm=1) / CHAIN)
   if process_id == 0:
     with open(out, 'w') as f:
       json.dump({'chain': CHAIN, 'times': times}, f)
