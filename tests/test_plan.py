@@ -1403,6 +1403,35 @@ def test_a_tie_on_few_rounds_is_timed_in_more_and_decided_on_them_all():
       assert why == ''
 
 
+def test_a_leader_that_falls_back_in_the_ties_further_rounds_is_no_longer_the_leader():
+  """`planner.choose_measured`, all at batch 64 (one K): the leader (2 devices, 90 ms a
+  step) and one device tie on 3 rounds (one device's windows 1.11, 1.11 and 0.86 × the
+  leader's); both are timed in 6 more, where the leader reads 130 ms: a third row, the
+  central server on 2 devices (92 ms, faster than one device in every round it was timed
+  in) is the fastest now and leads — it is chosen, not one device by a tie with a leader
+  that fell behind it."""
+  c = candidates.Candidate
+  two, one = c('sync-split', 'allreduce', 2, 64, 'all'), c('sync-split', 'allreduce', 1, 64, 'all')
+  central = c('sync-split', 'central', 2, 64, 'all')
+  table = [{'candidate': two, 't_predicted': 0.1, 't_measured': [0.090, 0.090, 0.110],
+            'timed_in': 7},
+           {'candidate': one, 't_predicted': 0.1, 't_measured': [0.100, 0.100, 0.095],
+            'timed_in': 7},
+           {'candidate': central, 't_predicted': 0.1, 't_measured': [0.092] * 3,
+            'timed_in': 7}]
+  timed = []
+  calls_of = _scripted_loops({two: 0.130, one: 0.100, central: 0.092}, timed)
+  rerank = lambda: rank.rank(table, 100, 64, (math.inf,) * 3)
+  ranked = rerank()
+  assert ranked[0]['candidate'] is two and rank.choose(ranked, ranked[0])[0]['candidate'] is one
+  ranked, choice, why = planner.choose_measured(
+      ranked, rerank, cost=None, calls_of=calls_of, p=_phase5(3, 9),
+      past_deadline=lambda: False, agree=lambda x: x, log=[].append, started=0.0)
+  assert [len(r['t_measured']) for r in table] == [9, 9, 3]
+  assert [r['candidate'] for r in ranked] == [central, one, two]
+  assert choice['candidate'] is central and why == ''
+
+
 def test_the_cheapest_close_row_timed_apart_joins_the_first_rounds():
   """Phase 5 across processes: one device, timed apart in phase 1's process (its windows
   read slow there), ranks behind the two close 2-device rows; with a call here (the
@@ -1660,16 +1689,39 @@ def test_a_reused_t_grad_is_scaled_to_the_host_speed_now():
   assert planner.again_on_several({(16, 1)}, reused) == []
 
 
+def test_jaxpars_version_carries_a_digest_of_its_code_that_moves_when_the_code_does(tmp_path):
+  """`probe.versions()['jaxpar']`: the package's version and a digest of its sources, the
+  same on every call; the digest of a folder changes when a file's content or name does
+  and not when a file that writes no program (a text file) is added."""
+  from importlib import metadata
+
+  from jaxpar.plan import probe
+  version = probe.versions()['jaxpar']
+  assert version == probe.versions()['jaxpar']
+  assert re.fullmatch(re.escape(metadata.version('jaxpar')) + r'\+[0-9a-f]{12}', version)
+  (tmp_path / 'models').mkdir()
+  (tmp_path / 'models' / 'layers.py').write_text('def f(x):\n  return x\n')
+  (tmp_path / 'models' / 'table.json').write_text('{}')
+  digests = [probe.source_digest.__wrapped__(str(tmp_path))]
+  (tmp_path / 'README.txt').write_text('not a source')
+  digests.append(probe.source_digest.__wrapped__(str(tmp_path)))
+  (tmp_path / 'models' / 'table.json').write_text('{"a": 1}')
+  digests.append(probe.source_digest.__wrapped__(str(tmp_path)))
+  (tmp_path / 'models' / 'layers.py').rename(tmp_path / 'models' / 'other.py')
+  digests.append(probe.source_digest.__wrapped__(str(tmp_path)))
+  assert digests[0] == digests[1] and len(set(digests[1:])) == 3
+
+
 def test_the_cache_reuses_what_depends_on_nothing_that_changed(tmp_path):
   """plan/cache.py: an entry under the key of (machine, versions, backend, setting, the
   one-device config less the fields that cannot change a step's time) is found again; a
-  version, the network's size or the batch makes another key (nothing reused), the seed or
-  the plan's own fields do not."""
+  version (jaxpar's code too), the network's size or the batch makes another key (nothing
+  reused), the seed or the plan's own fields do not."""
   from jaxpar.plan import cache
   machine = {'host': 'a', 'cpu': 'AMD EPYC 9B14', 'cpu_isa': 'AVX-512 with bfloat16',
              'cores': 2, 'memory_bytes': 24 << 30, 'python': '3.11.9'}
   versions = {'jax': '0.10.2', 'jaxlib': '0.10.2', 'flax': '0.12.8', 'optax': '0.2.8',
-              'numpy': '2.2.6'}
+              'numpy': '2.2.6', 'jaxpar': '0.1.0+0123456789ab'}
   one = _config()
   k = cache.key(one, machine, versions, 'cpu', '2 emulated CPU devices sharing 2 cores')
   t_grad = {(16, 1): 0.010, (16, 2): 0.013, (32, 2): 0.022}
@@ -1681,6 +1733,8 @@ def test_the_cache_reuses_what_depends_on_nothing_that_changed(tmp_path):
   assert cache.load(str(tmp_path), cache.key(same, {**machine, 'host': 'b'}, versions, 'cpu',
                                              '2 emulated CPU devices sharing 2 cores')) == entry
   for other in (cache.key(one, machine, {**versions, 'jaxlib': '0.12.0.1'}, 'cpu',
+                          '2 emulated CPU devices sharing 2 cores'),
+                cache.key(one, machine, {**versions, 'jaxpar': '0.1.0+ba9876543210'}, 'cpu',
                           '2 emulated CPU devices sharing 2 cores'),
                 cache.key(one, {**machine, 'cpu_isa': 'AVX2'}, versions, 'cpu',
                           '2 emulated CPU devices sharing 2 cores'),

@@ -4,7 +4,8 @@ jaxpar's cache folder (`plan/` of `user_cache`) and reused, keyed by everything 
 on.
 
   key   the machine (CPU model, vector instructions, cores, memory; accelerators), the
-        versions (jax, jaxlib, flax, optax, numpy), the backend and the setting (devices,
+        versions (jax, jaxlib, flax, optax, numpy, and jaxpar's with a digest of its code:
+        `probe.versions`), the backend and the setting (devices,
         processes, each one's cores), and the one-device config with the fields that cannot
         change a gradient's or a collective's time left out (`IGNORED`: the plan's own
         fields, the seed, the run's length and bookkeeping, the processes' addresses).

@@ -14,8 +14,11 @@
   step_call      a candidate's train step on its N devices: the collectives of its
                  lowered program (`hlo.collectives`) to cost, and a call to time it.
   initial_variables  the network's initial weights, made once for all of the above.
-  machine, versions  what a measurement ran on, recorded beside it.
+  machine, versions  what a measurement ran on (versions: jaxpar's with its code's digest,
+                 `source_digest`), recorded beside it.
 """
+import functools
+import hashlib
 import math
 import os
 import platform
@@ -58,8 +61,31 @@ def machine() -> dict:
 
 
 def versions() -> dict:
+  """The versions a measurement depends on: the libraries', and jaxpar's own with a digest
+  of the code that writes its programs (`source_digest`), so that a measurement of the
+  programs before a change to that code (BatchNorm's statistics gathered, say) is not taken
+  for one after it: jaxpar's version number does not move with its code."""
   from importlib import metadata
-  return {name: metadata.version(name) for name in ('jax', 'jaxlib', 'flax', 'optax', 'numpy')}
+  return {**{name: metadata.version(name)
+             for name in ('jax', 'jaxlib', 'flax', 'optax', 'numpy')},
+          'jaxpar': f"{metadata.version('jaxpar')}+{source_digest()}"}
+
+
+@functools.cache
+def source_digest(folder: str = os.path.dirname(os.path.dirname(__file__))) -> str:
+  """12 hex digits of SHA-256 over the package's source files under `folder` (Python, C++,
+  and the JSON tables its programs read: `models/conv_auto.json`), their paths and
+  contents, in path order."""
+  digest = hashlib.sha256()
+  for root, dirs, files in sorted(os.walk(folder)):
+    dirs.sort()
+    for name in sorted(files):
+      if name.endswith(('.py', '.cc', '.json')):
+        path = os.path.join(root, name)
+        digest.update(os.path.relpath(path, folder).encode() + b'\0')
+        with open(path, 'rb') as f:
+          digest.update(f.read() + b'\0')
+  return digest.hexdigest()[:12]
 
 
 # =============================================================================== the targets
