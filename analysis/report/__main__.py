@@ -193,7 +193,8 @@ PLANS_WITH_METRIC_SHARE = ('methods/squeezenet32_p2_loopback_metric_share',)
 PLANS_WITH_FAMILY_SEEDS = ('methods/squeezenet32_p2_loopback_family_seeds',
                            'methods/resnet34_32_p2_loopback_family_seeds',
                            'methods/googlenet32_p2_loopback_family_seeds')
-PLANS_WITH_GATHERED_BN = ('methods/squeezenet32_p2_loopback_gathered_bn',)
+PLANS_WITH_GATHERED_BN = ('methods/squeezenet32_p2_loopback_gathered_bn',
+                          'methods/squeezenet32_p2_loopback_leader_again')
 # Every method ranked, each check in the order it was made.
 PLANS_CHECKED = (PLANS_WITH_METHODS + PLANS_BEFORE_THE_SECOND_POINT + PLANS_BEFORE_OWN_RANGES
                  + PLANS_WITH_REAL_PROGRAMS + PLANS_WITH_PAIRED_ROUNDS + PLANS_WITH_TWO_PERIODS
