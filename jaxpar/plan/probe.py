@@ -77,8 +77,7 @@ def source_digest(folder: str = os.path.dirname(os.path.dirname(__file__))) -> s
   and the JSON tables its programs read: `models/conv_auto.json`), their paths and
   contents, in path order."""
   digest = hashlib.sha256()
-  for root, dirs, files in sorted(os.walk(folder)):
-    dirs.sort()
+  for root, _, files in sorted(os.walk(folder)):  # the whole walk, ordered by folder
     for name in sorted(files):
       if name.endswith(('.py', '.cc', '.json')):
         path = os.path.join(root, name)
