@@ -760,21 +760,30 @@ def test_the_tie_rule_chooses_bn_per_device_where_its_measured_range_overlaps():
   assert rank.choose([leader, per_device, one], leader)[0] is one
 
 
-def test_the_tie_rule_takes_the_cheapest_row_up_to_the_slowest_tied_one():
+def test_the_tie_rule_reaches_no_row_that_is_not_tied_with_the_leader():
   # BN per device at 12.0 s (10.5–14.0) reaches into the leader's 9.0–11.0; one device at
-  # 11.5 s (11.2–11.8) does not, yet is predicted faster than that tied row: it is chosen,
-  # so that no row ahead of the choice spends as little.
+  # 11.5 s (11.2–11.8) does not. One device is predicted 15 % slower than the leader for
+  # certain, so the tie does not reach it through the tied row; and BN per device, behind
+  # a row that spends less and is predicted faster, is not taken over it: the leader stays.
   leader = _ranged(2, 10.0, 9.0, 11.0, bn='all')
   one = _ranged(1, 11.5, 11.2, 11.8)
   per_device = _ranged(2, 12.0, 10.5, 14.0, bn='device', basis='bn_device')
-  choice, why = rank.choose([leader, one, per_device], leader)
-  assert choice is one
-  assert why.endswith("sync-join allreduce N=2 B=32, BN per device's range (10.50–14.00) "
-                      "reaches into the leader's and it is predicted slower still, so the "
-                      'extra devices buy no certain gain')
-  # Behind every tied row, it is not.
+  assert rank.dominated(per_device, [leader, one, per_device])
+  assert not rank.dominated(one, [leader, one, per_device])
+  assert not rank.dominated(leader, [leader, one, per_device])
+  assert rank.choose([leader, one, per_device], leader) == (leader, '')
+  # Ahead of the untied row, the tied one is chosen, its own range named.
+  ahead = _ranged(2, 10.5, 9.5, 12.0, bn='device', basis='bn_device')
+  choice, why = rank.choose([leader, ahead, one], leader)
+  assert choice is ahead
+  assert why.endswith('(10.50 s, range 9.50–12.00, against 10.00 s, 9.00–11.00): the ranges '
+                      "overlap, so BatchNorm's exchange buys no certain gain")
+  # Behind every tied row, the untied row takes nothing from it.
   late = _ranged(1, 12.5, 12.2, 12.8)
   assert rank.choose([leader, per_device, late], leader)[0] is per_device
+  # Two tied rows of equal spend: the faster.
+  slow_tie = _ranged(2, 12.5, 10.8, 14.0, bn='device', basis='bn_device')
+  assert rank.choose([leader, per_device, slow_tie], leader)[0] is per_device
 
 
 def test_rows_left_at_their_bound_ahead_of_the_tie_s_choice_are_costed_and_it_chooses_again():

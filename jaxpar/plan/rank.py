@@ -413,6 +413,14 @@ def tied_rows(ranked: list, leader: dict) -> list:
           and cheaper(r['candidate'], leader['candidate']) and tied(r, leader)]
 
 
+def dominated(row: dict, rows: list) -> bool:
+  """Whether another of `rows` spends no more than `row` (`spend`) and is predicted no
+  slower, one of the two strictly: a row the plan would never take over it."""
+  mine = (spend(row['candidate']), row['T'][0])
+  return any(r is not row and spend(r['candidate']) <= mine[0] and r['T'][0] <= mine[1]
+             and (spend(r['candidate']), r['T'][0]) != mine for r in rows)
+
+
 def choose(ranked: list, leader: dict) -> tuple:
   """The choice and why: `leader` (the fastest row the plan may choose) — unless a cheaper
   row (`cheaper`: fewer devices, or no cross-device BatchNorm) that the plan may choose
@@ -429,35 +437,34 @@ def choose(ranked: list, leader: dict) -> tuple:
   (ResNet34 32², loss 0.5, 3 seeds: one device 192, 157, 165 steps, Local SGD τ = 8 on 2
   processes 112, 95, 108, the same seed fastest for both) — so it cannot tell two rows
   apart; with it, a row measured faster on every seed (9.7 s against 11.3 s) lost to the
-  tie. What is left: each row's B_noise range and its step's measured spread. Every
-  costed row the plan may choose ranked up to the slowest such row is then as good a
-  choice as a tied one; of those, one that spends least (`spend`), the fastest of equals —
-  so that no row ahead of the choice spends as little. The reason names the rows, the
-  margin and the ranges or ratios. Returns (row, reason; '' for the leader)."""
+  tie. What is left: each row's B_noise range and its step's measured spread.
+
+  Only rows no other costed row beats on both counts are taken (not `dominated`: spending
+  no more and predicted no slower): a tied row behind a cheaper untied one is not, and
+  the untied row is not tied — the tie reaches no row that is not itself tied with the
+  leader (else a wide range behind it — BN per device's K from its family's seeds — would
+  take one device whose own range lies wholly above the leader's). Of those tied, the one
+  that spends least (`spend`), the fastest of equals; so every row ranked ahead of the
+  choice spends more. The reason names the rows, the margin and the ranges or
+  ratios. Returns (row, reason; '' for the leader)."""
   costed = [r for r in ranked if choosable(r) and not r.get('pruned')]
-  close = tied_rows(ranked, leader)
+  close = [r for r in tied_rows(ranked, leader) if not dominated(r, costed)]
   if not close:
     return leader, ''
-  at = {id(r): i for i, r in enumerate(costed)}
-  last = max(close, key=lambda r: at[id(r)])  # the slowest row the tie reaches
-  row = min(costed[:at[id(last)] + 1], key=lambda r: (spend(r['candidate']), r['T'][0]))
+  row = min(close, key=lambda r: (spend(r['candidate']), r['T'][0]))
   n, m = leader['candidate'].devices, row['candidate'].devices
   spent = (f"{m} device{'s' if m > 1 else ''} instead of {n}" if m < n
            else 'BatchNorm per device instead of over all devices')
   margin = row['T'][0] / leader['T'][0] - 1
-  mine, theirs, lasts = own_range(row), own_range(leader), own_range(last)
+  mine, theirs = own_range(row), own_range(leader)
   shared = "; without the seeds' spread, which both share" if 'T_own' in leader else ''
-  ratio = paired(last, leader)
-  whose = 'its' if last is row else f"{last['label']}'s"
+  ratio = paired(row, leader)
   if ratio is not None:
-    overlap = (f"timed in the same {rounds(last, leader)} rounds, {whose} time to the "
-               f"target came to {ratio[0]:.2f}–{ratio[1]:.2f}× the leader's (the middle "
-               f"half of the rounds)")
+    overlap = (f"timed in the same {rounds(row, leader)} rounds, its time to the target "
+               f"came to {ratio[0]:.2f}–{ratio[1]:.2f}× the leader's (the middle half of "
+               f"the rounds)")
   else:
-    overlap = ('the ranges overlap' if last is row else
-               f"{whose} range ({lasts[1]:.2f}–{lasts[2]:.2f}) reaches into the leader's")
-  if last is not row:
-    overlap += ' and it is predicted slower still'
+    overlap = 'the ranges overlap'
   return row, (f"{row['label']} chosen over {leader['label']}: {spent}, {margin:+.0%} "
                f"predicted time to the target ({row['T'][0]:.2f} s, range {mine[1]:.2f}–"
                f"{mine[2]:.2f}, against {leader['T'][0]:.2f} s, {theirs[1]:.2f}–"
