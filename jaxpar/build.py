@@ -285,7 +285,8 @@ def train_batches(cfg, source, global_batch: int, start: int):
       source, batch=global_batch // jax.process_count(), start=source.stream_start(start),
       seed=cfg.seed, image_size=cfg.image_size, augment=cfg.augment.kind,
       crop_padding=cfg.augment.crop_padding, flip=cfg.augment.flip,
-      shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache)
+      shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache,
+      decoder=cfg.dataset.decoder)
 
 
 def worker_batches(cfg, worker: int, position: int):
@@ -298,4 +299,5 @@ def worker_batches(cfg, worker: int, position: int):
       start=source.stream_start(position * cfg.per_device_batch * workers),
       seed=cfg.seed, image_size=cfg.image_size, augment=cfg.augment.kind,
       crop_padding=cfg.augment.crop_padding, flip=cfg.augment.flip,
-      shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache)
+      shuffle_buffer=cfg.dataset.shuffle_buffer, cache=cfg.dataset.cache,
+      decoder=cfg.dataset.decoder)

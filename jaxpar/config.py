@@ -107,6 +107,10 @@ def _data(c) -> None:
   # check that the internet is reachable (cluster nodes often have none: then one line
   # says how to prepare it elsewhere). False: never download.
   c.dataset.download = True
+  # Who decodes and augments the training images: 'tf' (tf.data, on the host's cores) or
+  # 'dali' (NVIDIA DALI, `pip install -e '.[dali]'`: on the GPU where JAX runs on one, else
+  # on the cores), fed the same examples, windows and flips (jaxpar/data/dali.py).
+  c.dataset.decoder = 'tf'
 
   c.image_size = 32
   c.augment = ml_collections.ConfigDict()

@@ -20,7 +20,8 @@ from jaxpar import config as config_lib
 from jaxpar.config import (CLUSTERS, COLLECTIVE_THREADS, DTYPES, LOSS_SCALINGS, REDUCE_DTYPES,
                            SCHEMES, SERVERS, ConfigError, num_devices)
 from jaxpar.data import sources
-from jaxpar.data.pipeline import AUGMENTATIONS
+from jaxpar.data import dali
+from jaxpar.data.pipeline import AUGMENTATIONS, DECODERS
 from jaxpar.host_memory import HOST_MEMORY
 from jaxpar.models import MIN_IMAGE_SIZE, MODELS
 from jaxpar.models import onednn
@@ -79,7 +80,8 @@ def _validate_choices(c) -> None:
                          ('fc_parallel', FC_PARALLEL),
                          ('optimizer.name', OPTIMIZERS), ('optimizer.schedule', SCHEDULES),
                          ('optimizer.lr_scaling', LR_SCALINGS),
-                         ('augment.kind', AUGMENTATIONS), ('distributed.cluster', CLUSTERS),
+                         ('augment.kind', AUGMENTATIONS), ('dataset.decoder', DECODERS),
+                         ('distributed.cluster', CLUSTERS),
                          ('distributed.collective_threads', COLLECTIVE_THREADS)):
     if _get(c, field) not in choices:
       _fail(field, _get(c, field), f'choose one of {list(choices)}')
@@ -129,6 +131,9 @@ def _validate_data(c) -> None:
             f"tfds.list_builders() such as 'cifar10', '{sources.IMAGE_FOLDER}' with "
             f"config.dataset.path, or '{sources.SYNTHETIC}' (random images)")
 
+  if c.dataset.decoder == 'dali' and not dali.available():
+    _fail('dataset.decoder', c.dataset.decoder, "NVIDIA DALI is not installed here: pip "
+          "install -e '.[dali]' (Linux), or dataset.decoder='tf'")
   if c.dataset.order not in sources.ORDERS:
     _fail('dataset.order', c.dataset.order, f'expected one of {sources.ORDERS}')
 

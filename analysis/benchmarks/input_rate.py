@@ -22,6 +22,10 @@ sets the rates beside the committed GPU steps' images/s (`cores_needed`).
 
 `--pipeline` chooses what is timed on the same files:
   tf      jaxpar's stream (above; needs TensorFlow);
+  dali    jaxpar's stream with `dataset.decoder='dali'`: tf.data reads the files and draws
+          the windows and flips, NVIDIA DALI decodes and augments — on the GPU where JAX
+          runs on one, else with its CPU decoder, a thread a core (needs TensorFlow and
+          DALI);
   torch   PyTorch's ImageNet example's loader for the same augmentation: torchvision's
           `ImageFolder` (Pillow decodes the whole JPEG), `RandomResizedCrop(224)` (bilinear,
           antialiased), a flip, `ToTensor` and `Normalize`, batches of 64 from a
@@ -45,11 +49,14 @@ import time
 SHAPES = ((375, 500), (500, 375), (333, 500), (400, 500), (500, 333))  # (height, width)
 BATCH = 64
 IMAGE_SIZE = 224
-PIPELINES = ('tf', 'torch', 'nvjpeg')
+PIPELINES = ('tf', 'dali', 'torch', 'nvjpeg')
 # Each pipeline's name in the tables, and what it does to an image (the JSON's `augment`).
-PIPELINE_NAMES = {'tf': "jaxpar's tf.data stream", 'torch': "PyTorch's ImageNet loader",
+PIPELINE_NAMES = {'tf': "jaxpar's tf.data stream",
+                  'dali': "jaxpar's stream decoded by DALI",
+                  'torch': "PyTorch's ImageNet loader",
                   'nvjpeg': 'nvJPEG on the GPU (1 core reads)'}
 _AUGMENT = {'tf': 'inception_crop (decode_and_crop_jpeg)',
+            'dali': "inception_crop (tf.data's windows, DALI's decoders.image_slice)",
             'torch': 'RandomResizedCrop (Pillow decode, torchvision transforms)',
             'nvjpeg': 'RandomResizedCrop window, nvJPEG decode on the GPU'}
 
@@ -83,7 +90,7 @@ def child(folder: str, cores: int, batches: int, which: str = 'tf') -> dict:
   """Images/s of the pipeline `which` (see the module docstring) on the first `cores` cores
   (run in a fresh process)."""
   os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
-  if which != 'tf':
+  if which not in ('tf', 'dali'):
     return _torch_child(folder, cores, batches, which)
   from jaxpar import config as config_lib
   from jaxpar.data import pipeline, sources
@@ -93,7 +100,7 @@ def child(folder: str, cores: int, batches: int, which: str = 'tf') -> dict:
   source = sources.open_source(c.dataset)
   stream = pipeline.train_batches(
       source, batch=BATCH, start=0, seed=0, image_size=IMAGE_SIZE, augment='inception_crop',
-      crop_padding=0, flip=True, shuffle_buffer=source.num_train, cache=True)
+      crop_padding=0, flip=True, shuffle_buffer=source.num_train, cache=True, decoder=which)
   for _ in range(2):
     batch = next(stream)
   assert batch['image'].shape == (BATCH, IMAGE_SIZE, IMAGE_SIZE, 3), batch['image'].shape
@@ -216,7 +223,9 @@ def hosts_table(results) -> str:
     most = max(rates, key=lambda k: rates[k]['median'])
     one = shown(rates[1]) if 1 in rates else '–'
     writer = r.get('images', {}).get('writer', 'TensorFlow')  # before Pillow wrote them
-    lines.append(f"| {r['created'][:10]} | {where} | {PIPELINE_NAMES[kind]} | {writer} | {one} "
+    name = PIPELINE_NAMES[kind] + (f" on the {r['pipeline']['decoded_on'].upper()}"
+                                   if 'decoded_on' in r['pipeline'] else '')
+    lines.append(f"| {r['created'][:10]} | {where} | {name} | {writer} | {one} "
                  f"| {shown(rates[most])} | {most} | {rates[most]['median'] / most:,.0f} |")
   return '\n'.join(lines)
 
@@ -248,8 +257,8 @@ def main(argv=None):
   p.add_argument('--core_counts', default='',
                  help='comma-separated core counts to time (default: 1 to --max_cores)')
   p.add_argument('--pipeline', default='tf', choices=PIPELINES,
-                 help="what to time (module docstring): jaxpar's tf.data stream, PyTorch's "
-                 "ImageNet loader, or nvJPEG's decode on the GPU")
+                 help="what to time (module docstring): jaxpar's tf.data stream, the same "
+                 "decoded by DALI, PyTorch's ImageNet loader, or nvJPEG's decode on the GPU")
   p.add_argument('--out', default='', help='write the JSON here')
   p.add_argument('--child', default='', help=argparse.SUPPRESS)
   p.add_argument('--cores', type=int, default=1, help=argparse.SUPPRESS)
@@ -273,10 +282,15 @@ def main(argv=None):
     counts = [1]  # one core reads the files; the GPU decodes
   from jaxpar.plan.probe import machine, versions
   found = versions()
-  if args.pipeline == 'tf':
+  if args.pipeline in ('tf', 'dali'):
     from jaxpar.data import tf_import
     found['tensorflow'] = tf_import.tensorflow().__version__
-  else:
+  if args.pipeline == 'dali':
+    import jax
+    import nvidia.dali
+    found['nvidia-dali'] = nvidia.dali.__version__
+    decoded_on = 'gpu' if jax.default_backend() == 'gpu' else 'cpu'
+  elif args.pipeline not in ('tf', 'dali'):
     import torch
     import torchvision
     found |= {'torch': torch.__version__, 'torchvision': torchvision.__version__}
@@ -289,6 +303,7 @@ def main(argv=None):
             'versions': found,
             'command': ' '.join(['python -m analysis.benchmarks.input_rate'] + sys.argv[1:]),
             'pipeline': {'kind': args.pipeline, 'augment': _AUGMENT[args.pipeline],
+                         **({'decoded_on': decoded_on} if args.pipeline == 'dali' else {}),
                          'flip': True, 'image_size': IMAGE_SIZE,
                          'batch': BATCH, 'batches_timed': args.batches},
             'images': images, 'rounds': args.rounds,

@@ -24,6 +24,7 @@ from jaxpar.data import tf_import
 from jaxpar.step import to_global
 
 AUGMENTATIONS = ('pad_crop', 'inception_crop', 'none')
+DECODERS = ('tf', 'dali')
 
 
 def _to_float(image):
@@ -68,17 +69,33 @@ def _decode_crop(data, channels, window):
   return tf.cond(tf.io.is_jpeg(data), jpeg, other)
 
 
+def _inception_window(seed):
+  """`window(shape) -> (begin, size)`: Inception's random crop, 8–100 % of the area at an
+  aspect ratio of 3/4–4/3 (Szegedy et al. 2015), drawn from `seed`."""
+  tf = tf_import.tensorflow()
+
+  def window(shape):
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape, tf.zeros((1, 0, 4)), seed=seed, area_range=(0.08, 1.0),
+        aspect_ratio_range=(3 / 4, 4 / 3), use_image_if_no_bounding_boxes=True)
+    return begin, crop_size
+  return window
+
+
+def _flips(seed):
+  """Whether the image drawn with `seed` is mirrored: `tf.image.stateless_random_flip_left_
+  right`'s own rule (a uniform draw below 0.5), so that a decoder elsewhere mirrors the
+  same images."""
+  tf = tf_import.tensorflow()
+  return tf.random.stateless_uniform([], seed=seed, minval=0, maxval=1.0) < 0.5
+
+
 def _augment(data, seed, size, kind, crop_padding, flip, channels):
   """Encoded image → augmented float image of `size`², deterministic in `seed`."""
   tf = tf_import.tensorflow()
   seeds = tf.random.experimental.stateless_split(seed, 3)
   if kind == 'inception_crop':
-    def window(shape):
-      begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-          shape, tf.zeros((1, 0, 4)), seed=seeds[0], area_range=(0.08, 1.0),
-          aspect_ratio_range=(3 / 4, 4 / 3), use_image_if_no_bounding_boxes=True)
-      return begin, crop_size
-    image = _resize(_to_float(_decode_crop(data, channels, window)), size)
+    image = _resize(_to_float(_decode_crop(data, channels, _inception_window(seeds[0]))), size)
   else:
     image = _resize(_to_float(_decode(data, channels)), size)
     if kind == 'pad_crop' and crop_padding:
@@ -87,6 +104,34 @@ def _augment(data, seed, size, kind, crop_padding, flip, channels):
   if flip:
     image = tf.image.stateless_random_flip_left_right(image, seeds[2])
   return image
+
+
+def _shape(data, channels):
+  """An encoded image's [height, width, channels]: read from a JPEG's header, else decoded."""
+  tf = tf_import.tensorflow()
+  return tf.cond(tf.io.is_jpeg(data), lambda: tf.image.extract_jpeg_shape(data),
+                 lambda: tf.shape(_decode(data, channels)))
+
+
+def _augment_plan(data, seed, size, kind, crop_padding, flip, channels):
+  """What `_augment` does to one image, for a decoder elsewhere (`jaxpar.data.dali`), drawn
+  from the same `seed` as `_augment`'s: a window [top, left, height, width] — for
+  'inception_crop' of the encoded image, the part decoded; for 'pad_crop' of the image
+  resized to `size`², the part kept, reaching up to `crop_padding` past its edges (zeros
+  there); for 'none' (or no padding) zeros: the whole image — and whether it is mirrored."""
+  tf = tf_import.tensorflow()
+  seeds = tf.random.experimental.stateless_split(seed, 3)
+  window = tf.zeros(4, tf.int32)
+  if kind == 'inception_crop':
+    begin, extent = _inception_window(seeds[0])(_shape(data, channels))
+    window = tf.cast(tf.concat([begin[:2], extent[:2]], 0), tf.int32)
+  elif kind == 'pad_crop' and crop_padding:
+    # tf.image.stateless_random_crop's offset into the padded image, its own rule.
+    limit = tf.constant([2 * crop_padding + 1, 2 * crop_padding + 1, 1])
+    offset = tf.random.stateless_uniform([3], seed=seeds[1], maxval=tf.int32.max,
+                                         dtype=tf.int32) % limit
+    window = tf.concat([offset[:2] - crop_padding, [size, size]], 0)
+  return window, (_flips(seeds[2]) if flip else tf.constant(False))
 
 
 def eval_image(data, size, kind, channels):
@@ -101,11 +146,13 @@ def eval_image(data, size, kind, channels):
 
 def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
                   augment: str, crop_padding: int, flip: bool, shuffle_buffer: int,
-                  cache: bool):
-  """Yields numpy batches of `batch` examples, this process's part of the stream of the
-  records it reads (`source.train_part`: its `batch` of each `batch × count` from `start`),
-  beginning at position `start` of that stream (`source.stream_start` of the run's example
-  count)."""
+                  cache: bool, decoder: str = 'tf'):
+  """Yields batches of `batch` examples, this process's part of the stream of the records it
+  reads (`source.train_part`: its `batch` of each `batch × count` from `start`), beginning
+  at position `start` of that stream (`source.stream_start` of the run's example count).
+  `decoder='tf'`: tf.data decodes and augments here, numpy batches; 'dali': tf.data reads
+  the files and draws each image's window and flip as it would, NVIDIA DALI decodes and
+  augments (`jaxpar.data.dali`: on the GPU where JAX runs on one, its batches there)."""
   tf = tf_import.tensorflow()
   base = source.train_records()
   if cache:
@@ -122,14 +169,24 @@ def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
 
   def prepare(position, record):
     ex = load(record)
-    image = _augment(ex['image'], tf.stack([tf.constant(seed, tf.int64), position]),
-                     image_size, augment, crop_padding, flip, source.channels)
+    seeds = tf.stack([tf.constant(seed, tf.int64), position])
+    if decoder == 'dali':
+      window, flips = _augment_plan(ex['image'], seeds, image_size, augment, crop_padding, flip,
+                                    source.channels)
+      return {'encoded': ex['image'], 'window': window, 'flip': flips, 'label': ex['label']}
+    image = _augment(ex['image'], seeds, image_size, augment, crop_padding, flip,
+                     source.channels)
     return {'image': image, 'label': ex['label']}
   ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
   options = tf.data.Options()
   options.autotune.enabled = False  # see the module docstring
-  return ds.with_options(options).as_numpy_iterator()
+  stream = ds.with_options(options).as_numpy_iterator()
+  if decoder == 'dali':
+    from jaxpar.data import dali
+    return dali.decoded(stream, batch=batch, image_size=image_size, channels=source.channels,
+                        augment=augment if augment != 'pad_crop' or crop_padding else 'none')
+  return stream
 
 
 def eval_batches(source, *, batch: int, num_batches: int, image_size: int, augment: str,
