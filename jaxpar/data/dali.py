@@ -20,9 +20,10 @@ prefetch queue).
 
 The pixels: tf.data decodes JPEGs with libjpeg's fast integer inverse DCT, DALI with the
 accurate one (about a grey level on average, at most 5); with the same inverse DCT every
-pixel is equal but on the resized image's outermost rows and columns, where the two
-resamplers treat the edge differently; without resampling, all (tests/test_dali.py; the
-scale is a division, as tf.data's, to the last bit). Evaluation keeps tf.data's decoder:
+pixel is equal to float rounding (DALI resizes the integers, then scales; tf.data the
+other way round) but on the resized image's outermost rows and columns, where the two
+resamplers treat the edge differently; without resampling, to the last bit
+(tests/test_dali.py; the scale is a division, as tf.data's). Evaluation keeps tf.data's decoder:
 its batches are decoded once and kept (`dataset.eval_cache_mb`).
 
 Needs NVIDIA DALI (`pip install -e '.[dali]'`, Linux); imported only where chosen.
