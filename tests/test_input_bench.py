@@ -2,7 +2,10 @@
 the ImageNet stream's images/s on k cores beside the GPU steps' appetite."""
 import os
 
+import pytest
+
 from jaxpar import config as config_lib
+from jaxpar.data import dali
 from analysis.benchmarks import input_bench, input_rate
 
 
@@ -19,13 +22,16 @@ def test_input_bench_on_generated_jpegs(tmp_path, monkeypatch):
   assert result['input_images_per_s'] > 0 and result['step_images_per_s'] > 0
 
 
+@pytest.mark.parametrize('which', ['tf', pytest.param('dali', marks=pytest.mark.skipif(
+    not dali.available(), reason="NVIDIA DALI is not installed (pip install -e '.[dali]')"))])
 def test_input_rate_writes_imagenet_shapes_and_times_the_stream_on_k_cores(tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, which):
   monkeypatch.setenv('HOME', str(tmp_path / 'home'))
   images = input_rate.write_images(str(tmp_path / 'jpegs'), 10, classes=2)
   assert images['count'] == 10 and images['mean_bytes'] > 0
   assert images['mean_pixels'] == sum(h * w for h, w in input_rate.SHAPES) / 5
-  rates = input_rate.measure(str(tmp_path / 'jpegs'), rounds=1, batches=1, max_cores=1)
+  rates = input_rate.measure(str(tmp_path / 'jpegs'), rounds=1, batches=1, max_cores=1,
+                             which=which)
   assert list(rates) == [1] and rates[1]['median'] > 0 and len(rates[1]['samples']) == 1
 
 
