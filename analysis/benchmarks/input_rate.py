@@ -290,7 +290,7 @@ def main(argv=None):
     import nvidia.dali
     found['nvidia-dali'] = nvidia.dali.__version__
     decoded_on = 'gpu' if jax.default_backend() == 'gpu' else 'cpu'
-  elif args.pipeline not in ('tf', 'dali'):
+  elif args.pipeline != 'tf':
     import torch
     import torchvision
     found |= {'torch': torch.__version__, 'torchvision': torchvision.__version__}

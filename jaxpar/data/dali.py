@@ -98,7 +98,7 @@ def decoded(stream, *, batch: int, image_size: int, channels: int, augment: str,
       read[0] += 1
       yield ([np.frombuffer(e, np.uint8) for e in b['encoded']], b['window'], b['flip'],
              b['label'])
-  batches, given, failed = source(), 0, 0
+  batches, settled, failed = source(), 0, 0  # settled: batches yielded or skipped
   while True:
     with warnings.catch_warnings():  # 'none' leaves the windows unread
       warnings.filterwarnings('ignore', message='The external source node')
@@ -116,13 +116,13 @@ def decoded(stream, *, batch: int, image_size: int, channels: int, augment: str,
         else:
           import jax.dlpack
           images = jax.dlpack.from_dlpack(images.as_tensor()).copy()
-        given, failed = given + 1, 0
+        settled, failed = settled + 1, 0
         yield {'image': images, 'label': labels.as_array()}
     except RuntimeError as e:
       failed += 1
       if failed >= tries:
         raise
-      lost, given = read[0] - given, read[0]
+      lost, settled = read[0] - settled, read[0]
       logging.warning('DALI could not decode a training batch (%s): %d batch(es) of %d read '
                       'and not yet trained on skipped; the stream goes on.',
                       _reason(e), lost, batch)

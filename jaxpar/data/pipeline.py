@@ -83,11 +83,19 @@ def _inception_window(seed):
 
 
 def _flips(seed):
-  """Whether the image drawn with `seed` is mirrored: `tf.image.stateless_random_flip_left_
-  right`'s own rule (a uniform draw below 0.5), so that a decoder elsewhere mirrors the
-  same images."""
+  """Whether the image drawn with `seed` is mirrored: a uniform draw below 0.5
+  (`tf.image.stateless_random_flip_left_right`'s rule), read by both decoders."""
   tf = tf_import.tensorflow()
   return tf.random.stateless_uniform([], seed=seed, minval=0, maxval=1.0) < 0.5
+
+
+def _pad_crop_offset(seed, crop_padding):
+  """Where 'pad_crop' cuts its image from the one padded by `crop_padding`: [top, left, 0],
+  each 0..2·crop_padding (`tf.image.stateless_random_crop`'s rule), read by both
+  decoders."""
+  tf = tf_import.tensorflow()
+  limit = tf.constant([2 * crop_padding + 1, 2 * crop_padding + 1, 1])
+  return tf.random.stateless_uniform([3], seed=seed, maxval=tf.int32.max, dtype=tf.int32) % limit
 
 
 def _augment(data, seed, size, kind, crop_padding, flip, channels):
@@ -100,9 +108,9 @@ def _augment(data, seed, size, kind, crop_padding, flip, channels):
     image = _resize(_to_float(_decode(data, channels)), size)
     if kind == 'pad_crop' and crop_padding:
       image = tf.pad(image, [[crop_padding] * 2, [crop_padding] * 2, [0, 0]])
-      image = tf.image.stateless_random_crop(image, (size, size, channels), seeds[1])
+      image = tf.slice(image, _pad_crop_offset(seeds[1], crop_padding), [size, size, channels])
   if flip:
-    image = tf.image.stateless_random_flip_left_right(image, seeds[2])
+    image = tf.cond(_flips(seeds[2]), lambda: tf.reverse(image, [1]), lambda: image)
   return image
 
 
@@ -126,10 +134,7 @@ def _augment_plan(data, seed, size, kind, crop_padding, flip, channels):
     begin, extent = _inception_window(seeds[0])(_shape(data, channels))
     window = tf.cast(tf.concat([begin[:2], extent[:2]], 0), tf.int32)
   elif kind == 'pad_crop' and crop_padding:
-    # tf.image.stateless_random_crop's offset into the padded image, its own rule.
-    limit = tf.constant([2 * crop_padding + 1, 2 * crop_padding + 1, 1])
-    offset = tf.random.stateless_uniform([3], seed=seeds[1], maxval=tf.int32.max,
-                                         dtype=tf.int32) % limit
+    offset = _pad_crop_offset(seeds[1], crop_padding)
     window = tf.concat([offset[:2] - crop_padding, [size, size]], 0)
   return window, (_flips(seeds[2]) if flip else tf.constant(False))
 
