@@ -49,15 +49,19 @@ class Result:
   # target against its prediction (`planner.TargetClock.outcome`)
 
 
-def train_and_evaluate(cfg, workdir: str) -> Result:
+def train_and_evaluate(cfg, workdir: str, warmup_from_recipe: bool = False) -> Result:
+  """Trains and evaluates as the command line does. `warmup_from_recipe`: the config's
+  `optimizer.warmup_steps` was not asked for, so a run too short for it shortens it
+  (`validation.validate_schedule`; the command line passes whether the flag was given)."""
   stop = StopSignals()
   try:
-    return _train_and_evaluate(cfg, workdir, stop)
+    return _train_and_evaluate(cfg, workdir, stop, warmup_from_recipe)
   finally:
     stop.restore()
 
 
-def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
+def _train_and_evaluate(cfg, workdir: str, stop: StopSignals,
+                        warmup_from_recipe: bool = False) -> Result:
   started = time.perf_counter()
   # ------------------------------------------------------------------ config (and plan)
   _check_workdir(workdir)
@@ -80,7 +84,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals) -> Result:
   total_steps = config_lib.run_steps(cfg, source.num_train_global)
   if plan:
     total_steps = planner.run_length(plan, total_steps)
-  validation.validate_schedule(cfg, total_steps)
+  validation.validate_schedule(cfg, total_steps, warmup_from_recipe)
   logging.info('%s, %s: global batch %d on mesh %s %s, %d steps; %d train / %d test examples.',
                cfg.model + (' with BatchNorm after each convolution (config.batch_norm=True, '
                             'not in the published network)' if cfg.batch_norm else ''),
@@ -215,7 +219,9 @@ def main(argv):
   try:
     cfg = _CONFIG.value
     compile_cache.apply(cfg.compilation_cache, multihost.process_count_of(**cfg.distributed))
-    result = _train_and_evaluate(cfg, _WORKDIR.value, stop)
+    asked = config_flags.get_override_values(flags.FLAGS['config'])
+    result = _train_and_evaluate(cfg, _WORKDIR.value, stop,
+                                 warmup_from_recipe='optimizer.warmup_steps' not in asked)
   except config_lib.ConfigError as e:
     print(f'jaxpar: {e}', file=sys.stderr)
     sys.exit(2)

@@ -447,9 +447,21 @@ def validate_devices(c, device_count: int, process_count: int) -> None:
           f"choose 'sync-split' or 'sync-join'")
 
 
-def validate_schedule(c, total_steps: int) -> None:
-  if c.optimizer.warmup_steps >= total_steps:
-    _fail('optimizer.warmup_steps', c.optimizer.warmup_steps,
-          f'must be below the run length of {total_steps} steps')
+def validate_schedule(c, total_steps: int, warmup_from_recipe: bool = False) -> None:
+  """The warm-up fits the run. `warmup_from_recipe`: `optimizer.warmup_steps` is the
+  config's own (its dataset recipe's, e.g. the digits' 20 steps), not one the user asked
+  for; where it does not fit a shorter run it becomes a quarter of the run (as
+  configs/thesis.py sizes it), in place and logged. Asked for (the default), it is an error."""
+  warmup = c.optimizer.warmup_steps
+  if warmup < total_steps:
+    return
+  if not warmup_from_recipe:
+    _fail('optimizer.warmup_steps', warmup,
+          f'must be below the run length of {total_steps} steps: set it to at most '
+          f'{total_steps - 1}')
+  c.optimizer.warmup_steps = total_steps // 4
+  logging.info("optimizer.warmup_steps=%d: the config's %d warm-up steps do not fit a run of %d "
+               'steps, a quarter of it instead (--config.optimizer.warmup_steps sets it).',
+               c.optimizer.warmup_steps, warmup, total_steps)
 
 

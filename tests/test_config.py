@@ -321,8 +321,17 @@ def test_thesis_config_rejects_a_bad_cell_by_field():
 
 
 def test_warmup_must_fit_in_the_run():
-  with pytest.raises(config_lib.ConfigError, match='config.optimizer.warmup_steps=50'):
+  with pytest.raises(config_lib.ConfigError, match='config.optimizer.warmup_steps=50 .* at most 39'):
     validation.validate_schedule(_config(), 40)
+
+
+@pytest.mark.parametrize('total_steps, warmup', [(40, 10), (50, 12), (3, 0), (51, 50)])
+def test_a_recipes_warmup_too_long_for_the_run_becomes_a_quarter_of_it(total_steps, warmup):
+  """Not asked for (the config's own 50 steps), a warm-up that does not fit the run is cut
+  to a quarter of it; one that fits stays."""
+  c = _config()
+  validation.validate_schedule(c, total_steps, warmup_from_recipe=True)
+  assert c.optimizer.warmup_steps == warmup
 
 
 @pytest.mark.parametrize('flag, error', [
@@ -332,10 +341,15 @@ def test_warmup_must_fit_in_the_run():
                                "are in jaxpar/config.py defaults()"),
     ('--config=configs/resnet34_2d.py:mnist', "jaxpar: config file argument 'mnist' is invalid: "
      "choose one of ['digits', 'cifar10', 'imagenet2012', 'caltech256']"),
+    # Asked for on the command line, a warm-up as long as the run is refused (the recipe's
+    # own is shortened: tests/test_train.py).
+    ('--config.total_steps=20 --config.optimizer.warmup_steps=20',
+     'jaxpar: config.optimizer.warmup_steps=20 is invalid: must be below the run length of 20 '
+     'steps: set it to at most 19'),
 ])
 def test_cli_prints_one_line_and_exits_nonzero(tmp_path, flag, error):
   proc = subprocess.run(
-      [sys.executable, '-m', 'jaxpar.train', '--config', 'configs/resnet34_2d.py', flag,
+      [sys.executable, '-m', 'jaxpar.train', '--config', 'configs/resnet34_2d.py', *flag.split(),
        f'--workdir={tmp_path}'],
       capture_output=True, text=True, timeout=300,
       cwd=__file__.rsplit('/tests/', 1)[0])

@@ -57,6 +57,26 @@ def test_resumed_training_reproduces_the_uninterrupted_run(data_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_shorter_than_its_recipes_warmup_trains_with_a_quarter_of_it(data_dir, tmp_path):
+  """`--config.total_steps=4` on a config whose digits recipe warms up for 20 steps: the
+  command line did not ask for that warm-up, so the run takes a quarter of its length
+  (1 step), says so and trains; asked for, it is one line and exit 2 (tests/test_config.py)."""
+  import subprocess
+  import sys
+  from runs import ROOT, config_file, process_env
+  assert config_file('squeezenet').optimizer.warmup_steps == 20
+  proc = subprocess.run(
+      [sys.executable, '-m', 'jaxpar.train', '--config', 'configs/squeezenet.py',
+       f'--workdir={tmp_path}', f'--config.dataset.data_dir={data_dir}', '--config.mesh.shape=2',
+       '--config.image_size=16', '--config.total_steps=4'],
+      env=process_env(share_compiled=True), capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert ("optimizer.warmup_steps=1: the config's 20 warm-up steps do not fit a run of 4 steps"
+          in proc.stderr)
+  assert 'test accuracy: top-1' in proc.stdout
+
+
+@pytest.mark.slow
 def test_async_run_through_the_cli_applies_every_batch_and_reports_staleness(data_dir, tmp_path):
   """Downpour through `train_and_evaluate`: 8 worker threads and a distributed server apply
   each of the run's 6 batches once, evaluate, and write the staleness (resuming an async
