@@ -25,7 +25,7 @@ from jaxpar import config as config_lib
 from jaxpar import checkpoint as checkpoint_lib
 from jaxpar.checkpoint import CheckpointError, Checkpoints
 from jaxpar.data import sources
-from jaxpar.evaluation import evaluate
+from jaxpar.evaluation import evaluate, evaluate_model
 from jaxpar.metrics import Reporter
 from jaxpar.plan import planner
 from jaxpar.preemption import EXIT_RESUMABLE, StopSignals
@@ -146,7 +146,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals,
     if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
       with reporter.paused():
         state = loop.synced(state)
-        results = evaluate(eval_step, strategy.variables(state), mesh, source, cfg)
+        results = evaluate_model(eval_step, strategy, state, mesh, source, cfg)
       reporter.evaluation(step, results)
     # One process stops at the step a signal finds in flight; several stop together at the
     # step JAX's preemption service agrees on (`due` is true there, then `reached_preemption`).
@@ -167,7 +167,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals,
   results = {}
   # Stopped at the last step: evaluated on resuming (stop_after_steps, a signal).
   if (step == total_steps or at_target) and not stopped_by:
-    results = evaluate(eval_step, strategy.variables(state), mesh, source, cfg)
+    results = evaluate_model(eval_step, strategy, state, mesh, source, cfg)
     reporter.evaluation(step, results)
   checkpoints.close()
   reporter.close()
@@ -243,6 +243,8 @@ def main(argv):
     print(f"test accuracy: top-1 {result.eval['top1']:.2%}, top-5 {result.eval['top5']:.2%} "
           f"on {int(result.eval['count'])} examples"
           + (f' ({skipped} unreadable image files skipped)' if skipped else '')
+          + (f" (the replicas' average; replica 0 alone: top-1 "
+             f"{result.eval['top1_replica0']:.2%})" if 'top1_replica0' in result.eval else '')
           + f'; wall time {result.wall_time:.1f} s'
           + (f"; {result.plan['summary']}" if result.plan else ''))
   else:

@@ -72,6 +72,26 @@ def test_replicas_differ_between_averaging_points_and_agree_after(warmup):
       np.mean(jax.tree.leaves(middle.params)[0], axis=0), rtol=1e-6)
 
 
+def test_replica_spread_and_one_replica_read_from_the_per_device_state():
+  """`replica_spread` is max_i ‖w_i − w̄‖ / ‖w̄‖ over every parameter (numpy's, on the
+  state after 2 local steps; 0 but rounding right after an average); `replica_variables` is device i's
+  own copy."""
+  mesh = make_mesh((8,), ('data',))
+  local = LocalSGD(mesh, every=3)
+  states = _states(local, mesh, random_batches(3, batch=32))
+  leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(states[1].params)]
+  flat = np.concatenate([x.reshape(8, -1) for x in leaves], axis=1)
+  mean = flat.mean(0)
+  expected = max(np.linalg.norm(r - mean) for r in flat) / np.linalg.norm(mean)
+  assert expected > 1e-4
+  assert local.replica_spread(states[1]) == pytest.approx(expected, rel=1e-4)
+  assert local.replica_spread(states[2]) < 1e-6  # averaged after the third step (rounding)
+  own = local.replica_variables(states[1], 5)
+  for mine, stacked in zip(jax.tree.leaves(own), jax.tree.leaves(
+      {'params': states[1].params, 'batch_stats': states[1].batch_stats})):
+    np.testing.assert_array_equal(mine, stacked[5])
+
+
 def test_resumed_local_sgd_equals_the_uninterrupted_run(tmp_path):
   """Checkpointed between averaging points, where every replica is its own."""
   mesh = make_mesh((8,), ('data',))

@@ -109,6 +109,55 @@ def test_evaluation_reads_a_small_split_once_and_replays_the_same_batches(data_d
     assert (len(reads) > before) == read_again
 
 
+def test_replicas_far_apart_are_evaluated_as_their_average_and_as_replica_0(data_dir, caplog):
+  """`evaluate_model`: the strategy's `variables` (for replicas their average) with
+  `replica_spread`; above `SPREAD_WARN` also replica 0's own model, and a warning. A
+  strategy without replicas: `evaluate` alone."""
+  import jax
+  import jax.numpy as jnp
+  from jaxpar import evaluation
+  from jaxpar.mesh import make_mesh
+  mesh = make_mesh((1,), ('data',), jax.devices()[:1])
+
+  def sums(variables, batch):  # a "model" whose every score is its weight w
+    mask = batch['mask']
+    return {'top1': jnp.sum(mask) * variables['w'], 'top5': jnp.sum(mask) * variables['w'],
+            'loss': jnp.sum(mask) * variables['w'], 'count': jnp.sum(mask)}
+
+  class Replicas:
+    def __init__(self, spread):
+      self.spread = spread
+
+    def variables(self, state):
+      return {'w': jnp.mean(state)}
+
+    def replica_spread(self, state):
+      return self.spread
+
+    def replica_variables(self, state, index):
+      return {'w': state[index]}
+
+  class Whole:
+    def variables(self, state):
+      return {'w': state[0]}
+
+  cfg = config_lib.defaults()
+  cfg.image_size, cfg.eval_batch = 16, 64
+  cfg.dataset.data_dir = data_dir
+  source = sources.open_source(cfg.dataset)
+  state = jnp.array([0.75, 0.25])
+  evaluate = lambda strategy: evaluation.evaluate_model(sums, strategy, state, mesh, source, cfg)
+  assert evaluate(Whole()) == evaluation.evaluate(sums, {'w': 0.75}, mesh, source, cfg)
+  close = evaluate(Replicas(evaluation.SPREAD_WARN / 2))
+  assert close['top1'] == pytest.approx(0.5) and close['replica_spread'] == 0.025
+  assert 'top1_replica0' not in close and 'apart' not in caplog.text
+  apart = evaluate(Replicas(0.1))
+  assert apart['top1'] == pytest.approx(0.5) and apart['replica_spread'] == 0.1
+  assert [apart[f'{k}_replica0'] for k in ('top1', 'top5', 'loss')] == pytest.approx([0.75] * 3)
+  assert ('The replicas are 10.0 % apart' in caplog.text
+          and 'top-1 50.00 %, replica 0 alone 75.00 %' in caplog.text)
+
+
 def test_an_evaluation_of_the_first_examples_gives_their_mean_and_its_standard_error(data_dir):
   """`evaluate(..., examples=n)`: the split's first n examples, every time the same, the loss
   with its standard error (from the summed squares) as numpy computes them."""

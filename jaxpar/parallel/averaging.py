@@ -22,8 +22,9 @@ Hierarchical Local SGD (config `local_sgd_group_size` = G > 1; SparkNet's and Py
 devices of each group of G — trailing mesh axes, e.g. one host's — all-reduce their
 gradients every step and so train one replica together; the groups' replicas are
 averaged every τ steps. τ = 1 is synchronous SGD over the whole mesh.
-Evaluation reads the average of the replicas (`variables`); checkpoints keep every
-replica, so a resumed run continues exactly.
+Evaluation reads the average of the replicas (`variables`), and replica 0 alone where
+they have drifted apart (`replica_spread`, `evaluation.evaluate_model`); checkpoints keep
+every replica, so a resumed run continues exactly.
 """
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,9 @@ class Replicas(optim.WholeTensors):
     self.devices = mesh.size
     self.layout = layouts.PerDevice(mesh)
     self._mean = jax.jit(self.layout.mean, out_shardings=NamedSharding(mesh, P()))
+    self._spread = jax.jit(self.layout.spread)
+    self._pick = jax.jit(self.layout.pick, static_argnums=1,
+                         out_shardings=NamedSharding(mesh, P()))
 
   def state_specs(self, state):
     return self.layout.state_specs(state, 'params', 'batch_stats', 'opt_state')
@@ -64,6 +68,16 @@ class Replicas(optim.WholeTensors):
   def variables(self, state):
     """The average of the replicas (what they would be averaged to now)."""
     return self._mean({'params': state.params, 'batch_stats': state.batch_stats})
+
+  def replica_spread(self, state) -> float:
+    """How far apart the replicas' parameters are: their largest distance from their mean,
+    relative to its norm (`layouts.PerDevice.spread`). Right after an average 0; where it
+    is large their average is a model none of them trained (`evaluation.evaluate_model`)."""
+    return float(self._spread(state.params))
+
+  def replica_variables(self, state, index: int) -> dict:
+    """Replica `index`'s own {'params', 'batch_stats'}, replicated on the mesh."""
+    return self._pick({'params': state.params, 'batch_stats': state.batch_stats}, index)
 
 
 class LocalSGD(Replicas):

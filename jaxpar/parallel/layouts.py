@@ -60,3 +60,15 @@ class PerDevice:
   def mean(self, tree):
     """Outside shard_map: the mean of the copies (jit it)."""
     return tree if self.n == 1 else jax.tree.map(lambda x: jnp.mean(x, axis=0), tree)
+
+  def spread(self, tree):
+    """Outside shard_map: the copies' largest distance from their mean, relative to the
+    mean's norm, max_i ‖w_i − w̄‖ / ‖w̄‖ over all leaves together (jit it; 0 for one copy
+    or equal copies)."""
+    if self.n == 1:
+      return jnp.float32(0)
+    leaves = [x.astype(jnp.float32) for x in jax.tree.leaves(tree)]
+    means = [jnp.mean(x, axis=0) for x in leaves]
+    distances = sum(jnp.sum(jnp.square(x - m), axis=tuple(range(1, x.ndim)))
+                    for x, m in zip(leaves, means))
+    return jnp.sqrt(jnp.max(distances) / sum(jnp.sum(jnp.square(m)) for m in means))
