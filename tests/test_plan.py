@@ -32,6 +32,36 @@ def test_steps_follow_the_batch_model_from_one_serial_run():
   assert model.predict(fitted, 64) == pytest.approx(rank.steps_at(400, 16, 48, 64))
 
 
+def test_steps_through_two_runs_where_k_fell_faster_than_one_over_b():
+  """The README's plan on an Intel Xeon (2026-12-05): K_b = 1530 at b = 16, K = 295 at B = 64,
+  fewer than perfect scaling's 382.5 — no B_noise ≥ 0 draws the batch model through both
+  (the fit: ∞). K(B) = K_b·(b/B)^α through both, α = ln(1530/295)/ln 4; beyond B perfect
+  scaling from B. Where the larger run took more than perfect scaling, `through` changes
+  nothing."""
+  through = (64, 295.0)
+  assert planner.batch_fit(1530, 16, {'batch': 64, 'K': 295, 'stopped': 'reached'}) == math.inf
+  assert rank.faster(1530, 16, through) and not rank.faster(1530, 16, (64, 400.0))
+  assert rank.steps_at(1530, 16, math.inf, 16, through) == pytest.approx(1530)
+  assert rank.steps_at(1530, 16, math.inf, 64, through) == pytest.approx(295)
+  alpha = math.log(1530 / 295) / math.log(4)
+  assert rank.steps_at(1530, 16, math.inf, 32, through) == pytest.approx(1530 / 2 ** alpha)
+  assert 295 < rank.steps_at(1530, 16, math.inf, 32, through) < 1530 / 2
+  assert rank.steps_at(1530, 16, math.inf, 128, through) == pytest.approx(147.5)
+  assert rank.steps_at(1530, 16, math.inf, 32, (64, 400.0)) == pytest.approx(765)
+  assert rank.steps_at(1530, 16, 48, 32, through) == rank.steps_at(1530, 16, 48, 32)
+  # A candidate of the serial maths at B is ranked at the run's own K; BN per device's run
+  # moves its rows from the curve through both.
+  one = candidates.Candidate('sync-split', 'allreduce', 1, 64, 'all')
+  row, = rank.rank([{'candidate': one, 't_predicted': 0.01}], 1530, 16, (math.inf,) * 3,
+                   fitted=True, through=through)
+  assert row['K'][0] == pytest.approx(295)
+  assert 'faster than 1/B' in ' '.join(row['notes'])
+  methods = {'bn_device': {'K': 859.0, 'batch': 32, 'stopped': 'reached'}}
+  device = candidates.Candidate('sync-split', 'allreduce', 2, 64, 'device')
+  assert rank.steps(device, 1530, 16, math.inf, methods, through) == pytest.approx(
+      295 * 859 / (1530 / 2 ** alpha))
+
+
 def test_noise_near_target_reads_the_last_third():
   track = [{'b_noise': v} for v in (1000, 5, None, 7, 9, 1, 40, 60, 50)]
   assert rank.noise_near_target(track) == (50, 40, 60)

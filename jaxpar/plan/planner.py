@@ -267,10 +267,17 @@ class _Planning:
     """The batch model's second point, where the run at the large batch gives one."""
     noise, large = self.noise, self.alone.get('large')
     self.fitted = batch_fit(self.k_b, self.b, large) if reached else None
+    self.through = None
     if self.fitted is not None:  # two measured points: the model through both, not the noise scale
+      self.through = (large['batch'], large['K'])
+      k_b, b = self.k_b, self.b
+      faster = rank.faster(k_b, b, self.through)
       self.log(f"Plan: K at batch {large['batch']}: {large['K']:.0f} steps; the batch "
-               f'model through it and K_b: B_noise = {self.fitted:.1f} (the gradient noise '
-               f'scale read {noise[0]:.1f}).')
+               f'model through it and K_b: ' + (
+                   f"K fell faster than 1/B, K(B) = K_b·(b/B)^α with α = "
+                   f"{math.log(k_b / large['K']) / math.log(large['batch'] / b):.2f}"
+                   if faster else f'B_noise = {self.fitted:.1f}')
+               + f' (the gradient noise scale read {noise[0]:.1f}).')
       noise = (self.fitted,) * 3
     self.short = batch_bound(self.k_b, self.b, large) if reached else None
     if self.short:  # a run at B short of the target: K(B) at least its steps, B_noise at most so
@@ -295,7 +302,7 @@ class _Planning:
     self.mark('methods')
     local = next((c for c in self.found if c.family == 'local_sgd'), None)
     if local:
-      methods = rank.reference(methods, local, self.k_b, self.b, self.noise[0])
+      methods = rank.reference(methods, local, self.k_b, self.b, self.noise[0], self.through)
     if methods:
       log(f"Plan [{self.since()}]: the methods' steps: " + ', '.join(
           family + (f" τ={run['period']}" if 'period' in run else '') + f" {run['K']:.0f}"
@@ -462,7 +469,8 @@ class _Planning:
     self.alone_rows = {c: self.alone['windows'][c.label] for c in self.timed_alone
                        if c.label in self.alone['windows']}
     rows = rank.predict(self.found,
-                        lambda c: rank.steps(c, self.k_b, self.b, self.noise[0], self.methods),
+                        lambda c: rank.steps(c, self.k_b, self.b, self.noise[0], self.methods,
+                                             self.through),
                         self.bound, self.cost, self.p.close, self.past_preparing)
     for row in rows:
       c = row['candidate']
@@ -532,7 +540,7 @@ class _Planning:
   def rerank(self) -> list:
     return rank.rank(self.rows, self.k_b, self.b, self.noise, self.saves, self.spread,
                      self.methods, fitted=self.fitted is not None,
-                     beyond=self.short and self.short[1:])
+                     beyond=self.short and self.short[1:], through=self.through)
 
   def measure(self):
     ranked = time_the_close_ones(self.rows, self.rerank, self.calls_of, self.cost, self.p,

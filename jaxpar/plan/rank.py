@@ -9,7 +9,8 @@ reaches the target in K_b steps; with the gradient noise scale B_noise measured 
 
 so K(B) = K_b·(1 + B_noise/B)/(1 + B_noise/b). Where a second serial run at the largest
 batch reached the target, B_noise is the one that draws K(B) through both runs
-(`planner.batch_fit`); else it is read near the target (where the run spends its last
+(`planner.batch_fit`) — and where K fell faster than 1/B there, which no B_noise ≥ 0 draws,
+K(B) = K_b·(b/B)^α through both, α = ln(K_b/K_B)/ln(B/b) > 1 (`steps_at`'s `through`); else it is read near the target (where the run spends its last
 steps), the spread of those readings giving K's range — capped, where the run at the
 largest batch stopped short at step S, by the fit through (B, S), the rows of the serial
 maths at B and beyond then taking at least S steps (`planner.batch_bound`). A B_noise
@@ -63,11 +64,28 @@ import numpy as np
 from jaxpar.perfmodel import steps_model
 
 
-def steps_at(k_b: float, b: float, b_noise: float, batch: float) -> float:
-  """K(B) from K_b at batch b and B_noise (∞: perfect scaling)."""
+def steps_at(k_b: float, b: float, b_noise: float, batch: float,
+             through: tuple | None = None) -> float:
+  """K(B) from K_b at batch b and B_noise (∞: perfect scaling). `through`: (B, K_B), the
+  serial run at the larger batch B that reached the target, which B_noise's fit draws the
+  model through (`planner.batch_fit`) — except where K_B is below perfect scaling's K_b·b/B
+  (K fell faster than 1/B: the fit's B_noise is ∞), where K(B) = K_b·(b/B)^α between the two,
+  α = ln(K_b/K_B)/ln(B/b), and perfect scaling from the nearer one outside them."""
   if not math.isfinite(b_noise):
+    if faster(k_b, b, through):
+      big, k_big = through
+      if batch >= big:
+        return k_big * big / batch
+      if batch > b:
+        return k_b * (b / batch) ** (math.log(k_b / k_big) / math.log(big / b))
     return k_b * b / batch
   return k_b * (1 + b_noise / batch) / (1 + b_noise / b)
+
+
+def faster(k_b: float, b: float, through: tuple | None) -> bool:
+  """Whether the run at the larger batch (`through`: (B, K_B)) took fewer steps than perfect
+  scaling from K_b: K fell faster than 1/B (`steps_at`)."""
+  return bool(through) and through[1] < k_b * b / through[0]
 
 
 def noise_near_target(track: list, share: float = 1 / 3) -> tuple:
@@ -82,21 +100,23 @@ def noise_near_target(track: list, share: float = 1 / 3) -> tuple:
   return float(np.median(finite)), float(min(finite)), float(max(finite))
 
 
-def steps(c, k_b: float, b: int, b_noise: float, methods: dict | None = None) -> float:
-  """Candidate `c`'s K at the given B_noise: the batch model for the serial maths, each other
-  family from its run in `methods` ({family: {'K', 'batch'?, 'period'?}}, the module
-  docstring); a family not in `methods` as BN over all devices at its batch."""
+def steps(c, k_b: float, b: int, b_noise: float, methods: dict | None = None,
+          through: tuple | None = None) -> float:
+  """Candidate `c`'s K at the given B_noise: the batch model for the serial maths (`through`:
+  `steps_at`'s), each other family from its run in `methods` ({family: {'K', 'batch'?,
+  'period'?}}, the module docstring); a family not in `methods` as BN over all devices at
+  its batch."""
   methods = methods or {}
-  sync = steps_at(k_b, b, b_noise, c.batch)
+  sync = steps_at(k_b, b, b_noise, c.batch, through)
   if c.family == 'async':
     return methods['async']['K'] if 'async' in methods else sync
   if c.bn == 'device' and 'bn_device' in methods:
     run = methods['bn_device']
-    sync *= run['K'] / steps_at(k_b, b, b_noise, run['batch'])
+    sync *= run['K'] / steps_at(k_b, b, b_noise, run['batch'], through)
   if c.family != 'local_sgd' or 'local_sgd' not in methods:
     return sync
   run = methods['local_sgd']  # with 'K_1' (`reference`): c is fitted there
-  k_1 = steps(dataclasses.replace(c, period=0), k_b, b, b_noise, methods)
+  k_1 = steps(dataclasses.replace(c, period=0), k_b, b, b_noise, methods, through)
   return period_steps(run, c.period) * k_1 / run['K_1']
 
 
@@ -154,13 +174,14 @@ def each_run(methods: dict) -> list:
   return runs
 
 
-def reference(methods: dict, candidate, k_b: float, b: int, b_noise: float) -> dict:
+def reference(methods: dict, candidate, k_b: float, b: int, b_noise: float,
+              through: tuple | None = None) -> dict:
   """`methods` with Local SGD's K_1 — the K of `candidate` (the local-sgd run's own) at
   τ = 1, sync-join with its BN grouping, at the B_noise the plan reads (`noise_near_target`'s
   median) — where its run was measured."""
   if 'local_sgd' not in methods:
     return methods
-  k_1 = steps(dataclasses.replace(candidate, period=0), k_b, b, b_noise, methods)
+  k_1 = steps(dataclasses.replace(candidate, period=0), k_b, b, b_noise, methods, through)
   return {**methods, 'local_sgd': {**methods['local_sgd'], 'K_1': k_1}}
 
 
@@ -242,7 +263,8 @@ def time_to_target(k: list, t_step: list, saves: dict | None) -> list:
 
 def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None,
          spread: tuple = (1.0, 1.0), methods: dict | None = None,
-         fitted: bool = False, beyond: tuple | None = None) -> list:
+         fitted: bool = False, beyond: tuple | None = None,
+         through: tuple | None = None) -> list:
   """Adds to each row ({'candidate': Candidate, 't_predicted', 't_measured'?: [seconds]})
   its 'label', steps 'K' [mid, low, high] (`steps`; the range: B_noise's, widened by the
   seeds' `spread` of K_b, (low, high) as factors of it, or by its family's runs' own where
@@ -257,13 +279,13 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
   two measured runs (`planner.batch_fit`), not the gradient noise scale's reading;
   `beyond`: (B, S), a run at batch B that stopped short of the target at step S
   (`planner.batch_bound`): rows of the serial maths at B or more take at least S steps, a
-  lower bound, never chosen."""
+  lower bound, never chosen; `through`: (B, K_B), the run at B that reached it (`steps_at`)."""
   b_noise, low, high = noise
   methods = methods or {}
   for row in rows:
     c = row['candidate']
     row['label'] = c.label
-    ks = [steps(c, k_b, b, x, methods) for x in (b_noise, low, high)]
+    ks = [steps(c, k_b, b, x, methods, through) for x in (b_noise, low, high)]
     # The families whose runs the row's K rests on, each its run (Local SGD's at its period).
     own = {f: methods.get(f) for f in ('bn_device', 'local_sgd', 'async') if f == c.family
            or (f == 'bn_device' and c.bn == 'device' and c.devices > 1)}
@@ -336,7 +358,9 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
                      + (f" (τ = {run['small']['period']}'s run stopped: "
                         f"{run['small']['stopped']})" if 'small' in run else ''))
     if not math.isfinite(b_noise) and c.batch != b and c.family != 'async':
-      notes.append('B_noise ∞ through the two measured runs: K at perfect scaling' if fitted
+      notes.append(('K through the two measured runs, falling faster than 1/B' if faster(
+                       k_b, b, through) else 'B_noise ∞ through the two measured runs: K at '
+                    'perfect scaling') if fitted
                    else 'B_noise not measurable: K at perfect scaling (optimistic)')
     if row.get('pruned') == 'budget':
       notes.append('collectives not costed: the budget was spent; T is at least this bound')
