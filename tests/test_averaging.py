@@ -74,8 +74,8 @@ def test_replicas_differ_between_averaging_points_and_agree_after(warmup):
 
 def test_replica_spread_and_one_replica_read_from_the_per_device_state():
   """`replica_spread` is max_i ‖w_i − w̄‖ / ‖w̄‖ over every parameter (numpy's, on the
-  state after 2 local steps; 0 but rounding right after an average); `replica_variables` is device i's
-  own copy."""
+  state after 2 local steps; 0 but rounding right after an average); `replica_variables` is
+  device i's own copy."""
   mesh = make_mesh((8,), ('data',))
   local = LocalSGD(mesh, every=3)
   states = _states(local, mesh, random_batches(3, batch=32))

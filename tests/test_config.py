@@ -321,7 +321,8 @@ def test_thesis_config_rejects_a_bad_cell_by_field():
 
 
 def test_warmup_must_fit_in_the_run():
-  with pytest.raises(config_lib.ConfigError, match='config.optimizer.warmup_steps=50 .* at most 39'):
+  with pytest.raises(config_lib.ConfigError,
+                     match='config.optimizer.warmup_steps=50 .* at most 39'):
     validation.validate_schedule(_config(), 40)
 
 

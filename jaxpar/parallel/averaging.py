@@ -49,7 +49,7 @@ class Replicas(optim.WholeTensors):
     self.devices = mesh.size
     self.layout = layouts.PerDevice(mesh)
     self._mean = jax.jit(self.layout.mean, out_shardings=NamedSharding(mesh, P()))
-    self._spread = jax.jit(self.layout.spread)
+    self._spread = jax.jit(self.layout.spread, out_shardings=NamedSharding(mesh, P()))
     self._pick = jax.jit(self.layout.pick, static_argnums=1,
                          out_shardings=NamedSharding(mesh, P()))
 

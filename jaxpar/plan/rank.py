@@ -10,10 +10,11 @@ reaches the target in K_b steps; with the gradient noise scale B_noise measured 
 so K(B) = K_b·(1 + B_noise/B)/(1 + B_noise/b). Where a second serial run at the largest
 batch reached the target, B_noise is the one that draws K(B) through both runs
 (`planner.batch_fit`) — and where K fell faster than 1/B there, which no B_noise ≥ 0 draws,
-K(B) = K_b·(b/B)^α through both, α = ln(K_b/K_B)/ln(B/b) > 1 (`steps_at`'s `through`); else it is read near the target (where the run spends its last
-steps), the spread of those readings giving K's range — capped, where the run at the
-largest batch stopped short at step S, by the fit through (B, S), the rows of the serial
-maths at B and beyond then taking at least S steps (`planner.batch_bound`). A B_noise
+K(B) = K_b·(b/B)^α through both, α = ln(K_b/K_B)/ln(B/b) > 1 (`steps_at`'s `through`);
+else it is read near the target (where the run spends its last steps), the spread of those
+readings giving K's range — capped, where the run at the largest batch stopped short at
+step S, by the fit through (B, S), the rows of the serial maths at B and beyond then taking
+at least S steps (`planner.batch_bound`). A B_noise
 that cannot be read (|G|² not above its noise) is taken as ∞: K = K_b·b/B, perfect
 scaling, the optimistic bound — said in the row.
 
