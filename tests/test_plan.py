@@ -40,10 +40,11 @@ def test_steps_through_two_runs_where_k_fell_faster_than_one_over_b():
   nothing."""
   through = (64, 295.0)
   assert planner.batch_fit(1530, 16, {'batch': 64, 'K': 295, 'stopped': 'reached'}) == math.inf
-  assert rank.faster(1530, 16, through) and not rank.faster(1530, 16, (64, 400.0))
+  alpha = math.log(1530 / 295) / math.log(4)
+  assert rank.faster_exponent(1530, 16, through) == pytest.approx(alpha)
+  assert rank.faster_exponent(1530, 16, (64, 400.0)) is None
   assert rank.steps_at(1530, 16, math.inf, 16, through) == pytest.approx(1530)
   assert rank.steps_at(1530, 16, math.inf, 64, through) == pytest.approx(295)
-  alpha = math.log(1530 / 295) / math.log(4)
   assert rank.steps_at(1530, 16, math.inf, 32, through) == pytest.approx(1530 / 2 ** alpha)
   assert 295 < rank.steps_at(1530, 16, math.inf, 32, through) < 1530 / 2
   assert rank.steps_at(1530, 16, math.inf, 128, through) == pytest.approx(147.5)

@@ -270,13 +270,11 @@ class _Planning:
     self.through = None
     if self.fitted is not None:  # two measured points: the model through both, not the noise scale
       self.through = (large['batch'], large['K'])
-      k_b, b = self.k_b, self.b
-      faster = rank.faster(k_b, b, self.through)
+      alpha = rank.faster_exponent(self.k_b, self.b, self.through)
       self.log(f"Plan: K at batch {large['batch']}: {large['K']:.0f} steps; the batch "
                f'model through it and K_b: ' + (
-                   f"K fell faster than 1/B, K(B) = K_b·(b/B)^α with α = "
-                   f"{math.log(k_b / large['K']) / math.log(large['batch'] / b):.2f}"
-                   if faster else f'B_noise = {self.fitted:.1f}')
+                   f'B_noise = {self.fitted:.1f}' if alpha is None else
+                   f'K fell faster than 1/B, K(B) = K_b·(b/B)^α with α = {alpha:.2f}')
                + f' (the gradient noise scale read {noise[0]:.1f}).')
       noise = (self.fitted,) * 3
     self.short = batch_bound(self.k_b, self.b, large) if reached else None

@@ -73,20 +73,25 @@ def steps_at(k_b: float, b: float, b_noise: float, batch: float,
   (K fell faster than 1/B: the fit's B_noise is ∞), where K(B) = K_b·(b/B)^α between the two,
   α = ln(K_b/K_B)/ln(B/b), and perfect scaling from the nearer one outside them."""
   if not math.isfinite(b_noise):
-    if faster(k_b, b, through):
+    alpha = faster_exponent(k_b, b, through)
+    if alpha is not None:
       big, k_big = through
       if batch >= big:
         return k_big * big / batch
       if batch > b:
-        return k_b * (b / batch) ** (math.log(k_b / k_big) / math.log(big / b))
+        return k_b * (b / batch) ** alpha
     return k_b * b / batch
   return k_b * (1 + b_noise / batch) / (1 + b_noise / b)
 
 
-def faster(k_b: float, b: float, through: tuple | None) -> bool:
-  """Whether the run at the larger batch (`through`: (B, K_B)) took fewer steps than perfect
-  scaling from K_b: K fell faster than 1/B (`steps_at`)."""
-  return bool(through) and through[1] < k_b * b / through[0]
+def faster_exponent(k_b: float, b: float, through: tuple | None) -> float | None:
+  """α = ln(K_b/K_B)/ln(B/b) > 1 where the run at the larger batch (`through`: (B, K_B))
+  took fewer steps than perfect scaling from K_b — K fell faster than 1/B (`steps_at`) —
+  else None."""
+  if not through or through[1] >= k_b * b / through[0]:
+    return None
+  big, k_big = through
+  return math.log(k_b / k_big) / math.log(big / b)
 
 
 def noise_near_target(track: list, share: float = 1 / 3) -> tuple:
@@ -359,9 +364,10 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
                      + (f" (τ = {run['small']['period']}'s run stopped: "
                         f"{run['small']['stopped']})" if 'small' in run else ''))
     if not math.isfinite(b_noise) and c.batch != b and c.family != 'async':
-      notes.append(('K through the two measured runs, falling faster than 1/B' if faster(
-                       k_b, b, through) else 'B_noise ∞ through the two measured runs: K at '
-                    'perfect scaling') if fitted
+      notes.append(('K through the two measured runs, falling faster than 1/B'
+                    if faster_exponent(k_b, b, through) is not None
+                    else 'B_noise ∞ through the two measured runs: K at perfect scaling')
+                   if fitted
                    else 'B_noise not measurable: K at perfect scaling (optimistic)')
     if row.get('pruned') == 'budget':
       notes.append('collectives not costed: the budget was spent; T is at least this bound')
