@@ -1235,7 +1235,9 @@ def test_phase_3b_times_each_program_as_its_real_step_at_a_small_batch_less_t_gr
   """`planner.program_overrides`: a candidate's real step at b₀ a device, BN per device;
   `strategy_work` by hand, its timings scripted: each program is its step (a Local SGD
   call is τ steps) less the t_grad of the same round, the median over the rounds, taken
-  in turn — a slow round moves the step and t_grad alike and cancels."""
+  in turn — a slow round moves the step and t_grad alike and cancels. One program at a
+  time (made, timed, let go: ResNet34's 12 held at once took 22 GB), and none started where
+  the last one's seconds would take the plan past its budget."""
   from jaxpar.plan import call_timing, probe
   b0 = planner.PROGRAM_BATCH
   split = candidates.Candidate('sync-split', 'distributed', 2, 32, 'all')
@@ -1252,15 +1254,17 @@ def test_phase_3b_times_each_program_as_its_real_step_at_a_small_batch_less_t_gr
   # also read slow by itself (×3) in round 0. Paired by round, the distributed program is
   # the median of (0, 40, 30) ms = 30 (not 45 − 20 = 25, the medians' difference).
   base = {'alone': 5e-3, 't_grad': 10e-3, 'distributed': 30e-3, 'allreduce': 100e-3}
-  made, timed = [], []
+  made, timed, events = [], [], []
   def fake_update(cfg, meta, variables, devices=None, repeats=1, gradients=False):
     name = 'alone' if devices is not None else cfg.server
     made.append((name, gradients, repeats, cfg.per_device_batch, cfg.global_batch))
+    events.append(('made', name))
     return [], lambda: name
   def fake_timing(call, repeats, warmup):
     name = call()
-    w = sum(1 for n in timed if n == name)
+    w = sum(1 for n in timed if n == name) % 3  # the round, in each program's rounds
     timed.append(name)
+    events.append(('timed', name))
     return [base[name] * (1, 2, 1.5)[w] * (3 if (name, w) == ('t_grad', 0) else 1)] * repeats
   class Costs:
     def step(self, collectives, rate):
@@ -1273,8 +1277,8 @@ def test_phase_3b_times_each_program_as_its_real_step_at_a_small_batch_less_t_gr
     m.setattr(probe, 'gradient_call', lambda cfg, meta, batch, devices, v: (
         made.append(('t_grad', batch, devices)), lambda: 't_grad')[1])
     m.setattr(call_timing, 'timed', fake_timing)
-    rows = planner.strategy_work(one, [split, join], {}, {}, Costs(), p, lambda: False,
-                                 lambda x: x, lambda msg: None)
+    rows = planner.strategy_work(one, [split, join], {}, {}, Costs(), p,
+                                 lambda ahead=0.0: False, lambda x: x, lambda msg: None)
   assert ('t_grad', b0, 2) in made  # on both devices at once
   assert ('distributed', True, 1, 16, 2 * b0) in [m[:5] for m in made if m[0] == 'distributed']
   assert ('allreduce', True, 4) in [m[:3] for m in made if m[0] == 'allreduce']
@@ -1287,8 +1291,24 @@ def test_phase_3b_times_each_program_as_its_real_step_at_a_small_batch_less_t_gr
   for r in rows:
     assert r['one_device_s'] == pytest.approx(7.5e-3)  # the median of (5, 10, 7.5) ms
     assert r['seconds'] == pytest.approx(r['program_s'] - 7e-3 - 7.5e-3)
-  # Every call timed once a round, the rounds in turn.
-  assert sorted(timed) == sorted(['alone', 't_grad', 'distributed', 'allreduce'] * 3)
+  # Every call timed once a round, the rounds in turn, each program beside t_grad and the
+  # one-device program; the first program timed before the second was made.
+  assert sorted(timed) == sorted(['alone', 't_grad'] * 6 + ['distributed', 'allreduce'] * 3)
+  assert events.index(('made', 'distributed')) > max(
+      i for i, e in enumerate(events) if e == ('timed', 'allreduce'))
+  # The second program not started where the first's seconds would pass the budget.
+  aheads, said = [], []
+  def past(ahead=0.0):
+    aheads.append(ahead)
+    return ahead > 0
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(probe, 'update_call', fake_update)
+    m.setattr(probe, 'gradient_call', lambda cfg, meta, batch, devices, v: lambda: 't_grad')
+    m.setattr(call_timing, 'timed', fake_timing)
+    rows = planner.strategy_work(one, [split, join], {}, {}, Costs(), p, past, lambda x: x,
+                                 said.append)
+  assert [r['server'] for r in rows] == ['allreduce'] and aheads[-1] > 0
+  assert "1 strategies' programs not timed" in said[-1]
 
 
 def test_past_the_budget_t_grad_is_scaled_from_the_nearest_measured_batch():
@@ -1628,6 +1648,43 @@ def test_each_family_is_run_at_the_serial_seeds_and_its_k_is_their_mean(monkeypa
   ran.clear()
   stale = planner.async_run(c, None, None, serial, 2, math.inf, [].append, 'w0')
   assert ran == [0] and (stale['K'], stale['stopped']) == (200, 'stalled')
+
+
+def test_a_run_the_budget_s_clock_stopped_says_nothing_of_its_k(monkeypatch):
+  """A run cut short by the budget's clock ('time') is at least its last step, which says
+  nothing of K: a further serial seed so stopped is left out of K_b (ResNet34 16², 420 s:
+  seed 0 reached at 397, seed 1 stopped at 357 of a cap of 795, which taken as its K made
+  K_b 596); a family's first run so stopped leaves the family not measured (its rows
+  ranked as such, never chosen), said in the log; Downpour's alike."""
+  cut = {'seed': 1, 'K': 795.0, 'stopped': 'time', 'curve': [(357, 0.94)]}
+  assert planner.seed_spread({'K': 397.0, 'seeds': [cut]}) == (397.0, (1.0, 1.0))
+  stalled = {**cut, 'stopped': 'stalled'}
+  assert planner.seed_spread({'K': 397.0, 'seeds': [cut, stalled]})[0] == 596.0  # the cap, counted
+  assert planner.said_k(cut) == ">357 (stopped by the budget's clock: left out)"
+
+  def serial_run(cfg, source, target, **kw):  # Local SGD (τ = 8, then 2) stopped by the clock
+    if cfg.sync_every:
+      return {'K': None, 'stopped': 'time', 'curve': [(20, 0.26)]}
+    return {'K': 80.0, 'stopped': 'reached', 'curve': [(80, 0.96)]}
+
+  monkeypatch.setattr(planner.probe, 'serial_run', serial_run)
+  c = _config(**{'mesh.shape': (2,), 'mesh.axes': ('data',), 'plan.seeds': 1, 'seed': 0})
+  serial = {'K': 100.0, 'metric': {'every': 10}}
+  found, _ = candidates.enumerate_candidates(c, 2)
+  said = []
+  out = planner.method_runs(c, None, None, serial, found, lambda: False, said.append, None)
+  assert set(out) == {'bn_device'} and out['bn_device']['K'] == 80.0
+  assert ("Plan: the local_sgd run's steps >20 (stopped by the budget's clock: left out): not "
+          'measured.') in said
+  local = next(x for x in found if x.family == 'local_sgd')
+  row = {'candidate': local, 't_predicted': 0.1}
+  rank.rank([row], 100.0, 16, (50.0, 50.0, 50.0), methods=out)
+  assert "Local SGD's period not measured" in ' '.join(row['notes'])
+  assert not rank.choosable(row)
+  monkeypatch.setattr(planner.probe, 'stale_run', lambda cfg, *a, **kw: {
+      'K': None, 'stopped': 'time', 'curve': [(30, 1.0)]})
+  assert planner.async_run(c, None, None, serial, 2, math.inf, said.append, None) is None
+  assert said[-1].startswith("Plan: the async run's steps >30")
 
 
 def test_a_family_row_takes_its_own_seeds_spread_where_wider():

@@ -494,9 +494,9 @@ def _seeds_of(plan: dict) -> str:
   seeds = plan['serial'].get('seeds')
   if not seeds:
     return ''
-  from jaxpar.plan import probe
+  from jaxpar.plan import planner, probe
   first = steps_model.reached(plan['serial']['curve'], probe.Target(**plan['target']).threshold)
-  ks = [first] + [s['K'] for s in seeds]
+  ks = [first] + [s['K'] for s in planner.counted(seeds)]  # less those the clock stopped
   return (f", the mean of {len(ks)} seeds: " + ', '.join(f'{k:.0f}' for k in ks))
 
 

@@ -208,11 +208,12 @@ class _Planning:
     """Process 0's clock decides, as it decides what is costed and timed."""
     return self.agree(time.perf_counter() > self.deadline)
 
-  def past_preparing(self) -> bool:
+  def past_preparing(self, ahead: float = 0.0) -> bool:
     """Phases 2-4 stop short of the deadline by what timing one candidate takes in phase 5
     (compiling its step, as the serial run's first step did, and its windows), which phase 5
-    does even past it: so a plan keeps to its budget."""
-    return self.agree(time.perf_counter() > self.deadline - self.reserve)
+    does even past it: so a plan keeps to its budget. `ahead`: the seconds the next piece of
+    work is expected to take (phase 3b: the last program's), not started past it either."""
+    return self.agree(time.perf_counter() + ahead > self.deadline - self.reserve)
 
   # ------------------------------------------------------------- 1. the serial run
   def serial_runs(self):
@@ -255,7 +256,7 @@ class _Planning:
     self.k_b, self.spread = seed_spread({**serial, 'K': k_b}) if reached else (k_b, (1.0, 1.0))
     if serial.get('seeds'):
       log(f"Plan: K at seeds {one.seed}, " + ', '.join(str(s['seed']) for s in serial['seeds'])
-          + ': ' + ', '.join(f'{k:.0f}' for k in [serial['K']] + [s['K'] for s in serial['seeds']])
+          + ': ' + ', '.join([f"{serial['K']:.0f}"] + [said_k(s) for s in serial['seeds']])
           + f' steps: K_b = {self.k_b:.0f} ({self.spread[0] * self.k_b:.0f}–'
           f'{self.spread[1] * self.k_b:.0f}).')
     self.noise = (rank.noise_near_target(serial['noise']) if serial['noise']
@@ -796,8 +797,9 @@ def _spent(deadline, log, what: str) -> bool:
 def other_seeds(one, source, target, serial: dict, deadline: float, log) -> list:
   """K at `plan.seeds` − 1 further seeds (other initial weights and data order), each a
   serial run to the target without B_noise readings, at most twice the first run's K
-  (beyond: K taken as that cap, a lower bound): [{'seed', 'K', 'stopped', 'curve'}]; none
-  where the first run did not reach the target (nothing to repeat within reach)."""
+  (beyond: K taken as that cap, a lower bound; one the budget's clock stopped is kept, left
+  out of K_b: `counted`): [{'seed', 'K', 'stopped', 'curve'}]; none where the first run did
+  not reach the target (nothing to repeat within reach)."""
   p = one.plan
   if serial['K'] is None or p.seeds < 2:
     return []
@@ -833,10 +835,28 @@ def spacing(serial: dict, judged: int) -> dict:
   return {'eval_every': min(every, judged), 'stall_steps': 5 * every}
 
 
+def counted(seeds: list) -> list:
+  """The runs at further seeds that say something of K: not those the budget's clock
+  stopped short of the target ('time': K is at least their last step, which says nothing of
+  the method; ResNet34 16², a 420 s budget: seed 1 stopped at step 357 of a cap of 795, seed
+  0 had reached at 397, and the cap taken as its K made K_b 596). One that stalled or ran to
+  its cap counts as the cap, a lower bound (`_method_result`)."""
+  return [s for s in seeds if s.get('stopped') != 'time']
+
+
+def said_k(run: dict) -> str:
+  """A run's K for the log: its steps, or where the budget's clock stopped it, that and the
+  step it stopped at (left out: `counted`)."""
+  if run.get('stopped') != 'time':
+    return f"{run['K']:.0f}"
+  last = run['curve'][-1][0] if run.get('curve') else 0
+  return f'>{last:.0f} (stopped by the budget\'s clock: left out)'
+
+
 def seed_spread(serial: dict) -> tuple:
-  """(K_b, (low, high)): the seeds' mean K and their range as factors of it; (K, (1, 1))
-  with one seed."""
-  ks = [serial['K']] + [s['K'] for s in serial.get('seeds', [])]
+  """(K_b, (low, high)): the mean K of the seeds that say something of it (`counted`) and
+  their range as factors of it; (K, (1, 1)) with one seed."""
+  ks = [serial['K']] + [s['K'] for s in counted(serial.get('seeds', []))]
   mean = float(np.mean(ks))
   return mean, (min(ks) / mean, max(ks) / mean)
 
@@ -912,8 +932,9 @@ def async_run(one, source, target, serial: dict, devices: int, deadline: float, 
   """Downpour's updates to the target with N = `devices` workers: `probe.stale_run` at
   staleness N − 1 on one device, from the serial run's weights and batches ({'K',
   'staleness', 'stopped', 'curve'}), again at its further seeds (`seed_mean`); None where
-  `plan.methods` has no 'async', on one device, or where the serial run did not reach the
-  target (nothing to compare within reach)."""
+  `plan.methods` has no 'async', on one device, where the serial run did not reach the
+  target (nothing to compare within reach), or where the budget's clock stopped its first
+  run (`measured_runs`)."""
   p = one.plan
   if 'async' not in p.methods or devices < 2 or serial['K'] is None:
     return None
@@ -933,6 +954,8 @@ def async_run(one, source, target, serial: dict, devices: int, deadline: float, 
                           eval_share=p.eval_share)
     result = _method_result(run, cap, staleness=devices - 1)
     if out is None:
+      if not measured_runs({'async': result}, log):
+        return None
       out = result
     else:
       out.setdefault('seeds', []).append({'seed': seed, **result})
@@ -951,9 +974,9 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
   (`plan.seeds`, from each seed's own initial weights), all families at a seed before any at
   the next, so that a budget spent leaves each family a seed: K their mean (`seed_mean`);
   a family short of the target at the first seed is not run again (its K a lower bound).
-  Those the candidates do not have, and all where the serial run did not reach the target,
-  are left out. `agree`: process 0's value in every process (`_Agree`), for the runs'
-  metric subsets."""
+  Those the candidates do not have, those whose first run the budget's clock stopped
+  (`measured_runs`), and all where the serial run did not reach the target, are left out.
+  `agree`: process 0's value in every process (`_Agree`), for the runs' metric subsets."""
   p, out = one.plan, {}
   if serial['K'] is None:
     return out
@@ -991,11 +1014,25 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
       first[family] = result
     else:
       first[family].setdefault('seeds', []).append({'seed': seed, **result})
-  out = {family: seed_mean(run) for family, run in first.items()}
+  out = {family: seed_mean(run) for family, run in measured_runs(first, log).items()}
+  if 'local_sgd_small' in out and 'local_sgd' not in out:
+    out.pop('local_sgd_small')
   if 'local_sgd_small' in out:
     out['local_sgd']['small'] = {k: v for k, v in out.pop('local_sgd_small').items()
                                  if k != 'batch'}
   return out
+
+
+def measured_runs(first: dict, log) -> dict:
+  """The families' runs at the first seed (`first`) less those the budget's clock stopped
+  short of the target: K is at least their last step, which says nothing of the method (a
+  run of Local SGD stopped at step 20 by a 420 s budget was once taken as the cap's 1,193
+  steps, "at least"); their rows are ranked as a family not measured (never chosen), said."""
+  for family, run in first.items():
+    if run['stopped'] == 'time':
+      name = family if family != 'local_sgd_small' else f"local_sgd τ={run['period']}"
+      log(f"Plan: the {name} run's steps {said_k(run)}: not measured.")
+  return {family: run for family, run in first.items() if run['stopped'] != 'time'}
 
 
 def seed_ks(run: dict) -> list:
@@ -1016,10 +1053,10 @@ def seed_mean(run: dict) -> dict:
   factors of the mean — the row's own, not the serial seeds' (SqueezeNet-BN 32², BN per
   device on 2 processes: 143 steps at seed 0, 86–116 at seeds 1–5, 114 the mean of all six:
   one seed's K carries its luck). A further seed that stopped short of the target by the
-  budget's clock ('time') says nothing of the method and is left out; one that stalled or
-  ran to the cap counts as the cap (`_method_result`) and makes the run's 'stopped' (the
-  mean a lower bound, the row not chosen). One seed: the run as it was."""
-  seeds = [s for s in run.get('seeds', []) if s['stopped'] != 'time']
+  budget's clock ('time') says nothing of the method and is left out (`counted`); one that
+  stalled or ran to the cap counts as the cap (`_method_result`) and makes the run's
+  'stopped' (the mean a lower bound, the row not chosen). One seed: the run as it was."""
+  seeds = counted(run.get('seeds', []))
   if not seeds:
     return {k: v for k, v in run.items() if k != 'seeds'}
   mean, spread = seed_spread({'K': run['K'], 'seeds': seeds})
@@ -1256,12 +1293,17 @@ def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, l
   SGD, whose average is a branch taken one step in τ), t_grad(b₀, N) and the one-device
   program are timed in `plan.measure_windows` rounds, in turn (`in_rounds`: a host whose
   speed drifts moves them alike), each program less the t_grad of its round; the median
-  over rounds. Beside
+  over rounds. One program at a time: each compiled, timed in its rounds and let go before
+  the next (ResNet34 16² on 8 emulated devices: its 12 programs held at once took the
+  process to 22 GB, one at a time to 17 GB — the central server's on 8 devices, whose
+  rounds keep 0.77 GB of temporaries a device where the all-reduce's keep 0.17). Beside
   it `collectives_s`, its collectives' calibrated cost, `one_device_s`, the program with
   its gradients stood in for on one device of each process at once, and `seconds`, the
   program's own work as the calibrated model reads it — program − collectives − one
-  device, below 0 where the calibration overstates the collectives. Past the budget the
-  rest are not compiled (their rows costed by the calibration), said so."""
+  device, below 0 where the calibration overstates the collectives. A program is not
+  started where the last one's seconds (its compiling and rounds) would take the plan past
+  its budget (`past_deadline(ahead)`; the first always is): the rest are not compiled (their
+  rows costed by the calibration), said so."""
   from jaxpar import validation
   todo = {}
   for c in found:
@@ -1275,38 +1317,40 @@ def strategy_work(one, found, meta, variables, costs, p, past_deadline, agree, l
     log(f"Plan: the budget was spent: the strategies' programs not timed ({untimed}).")
     return []
   b0, processes = PROGRAM_BATCH, jax.process_count()
-  # {name: (call, steps a call)}; each compiled and run once here, timed in the rounds.
-  calls = {'alone': (probe.update_call(one, meta, variables, jax.local_devices()[:1])[1], 1)}
-  for n in sorted({key[1] for key in todo}):
-    calls['t_grad', n] = (probe.gradient_call(with_overrides(one, {'per_device_batch': b0}),
-                                              meta, b0, max(n // processes, 1), variables), 1)
-  collectives = {}
-  for key, c in sorted(todo.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
-    if past_deadline():
-      log(f'Plan: the budget was spent: {len(todo) - len(collectives)} strategies\' programs '
+  alone = probe.update_call(one, meta, variables, jax.local_devices()[:1])[1]
+  t_grads = {n: probe.gradient_call(with_overrides(one, {'per_device_batch': b0}), meta, b0,
+                                    max(n // processes, 1), variables)
+             for n in sorted({key[1] for key in todo})}
+  rounds = max(p.measure_windows, 1)
+  rows, last = [], 0.0
+  for i, (key, c) in enumerate(sorted(todo.items(),
+                                      key=lambda kv: (kv[0][1], kv[0][0], kv[0][2]))):
+    if past_deadline(last):
+      log(f'Plan: the budget was spent: {len(todo) - len(rows)} strategies\' programs '
           f'not timed ({untimed}).')
       break
+    started = time.perf_counter()
     cfg_c = with_overrides(one, program_overrides(c))
     validation.validate(cfg_c)
     steps = max(c.period, 1)
-    collectives[key], call = probe.update_call(cfg_c, meta, variables, repeats=steps,
-                                               gradients=True)
-    calls[key] = (call, steps)
-  rounds = max(p.measure_windows, 1)
-  samples = in_rounds(calls, rounds, lambda steps: max(1, -(-p.measure_steps // (steps * rounds))),
-                      'plan/work')
-  alone = agree(float(np.median(samples['alone'])))
-  rows = []
-  for key in collectives:
-    c = todo[key]
-    t_grad = samples['t_grad', key[1]]
-    program = agree(float(np.median([s - g for s, g in zip(samples[key], t_grad)])))
-    comm = costs.step(collectives[key], 1 / c.period if c.period else 1.0)
+    collectives, call = probe.update_call(cfg_c, meta, variables, repeats=steps,
+                                          gradients=True)
+    # {name: (call, steps a call)}: this program beside t_grad and the one-device program.
+    samples = in_rounds({'alone': (alone, 1), 't_grad': (t_grads[key[1]], 1),
+                         'program': (call, steps)}, rounds,
+                        lambda steps: max(1, -(-p.measure_steps // (steps * rounds))),
+                        f'plan/work/{i}')
+    del call  # its state and program let go before the next is made
+    t_grad = samples['t_grad']
+    program = agree(float(np.median([s - g for s, g in zip(samples['program'], t_grad)])))
+    on_one = agree(float(np.median(samples['alone'])))
+    comm = costs.step(collectives, 1 / c.period if c.period else 1.0)
     rows.append({'server': c.server, 'devices': c.devices, 'period': c.period,
-                 'seconds': program - comm - alone, 'program_s': program,
-                 'collectives_s': comm, 'one_device_s': alone, 'batch': b0,
-                 'step_s': agree(float(np.median(samples[key]))),
+                 'seconds': program - comm - on_one, 'program_s': program,
+                 'collectives_s': comm, 'one_device_s': on_one, 'batch': b0,
+                 'step_s': agree(float(np.median(samples['program']))),
                  't_grad_s': agree(float(np.median(t_grad)))})
+    last = agree(time.perf_counter() - started)
   return rows
 
 
