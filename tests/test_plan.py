@@ -973,6 +973,15 @@ def test_each_family_s_steps_follow_its_own_run_by_hand():
   fitted = rank.rank([{'candidate': sync, 't_predicted': 0.01}], 100, 16, (math.inf,) * 3,
                      fitted=True)[0]
   assert 'B_noise ∞ through the two measured runs: K at perfect scaling' in fitted['notes']
+  # A finite B_noise with no run at a larger batch: K at another batch rests on the noise
+  # scale's reading alone, said; at b, or through a measured run, nothing to say.
+  alone = 'K at batch 32 from the gradient noise scale alone (no run at a larger batch measured it)'
+  noted = lambda cand, **kw: rank.rank([{'candidate': cand, 't_predicted': 0.01}], 100, 16,
+                                       (50.0,) * 3, **kw)[0]['notes']
+  assert alone in noted(c('sync-join', 'allreduce', 2, 32, ''))
+  assert not any('noise scale alone' in n for n in noted(c('sync-join', 'allreduce', 1, 16, '')))
+  assert alone not in noted(c('sync-join', 'allreduce', 2, 32, ''), fitted=True)
+  assert alone not in noted(c('sync-join', 'allreduce', 2, 32, ''), beyond=(64, 80.0))
 
 
 def test_the_batch_model_goes_through_both_measured_points():

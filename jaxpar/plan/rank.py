@@ -369,6 +369,13 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
                     else 'B_noise ∞ through the two measured runs: K at perfect scaling')
                    if fitted
                    else 'B_noise not measurable: K at perfect scaling (optimistic)')
+    elif not fitted and beyond is None and c.batch != b and c.family != 'async':
+      # No run at a larger batch pinned the curve (the budget spent before it, or none
+      # larger than b): K moved from b by the noise scale's reading alone. ResNet34 16²
+      # within 420 s: K 79 at 64 from B_noise 794 (its readings 406–655,211); trained, the
+      # row had not reached the target at step 140.
+      notes.append(f'K at batch {c.batch} from the gradient noise scale alone (no run at a '
+                   'larger batch measured it)')
     if row.get('pruned') == 'budget':
       notes.append('collectives not costed: the budget was spent; T is at least this bound')
     elif row.get('pruned'):
