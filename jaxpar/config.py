@@ -11,6 +11,7 @@ import math
 import ml_collections
 from ml_collections import config_dict
 
+EVAL_BATCH = 256  # the evaluation's global batch where config.eval_batch is unset
 SCHEMES = ('sync-split', 'sync-join', 'async')  # and 'auto': settled by jaxpar.plan
 SERVERS = ('allreduce', 'central', 'distributed', 'gossip')
 # JAX's cluster detectors (jax.distributed.initialize's names), plus auto and none.
@@ -265,7 +266,9 @@ def _async(c) -> None:
 def _run(c) -> None:
   """Batches, run length, the optimizer and its schedule, logging and checkpoints."""
   c.per_device_batch = 16
-  c.eval_batch = 256            # global; the last batch is padded and masked
+  # Global; the last batch is padded and masked. Unset (default): EVAL_BATCH, rounded up to a
+  # multiple of the data devices (`validation.settle`, logged where it differs).
+  c.eval_batch = config_dict.placeholder(int)
   # Gradient accumulation: every device takes its share of an update's batch in this
   # many micro-batches, one after another, and the update applies their mean gradient
   # (communication once per update; a batch larger than memory). BatchNorm normalises
@@ -420,7 +423,7 @@ def use_dataset(c, preset: str) -> ml_collections.ConfigDict:
     c.image_size = 224
     c.augment.kind = 'inception_crop'
     c.augment.flip = True
-    c.global_batch = c.eval_batch = 256
+    c.global_batch = 256
     c.num_epochs = 90
     c.optimizer.weight_decay = 1e-4
     c.optimizer.warmup_steps = 5000

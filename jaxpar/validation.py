@@ -295,8 +295,23 @@ def settle(c, quiet: bool = False) -> None:
   if c.optimizer.lr_scaling == 'auto':
     c.optimizer.lr_scaling = optim.lr_scaling(c.optimizer)
     chosen.append(f'optimizer.lr_scaling={c.optimizer.lr_scaling!r} ({c.optimizer.name})')
+  if c.eval_batch is None:
+    n = _data_devices(c)
+    c.eval_batch = -(-config_lib.EVAL_BATCH // n) * n
+    if c.eval_batch != config_lib.EVAL_BATCH:
+      chosen.append(f'eval_batch={c.eval_batch} ({config_lib.EVAL_BATCH} rounded up to a '
+                    f'multiple of the {n} data devices)')
   if chosen and not quiet:
     logging.info('Defaults for this method: %s.', '; '.join(chosen))
+
+
+def _data_devices(c) -> int:
+  """The devices an evaluation's batch is split over (`config.driver_devices`); 1 where the
+  mesh's shape is not one yet (`_validate_mesh` names it)."""
+  shape = c.mesh.shape
+  if not isinstance(shape, tuple) or not all(isinstance(x, int) and x > 0 for x in shape):
+    return 1
+  return config_lib.driver_devices(c)
 
 
 def _has_batch_norm(c) -> bool:
@@ -438,7 +453,7 @@ def validate_devices(c, device_count: int, process_count: int) -> None:
     _fail('grad_accum_steps', c.grad_accum_steps,
           f'each device takes global_batch/{n} = {c.global_batch // n} examples in '
           f'{c.grad_accum_steps} equal micro-batches: use a divisor of {c.global_batch // n}')
-  if c.eval_batch % n or c.eval_batch % process_count:
+  if c.eval_batch is not None and (c.eval_batch % n or c.eval_batch % process_count):
     _fail('eval_batch', c.eval_batch, f'use a multiple of the {n} data devices')
   if c.scheme == 'async' and process_count > 1:
     _fail('scheme', c.scheme, f'the {process_count} processes of this cluster cannot run '

@@ -219,6 +219,11 @@ def test_every_config_field_the_package_names_in_a_message_exists():
     ({'optimizer.name': 'lars'}, {'optimizer.lr_scaling': 'linear'}),
     ({'dtype': 'float16'}, {'loss_scaling': 'dynamic'}),
     ({'dtype': 'bfloat16'}, {'loss_scaling': 'none'}),
+    ({}, {'eval_batch': 256}),
+    ({'mesh.shape': (3,), 'mesh.axes': ('data',)}, {'eval_batch': 258}),  # 3 thesis workers
+    ({'mesh.shape': (2, 5)}, {'eval_batch': 260}),
+    ({'mesh.shape': (3,), 'mesh.axes': ('data',), 'scheme': 'async', 'server': 'central',
+      'async_sgd.backend': 'ray'}, {'eval_batch': 256}),  # the driver's one device evaluates
 ])
 def test_method_defaults_adapt_to_the_method_and_are_logged(overrides, chosen, caplog):
   """A field left auto takes what the method needs (named in one log line); a value the
@@ -240,6 +245,17 @@ def test_an_explicit_value_is_kept():
                  'optimizer.name': 'adam', 'optimizer.lr_scaling': 'sqrt'})
   validation.validate(c)
   assert c.placement == 'greedy' and c.optimizer.lr_scaling == 'sqrt'
+  # The evaluation's batch: unset, rounded up to the mesh (logged); set, checked against it.
+  three = _config(**{'mesh.shape': (3,), 'mesh.axes': ('data',), 'scheme': 'sync-join'})
+  validation.validate(three)
+  validation.validate_devices(three, 3, 1)
+  assert three.eval_batch == 258
+  three = _config(**{'mesh.shape': (3,), 'mesh.axes': ('data',), 'scheme': 'sync-join',
+                     'eval_batch': 256})
+  validation.validate(three)
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'^config.eval_batch=256 is invalid: use a multiple of the 3 data'):
+    validation.validate_devices(three, 3, 1)
   gossip = _config(**{'server': 'gossip', 'grad_fusion': 'one_buffer'})
   validation.validate(gossip)  # gossip's permutes, like psum, can send one buffer
   assert gossip.grad_fusion == 'one_buffer'
