@@ -36,7 +36,6 @@ def get_config(arg: str = 'post_local'):
     c.sparsify.capacity = 0.05
   else:
     c.mesh.shape = (5,)
-    c.eval_batch = 250  # a multiple of the 5 devices
     c.sync_every = 50
   c.mesh.axes = ('data',)
   return c
