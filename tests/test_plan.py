@@ -982,6 +982,12 @@ def test_each_family_s_steps_follow_its_own_run_by_hand():
   assert not any('noise scale alone' in n for n in noted(c('sync-join', 'allreduce', 1, 16, '')))
   assert alone not in noted(c('sync-join', 'allreduce', 2, 32, ''), fitted=True)
   assert alone not in noted(c('sync-join', 'allreduce', 2, 32, ''), beyond=(64, 80.0))
+  # A row resting on a family's run at its own batch: measured there; at another, moved.
+  bn = {'bn_device': {'K': 70.0, 'batch': 32, 'stopped': 'reached'}}
+  assert not any('noise scale alone' in n
+                 for n in noted(c('sync-join', 'allreduce', 2, 32, 'device'), methods=bn))
+  assert ('K at batch 64 from the gradient noise scale alone (no run at a larger batch '
+          'measured it)') in noted(c('sync-split', 'allreduce', 2, 64, 'device'), methods=bn)
 
 
 def test_the_batch_model_goes_through_both_measured_points():

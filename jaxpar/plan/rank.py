@@ -191,6 +191,16 @@ def reference(methods: dict, candidate, k_b: float, b: int, b_noise: float,
   return {**methods, 'local_sgd': {**methods['local_sgd'], 'K_1': k_1}}
 
 
+def anchor(own: dict, b: int) -> int:
+  """The batch at which a row's K was measured, from which the batch model moves it: its
+  Local SGD run's, else its BN-per-device run's (`own`: the families' runs it rests on,
+  None where not run), else the serial run's b."""
+  for family in ('local_sgd', 'bn_device'):
+    if own.get(family) and 'batch' in own[family]:
+      return own[family]['batch']
+  return b
+
+
 def seeds_range(spread: tuple, runs) -> tuple:
   """(low, high): the factors of K's range from seed to seed for a row resting on the
   families' `runs` (None: not measured; Local SGD's the run at the row's period,
@@ -369,11 +379,12 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
                     else 'B_noise ∞ through the two measured runs: K at perfect scaling')
                    if fitted
                    else 'B_noise not measurable: K at perfect scaling (optimistic)')
-    elif not fitted and beyond is None and c.batch != b and c.family != 'async':
+    elif not fitted and beyond is None and c.batch != anchor(own, b) and c.family != 'async':
       # No run at a larger batch pinned the curve (the budget spent before it, or none
-      # larger than b): K moved from b by the noise scale's reading alone. ResNet34 16²
-      # within 420 s: K 79 at 64 from B_noise 794 (its readings 406–655,211); trained, the
-      # row had not reached the target at step 140.
+      # larger than b): K moved by the noise scale's reading alone from the batch of the run
+      # it rests on. ResNet34 16² within 420 s: K 79 at 64 from BN per device's run at 32
+      # and B_noise 794 (its readings 406–655,211); trained, the row had not reached the
+      # target at step 140.
       notes.append(f'K at batch {c.batch} from the gradient noise scale alone (no run at a '
                    'larger batch measured it)')
     if row.get('pruned') == 'budget':
