@@ -330,6 +330,15 @@ def on_ray(c) -> bool:
   return c.scheme == 'async' and c.async_sgd.backend == 'ray'
 
 
+def eval_batch(c) -> int:
+  """The evaluation's global batch: `eval_batch` where set, else EVAL_BATCH rounded up to a
+  multiple of the devices that evaluate (`driver_devices`), as `validation.settle` sets it."""
+  if c.eval_batch is not None:
+    return c.eval_batch
+  n = driver_devices(c)
+  return -(-EVAL_BATCH // n) * n
+
+
 def driver_devices(c) -> int:
   """The devices of this process's mesh: every worker's, or (on Ray) one, the driver's,
   which evaluates while the actors train."""

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from jaxpar import config as config_lib
 from jaxpar.data import pipeline
 
 
@@ -22,7 +23,7 @@ def evaluate(eval_step, variables, mesh, source, cfg, split: str = 'test',
   subset = 0 < examples < total
   total = examples if subset else total
   share = math.ceil(total / jax.process_count())
-  per_process = cfg.eval_batch // jax.process_count()
+  per_process = config_lib.eval_batch(cfg) // jax.process_count()
   num_batches = math.ceil(share / per_process)
   sums = None
   batches = eval_batches(source, cfg, split, per_process, num_batches, share if subset else 0)

@@ -295,23 +295,17 @@ def settle(c, quiet: bool = False) -> None:
   if c.optimizer.lr_scaling == 'auto':
     c.optimizer.lr_scaling = optim.lr_scaling(c.optimizer)
     chosen.append(f'optimizer.lr_scaling={c.optimizer.lr_scaling!r} ({c.optimizer.name})')
-  if c.eval_batch is None:
-    n = _data_devices(c)
-    c.eval_batch = -(-config_lib.EVAL_BATCH // n) * n
+  if c.eval_batch is None and _is_shape(c.mesh.shape):  # else `_validate_mesh` names it
+    c.eval_batch = config_lib.eval_batch(c)
     if c.eval_batch != config_lib.EVAL_BATCH:
       chosen.append(f'eval_batch={c.eval_batch} ({config_lib.EVAL_BATCH} rounded up to a '
-                    f'multiple of the {n} data devices)')
+                    f'multiple of the {config_lib.driver_devices(c)} data devices)')
   if chosen and not quiet:
     logging.info('Defaults for this method: %s.', '; '.join(chosen))
 
 
-def _data_devices(c) -> int:
-  """The devices an evaluation's batch is split over (`config.driver_devices`); 1 where the
-  mesh's shape is not one yet (`_validate_mesh` names it)."""
-  shape = c.mesh.shape
-  if not isinstance(shape, tuple) or not all(isinstance(x, int) and x > 0 for x in shape):
-    return 1
-  return config_lib.driver_devices(c)
+def _is_shape(shape) -> bool:
+  return isinstance(shape, tuple) and all(isinstance(x, int) and x > 0 for x in shape)
 
 
 def _has_batch_norm(c) -> bool:

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpar import config as config_lib
 from jaxpar.perfmodel import noise_scale, steps_model
 
 
@@ -291,7 +292,7 @@ def _to_target(cfg, source, target, model, mesh, loop, state, variables_of, *,
   from jaxpar.step import make_eval_step
 
   eval_step = make_eval_step(model, mesh)
-  cost = _MetricCost(source, target, cfg.eval_batch, eval_every, eval_share)
+  cost = _MetricCost(source, target, config_lib.eval_batch(cfg), eval_every, eval_share)
   # Across processes a callable, so that every process stops at the same evaluation.
   past = deadline if callable(deadline) else lambda: time.perf_counter() > deadline
 
