@@ -144,11 +144,15 @@ def _validate_data(c) -> None:
 def _validate_mesh(c) -> tuple:
   """(shape, axes) of `mesh`: positive sizes, one distinct name each."""
   shape, axes = tuple(c.mesh.shape), tuple(c.mesh.axes)
-  if not shape or any(not isinstance(n, int) or n <= 0 for n in shape):
+  if not _positive_sizes(shape):
     _fail('mesh.shape', shape, 'expected a tuple of positive integers, e.g. (2, 4)')
   if len(axes) != len(shape) or len(set(axes)) != len(axes):
     _fail('mesh.axes', axes, f'expected {len(shape)} distinct names, one per mesh.shape entry')
   return shape, axes
+
+
+def _positive_sizes(shape: tuple) -> bool:
+  return bool(shape) and all(isinstance(n, int) and n > 0 for n in shape)
 
 
 def _validate_method(c, shape, axes) -> None:
@@ -295,17 +299,14 @@ def settle(c, quiet: bool = False) -> None:
   if c.optimizer.lr_scaling == 'auto':
     c.optimizer.lr_scaling = optim.lr_scaling(c.optimizer)
     chosen.append(f'optimizer.lr_scaling={c.optimizer.lr_scaling!r} ({c.optimizer.name})')
-  if c.eval_batch is None and _is_shape(c.mesh.shape):  # else `_validate_mesh` names it
+  shape = c.mesh.shape  # a bad one is `_validate_mesh`'s to name
+  if c.eval_batch is None and isinstance(shape, (tuple, list)) and _positive_sizes(tuple(shape)):
     c.eval_batch = config_lib.eval_batch(c)
     if c.eval_batch != config_lib.EVAL_BATCH:
       chosen.append(f'eval_batch={c.eval_batch} ({config_lib.EVAL_BATCH} rounded up to a '
                     f'multiple of the {config_lib.driver_devices(c)} data devices)')
   if chosen and not quiet:
     logging.info('Defaults for this method: %s.', '; '.join(chosen))
-
-
-def _is_shape(shape) -> bool:
-  return isinstance(shape, tuple) and all(isinstance(x, int) and x > 0 for x in shape)
 
 
 def _has_batch_norm(c) -> bool:
@@ -447,8 +448,9 @@ def validate_devices(c, device_count: int, process_count: int) -> None:
     _fail('grad_accum_steps', c.grad_accum_steps,
           f'each device takes global_batch/{n} = {c.global_batch // n} examples in '
           f'{c.grad_accum_steps} equal micro-batches: use a divisor of {c.global_batch // n}')
-  if c.eval_batch is not None and (c.eval_batch % n or c.eval_batch % process_count):
-    _fail('eval_batch', c.eval_batch, f'use a multiple of the {n} data devices')
+  eval_batch = config_lib.eval_batch(c)
+  if eval_batch % n or eval_batch % process_count:
+    _fail('eval_batch', eval_batch, f'use a multiple of the {n} data devices')
   if c.scheme == 'async' and process_count > 1:
     _fail('scheme', c.scheme, f'the {process_count} processes of this cluster cannot run '
           f"Downpour as SPMD processes: run one process with async_sgd.backend='ray' (its "

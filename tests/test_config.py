@@ -250,6 +250,10 @@ def test_an_explicit_value_is_kept():
   validation.validate(three)
   validation.validate_devices(three, 3, 1)
   assert three.eval_batch == 258
+  listed = _config(**{'mesh.axes': ('data',), 'scheme': 'sync-join'})
+  listed.mesh.shape = [3]  # a config file's list, which the mesh reads as a tuple
+  validation.validate(listed)
+  assert listed.eval_batch == 258
   three = _config(**{'mesh.shape': (3,), 'mesh.axes': ('data',), 'scheme': 'sync-join',
                      'eval_batch': 256})
   validation.validate(three)

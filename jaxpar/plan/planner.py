@@ -998,7 +998,7 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
     if seed != one.seed and (first.get(family) or {}).get('stopped') != 'reached':
       continue  # not run at the first seed, or short there: a lower bound at any seed
     c = runs[family]
-    name = family if family != 'local_sgd_small' else f'local_sgd τ={c.period}'
+    name = _run_name(family, c.period)
     at = '' if seed == one.seed else f' at seed {seed}'
     if _spent(deadline, log, f'{c.label} (its steps: {name}{at})'):
       break
@@ -1023,6 +1023,11 @@ def method_runs(one, source, target, serial: dict, found: list, deadline, log,
   return out
 
 
+def _run_name(family: str, period) -> str:
+  """A family's run as the log names it: Local SGD's at the smallest period with τ."""
+  return family if family != 'local_sgd_small' else f'local_sgd τ={period}'
+
+
 def measured_runs(first: dict, log) -> dict:
   """The families' runs at the first seed (`first`) less those the budget's clock stopped
   short of the target: K is at least their last step, which says nothing of the method (a
@@ -1030,8 +1035,8 @@ def measured_runs(first: dict, log) -> dict:
   steps, "at least"); their rows are ranked as a family not measured (never chosen), said."""
   for family, run in first.items():
     if run['stopped'] == 'time':
-      name = family if family != 'local_sgd_small' else f"local_sgd τ={run['period']}"
-      log(f"Plan: the {name} run's steps {said_k(run)}: not measured.")
+      log(f"Plan: the {_run_name(family, run.get('period'))} run's steps {said_k(run)}: "
+          'not measured.')
   return {family: run for family, run in first.items() if run['stopped'] != 'time'}
 
 
