@@ -326,6 +326,9 @@ def changes(saved: dict, now: dict) -> list:
          'processes': saved.get('processes'), 'global batch': saved.get('global_batch')}
   new = {**flat(now.get('config')), **flat(now.get('versions'), 'version of '),
          'processes': now.get('processes'), 'global batch': now.get('global_batch')}
+  if (old.get('global_batch'), new.get('global_batch')) == (old['global batch'],
+                                                            new['global batch']):
+    del old['global batch'], new['global batch']  # sync-split: the config's field says it
   return [f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in sorted(set(old) | set(new))
           if old.get(k) != new.get(k) and old.get(k) is not None and k != 'written']
 

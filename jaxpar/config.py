@@ -325,6 +325,12 @@ def num_devices(c) -> int:
   return math.prod(c.mesh.shape)
 
 
+def has_batch_norm(c) -> bool:
+  """Whether the network normalises its batches: ResNet34 always, the others with
+  `batch_norm=True` (a variant, not the published network)."""
+  return c.model == 'resnet34' or bool(c.batch_norm)
+
+
 def on_ray(c) -> bool:
   """Downpour with Ray's actors as workers and servers (`async_sgd.backend='ray'`)."""
   return c.scheme == 'async' and c.async_sgd.backend == 'ray'

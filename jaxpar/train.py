@@ -94,9 +94,10 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals,
   # ------------------------------------------------------------------ model and optimizer
   model = build.model(cfg, source.num_classes, source.channels, mesh)
   strategy = build.strategy(cfg, mesh, model)
-  logging.info('Server %s: %s; BN groups of %d devices; compute in %s; %s, %s schedule.',
-               cfg.server, strategy.describe(), cfg.bn_group_size or config_lib.num_devices(cfg),
-               cfg.dtype, cfg.optimizer.name, cfg.optimizer.schedule)
+  norm = (f'BN groups of {cfg.bn_group_size or config_lib.num_devices(cfg)} devices'
+          if config_lib.has_batch_norm(cfg) else 'no BatchNorm')
+  logging.info('Server %s: %s; %s; compute in %s; %s, %s schedule.', cfg.server,
+               strategy.describe(), norm, cfg.dtype, cfg.optimizer.name, cfg.optimizer.schedule)
   tx, schedule = build.optimizer(cfg, model, source.channels, strategy, global_batch, total_steps)
 
   # ------------------------------------------------------------------ state

@@ -216,7 +216,7 @@ def _validate_method(c, shape, axes) -> None:
   if split == MODEL_AXIS and c.fc_parallel != 'data':
     _fail('bn_group_size', c.bn_group_size, f"it would split the {MODEL_AXIS!r} axis that "
           f"the FC layers are split over: choose one of {group_sizes(shape)}")
-  if c.bn_group_size and not _has_batch_norm(c):
+  if c.bn_group_size and not config_lib.has_batch_norm(c):
     _fail('bn_group_size', c.bn_group_size,
           f'{c.model} has no BatchNorm unless config.batch_norm=True; set it, or leave '
           f'bn_group_size unset')
@@ -286,8 +286,8 @@ def settle(c, quiet: bool = False) -> None:
           if c.scheme == 'async' else '1/N of every tensor on each device') + ')')
   if c.bn_group_size is None:
     replica = _replica_size(c)
-    c.bn_group_size = replica if replica and _has_batch_norm(c) else 0
-    if _has_batch_norm(c):
+    c.bn_group_size = replica if replica and config_lib.has_batch_norm(c) else 0
+    if config_lib.has_batch_norm(c):
       chosen.append(f'bn_group_size={c.bn_group_size} (' + (
           'statistics over all devices' if not c.bn_group_size else
           'one replica per device normalises over its own batch' if c.bn_group_size == 1 else
@@ -307,10 +307,6 @@ def settle(c, quiet: bool = False) -> None:
                     f'multiple of the {config_lib.driver_devices(c)} data devices)')
   if chosen and not quiet:
     logging.info('Defaults for this method: %s.', '; '.join(chosen))
-
-
-def _has_batch_norm(c) -> bool:
-  return c.model == 'resnet34' or c.batch_norm
 
 
 def _replica_size(c):
@@ -393,7 +389,7 @@ def _validate_replicas(c) -> None:
     _fail('local_sgd_group_size', group, "groups train synchronously inside hierarchical "
           "Local SGD (server='allreduce'); gossip exchanges per device: leave it 1")
   replica = _replica_size(c)
-  if _has_batch_norm(c) and not (c.bn_group_size and replica % c.bn_group_size == 0):
+  if config_lib.has_batch_norm(c) and not (c.bn_group_size and replica % c.bn_group_size == 0):
     if replica == 1:
       _fail('bn_group_size', c.bn_group_size, f'{method} trains one replica per device, '
             f'whose BatchNorm normalises over its own batch: set bn_group_size=1, or leave '

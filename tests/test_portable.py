@@ -224,6 +224,13 @@ def test_the_record_says_what_changed():
   assert checkpoint_lib.changes(saved, now) == [
       "mesh.shape: (8,) -> (4,)", "processes: 2 -> 1", "server: 'distributed' -> 'allreduce'",
       "version of jax: '0.10.2' -> '0.12.0'"]
+  # The run's global batch once, whether the config's field says it (sync-split) or not.
+  split = lambda batch, per_device: {'config': {'global_batch': batch,
+                                                'per_device_batch': per_device},
+                                     'global_batch': batch or 8 * per_device}
+  assert checkpoint_lib.changes(split(64, 0), split(32, 0)) == ['global_batch: 64 -> 32']
+  assert checkpoint_lib.changes(split(0, 8), split(0, 4)) == [
+      'global batch: 64 -> 32', 'per_device_batch: 8 -> 4']
   assert checkpoint_lib.written_by({'config': json.dumps({'model': 'vgg16e',
                                                           'mesh': {'shape': [8]}})}) == \
       'model=vgg16e, mesh.shape=(8,)'

@@ -113,6 +113,24 @@ def table(result: dict) -> str:
   return '\n'.join(lines)
 
 
+def processes_table(result: dict) -> str:
+  """Markdown: `jaxpar.train` on processes of one core each under `mapped` and `keep`
+  (analysis/report/host_memory/processes.json: the log's step time over windows 3-5 of
+  every round, their median; `keep`'s ratio to `mapped`; the faults a step the run said)."""
+  import numpy as np
+  lines = ['| `jaxpar.train` on 2 processes, one core each | `auto` | `mapped`: s a step '
+           '(faults) | `keep`: s a step |', '|---|---|---:|---:|']
+  for net, label in result['labels'].items():
+    runs = [r for r in result['runs'] if r['network'] == net]
+    median = {s: float(np.median([t for r in runs if r['host_memory'] == s
+                                  for t in r['step_time_s_windows'][2:]]))
+              for s in ('mapped', 'keep')}
+    faults = max(r['faults_a_step_said'] for r in runs if r['host_memory'] == 'mapped')
+    lines.append(f"| {label} | {result['auto_chose'][net]} | {median['mapped']:.3f} "
+                 f"({faults:,}) | {median['keep']:.3f} ({median['keep'] / median['mapped']:.2f}×) |")
+  return '\n'.join(lines)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--out', required=True)

@@ -87,6 +87,11 @@ def _host_memory_auto():
   return malloc_bench.table(_load('host_memory/auto.json')[0])
 
 
+def _host_memory_processes():
+  from analysis.benchmarks import malloc_bench
+  return malloc_bench.processes_table(_load('host_memory/processes.json')[0])
+
+
 def _ray_worker_cpus():
   from analysis.benchmarks import ray_worker_bench
   return ray_worker_bench.table(_load('ray/*.json'))
@@ -442,6 +447,7 @@ TABLES = {
     'host-memory-faults': _host_memory,
     'host-memory-compile': _compile_host_memory,
     'host-memory-auto': _host_memory_auto,
+    'host-memory-processes': _host_memory_processes,
     'compile-cache-restart': _compile_cache_restart,
     'ray-worker-cpus': _ray_worker_cpus,
     'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),

@@ -22,6 +22,8 @@ What is not ranked is listed as excluded, each with the reason, never silently l
 """
 import dataclasses
 
+from jaxpar.config import has_batch_norm
+
 SERVERS = ('allreduce', 'central', 'distributed')
 SCHEMES = ('sync-split', 'sync-join')
 
@@ -136,7 +138,7 @@ def enumerate_candidates(cfg, available: int, local: int | None = None) -> tuple
   divide over N; a family of `METHODS` left out; hierarchical Local SGD; `EXCLUDED`).
   Across processes (`local`: each one's devices) N is one device (a run of one process) or
   all of them: a run on some of the processes is planned by launching that many."""
-  has_bn = cfg.model == 'resnet34' or bool(cfg.batch_norm)
+  has_bn = has_batch_norm(cfg)
   found, excluded, seen = [], [], set()
   counts = device_counts(available)
   if local is not None:
