@@ -94,8 +94,9 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals,
   # ------------------------------------------------------------------ model and optimizer
   model = build.model(cfg, source.num_classes, source.channels, mesh)
   strategy = build.strategy(cfg, mesh, model)
-  norm = (f'BN groups of {cfg.bn_group_size or config_lib.num_devices(cfg)} devices'
-          if config_lib.has_batch_norm(cfg) else 'no BatchNorm')
+  group = cfg.bn_group_size or config_lib.num_devices(cfg)
+  norm = ('no BatchNorm' if not config_lib.has_batch_norm(cfg) else
+          'BatchNorm per device' if group == 1 else f'BN groups of {group} devices')
   logging.info('Server %s: %s; %s; compute in %s; %s, %s schedule.', cfg.server,
                strategy.describe(), norm, cfg.dtype, cfg.optimizer.name, cfg.optimizer.schedule)
   tx, schedule = build.optimizer(cfg, model, source.channels, strategy, global_batch, total_steps)

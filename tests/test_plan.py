@@ -942,6 +942,11 @@ def test_each_family_s_steps_follow_its_own_run_by_hand():
   again = rank.rank([{'candidate': local, 't_predicted': 0.01}], 100, 16, (math.inf,) * 3,
                     None, (1, 1), methods)[0]
   assert again['basis'] is None and "K at least the local_sgd run's 84 steps" in again['notes'][0]
+  # The run stopped short bounds K from below: the seeds' spread widens it above only.
+  bounded = rank.rank([{'candidate': local, 't_predicted': 0.01}], 100, 16, (math.inf,) * 3,
+                      None, (0.7, 1.3), methods)[0]
+  assert bounded['K'][1] == pytest.approx(bounded['K'][0]) and bounded['K'][2] > bounded['K'][0]
+  assert bounded['T'][1] == pytest.approx(bounded['T'][0])
   # τ = 8 stopped short (stalled at 84) where τ = 2 reached (56): the row at τ = 2 rests on
   # its own run, K 56, choosable; τ = 4, between a measured point and a bound, is not.
   stalled = {**two, 'local_sgd': {**two['local_sgd'], 'stopped': 'stalled'}}

@@ -315,6 +315,9 @@ def rank(rows: list, k_b: float, b: int, noise: tuple, saves: dict | None = None
       row['K'] = [max(k, beyond[1]) for k in row['K']]
       own_k = [max(k, beyond[1]) for k in own_k]
       ks = [max(k, beyond[1]) for k in ks]
+    if any(run and run['stopped'] != 'reached' for run in own.values()):
+      # A run stopped short of the target bounds its K from below: no seed's spread under it.
+      row['K'][1] = max(row['K'][1], min(ks))
     measured = row.get('t_measured')
     if measured:
       t = [float(np.median(measured)), float(min(measured)), float(max(measured))]
