@@ -454,11 +454,28 @@ def validate_devices(c, device_count: int, process_count: int) -> None:
           f"choose 'sync-split' or 'sync-join'")
 
 
+def _say_unaveraged(c, total_steps: int) -> None:
+  """Warns where Local SGD's replicas are never averaged within the run's `total_steps`."""
+  tau, synchronous = c.sync_every, c.local_sgd_warmup
+  if not tau or synchronous + tau <= total_steps:
+    return
+  if synchronous >= total_steps:
+    logging.warning('config.local_sgd_warmup=%d: all %d steps of the run are synchronous, so '
+                    'Local SGD (sync_every=%d) never starts.', synchronous, total_steps, tau)
+    return
+  logging.warning('config.sync_every=%d: the run ends after %d steps, before the first average '
+                  '(at step %d): each replica trains alone after step %d and the evaluation '
+                  'reads their mean; a period of at most %d averages them within the run.', tau,
+                  total_steps, synchronous + tau, synchronous, total_steps - synchronous)
+
+
 def validate_schedule(c, total_steps: int, warmup_from_recipe: bool = False) -> None:
   """The warm-up fits the run. `warmup_from_recipe`: `optimizer.warmup_steps` is the
   config's own (its dataset recipe's, e.g. the digits' 20 steps), not one the user asked
   for; where it does not fit a shorter run it becomes a quarter of the run (as
-  configs/thesis.py sizes it), in place and logged. Asked for (the default), it is an error."""
+  configs/thesis.py sizes it), in place and logged. Asked for (the default), it is an error.
+  A Local SGD period the run ends before is said (each replica then trains alone to the end)."""
+  _say_unaveraged(c, total_steps)
   warmup = c.optimizer.warmup_steps
   if warmup < total_steps:
     return

@@ -346,6 +346,23 @@ def test_warmup_must_fit_in_the_run():
     validation.validate_schedule(_config(), 40)
 
 
+@pytest.mark.parametrize('total_steps, synchronous, said', [
+    (30, 0, 'config.sync_every=50: the run ends after 30 steps, before the first average (at '
+            'step 50): each replica trains alone after step 0'),
+    (60, 20, 'a period of at most 40 averages them within the run'),
+    (20, 20, 'config.local_sgd_warmup=20: all 20 steps of the run are synchronous'),
+    (70, 20, None), (50, 0, None)])
+def test_a_local_sgd_period_the_run_ends_before_is_said(total_steps, synchronous, said, caplog):
+  """SparkNet's τ = 50 in a run of 30 steps never averages its replicas: said, not refused
+  (the evaluation reads their mean)."""
+  c = _config(sync_every=50, local_sgd_warmup=synchronous)
+  c.optimizer.warmup_steps = 0
+  with caplog.at_level('WARNING'):
+    validation.validate_schedule(c, total_steps)
+  lines = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert (len(lines) == 1 and said in lines[0]) if said else not lines
+
+
 @pytest.mark.parametrize('total_steps, warmup', [(40, 10), (50, 12), (3, 0), (51, 50)])
 def test_a_recipes_warmup_too_long_for_the_run_becomes_a_quarter_of_it(total_steps, warmup):
   """Not asked for (the config's own 50 steps), a warm-up that does not fit the run is cut
