@@ -97,12 +97,13 @@ def _validate_data(c) -> None:
     if not os.path.isdir(c.dataset.path):
       _fail('dataset.path', c.dataset.path,
             'image_folder needs an existing folder with one sub-folder per class')
-    classes = [entry.path for entry in os.scandir(c.dataset.path) if entry.is_dir()]
+    classes = sources.folder_classes(c.dataset.path)
     if not classes:
       _fail('dataset.path', c.dataset.path, 'image_folder needs one sub-folder per class, '
-            'holding its images (root/<class>/<image>); this folder has no sub-folder')
-    if not any(name.lower().endswith(sources.IMAGE_EXTENSIONS)
-               for folder in classes for name in os.listdir(folder)):
+            'holding its images (root/<class>/<image>; a hidden one is no class); this '
+            'folder has no sub-folder')
+    if not any(is_image for cls in classes
+               for _, is_image in sources.folder_files(c.dataset.path, cls)):
       _fail('dataset.path', c.dataset.path, f'none of its {len(classes)} class folders holds '
             f'an image file ({", ".join(sources.IMAGE_EXTENSIONS)})')
     if not 0 < c.dataset.test_percent < 100:

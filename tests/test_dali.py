@@ -22,12 +22,16 @@ LEVEL = 1 / 127.5  # one of 256 grey levels on the stream's [-1, 1] scale
 def folder(tmp_path_factory):
   """JPEGs at ImageNet's shapes (smooth fields with pixel noise: a window off by one pixel
   or a wrong mirror moves every pixel by tens of levels) and one PNG (decoded whole to read
-  its shape, as tf.data's decoder does)."""
+  its shape, as tf.data's decoder does), a GIF (which DALI does not read: tf.data hands it
+  over as a PNG) and a WebP."""
+  from PIL import Image
   root = str(tmp_path_factory.mktemp('jpegs'))
   input_rate.write_images(root, 24, classes=2)
   tf = tf_import.tensorflow()
   image = np.random.default_rng(0).integers(0, 255, (90, 70, 3), np.uint8)
   tf.io.write_file(os.path.join(root, 'class_0', 'odd.png'), tf.io.encode_png(image))
+  Image.fromarray(image[:60, :80]).convert('P').save(os.path.join(root, 'class_1', 'odd.gif'))
+  Image.fromarray(image[:50]).save(os.path.join(root, 'class_1', 'odd.webp'), lossless=True)
   return root
 
 
@@ -67,7 +71,8 @@ def accurate_idct(monkeypatch):
 def test_dali_decodes_the_same_windows_and_flips_as_tf_data(folder, accurate_idct, augment):
   """The same labels; every pixel but the image's outermost rows and columns equal (where the
   two resamplers treat the edge differently: within 16 levels on these noisy images). Three
-  batches of 8: the whole train split (about 20 of the 25 files, the PNG among them)."""
+  batches of 8: the whole train split (about 20 of the 27 files, the PNG, GIF and WebP
+  among them)."""
   out = _streams(folder, augment, 0, batches=3)
   for ours, theirs in zip(out['tf'], out['dali']):
     assert isinstance(theirs['image'], np.ndarray) and theirs['image'].dtype == np.float32

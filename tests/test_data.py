@@ -1,6 +1,7 @@
 """Input: the bundled TFDS dataset, image folders, synthetic images, a resumable train stream,
 exhaustive eval; and the step's and the benchmarks' modules importing without TensorFlow."""
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -202,6 +203,39 @@ def test_image_folder(tmp_path):
   assert np.bincount(labels).tolist() == [20, 20, 20]
   batch = next(pipeline.train_batches(source, batch=8, start=0, seed=0, **TRAIN))
   assert batch['image'].shape == (8, 16, 16, 3) and batch['image'].dtype == np.float32
+
+
+# A 6×6 grey image as a lossless WebP (Pillow's; tf.io.decode_image reads WebP).
+_WEBP = (b'RIFF"\x00\x00\x00WEBPVP8L\x16\x00\x00\x00/\x05@\x01\x00\x07P\xadjU\xab\xff'
+         b'\x01\x80 \xfco\x9b\x88\xe8\x7f\x08')
+
+
+def test_an_image_folder_takes_its_classes_sub_folders_and_says_what_it_leaves_out(
+    tmp_path, caplog):
+  """As torchvision's `ImageFolder`: a class's images in its sub-folders are its; a hidden
+  folder is no class and a hidden file no image; what is left out is said, and a class
+  folder without an image is warned of (its label kept)."""
+  image = tf.io.encode_png(np.zeros((12, 12, 3), np.uint8))
+  for rel in ('ant/0.png', 'ant/1.PNG', 'ant/more/2.png', 'ant/.hidden/3.png', 'bee/0.png',
+              'bee/a/b/1.png', '.ipynb_checkpoints/x/0.png'):
+    os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+    tf.io.write_file(str(tmp_path / rel), image)
+  tf.io.write_file(str(tmp_path / 'bee' / '2.webp'), tf.constant(_WEBP))
+  (tmp_path / 'bee' / 'notes.txt').write_text('not an image')
+  (tmp_path / 'ant' / '._0.png').write_text('a resource fork')
+  os.makedirs(tmp_path / 'cow')
+  c = ml_collections.ConfigDict(dict(name='image_folder', path=str(tmp_path), test_percent=50,
+                                     order='global'))
+  assert sources.classes_and_channels(c) == (3, 3)
+  caplog.set_level(logging.INFO)
+  source = sources.open_source(c)
+  assert source.num_classes == 3 and source.num_train + source.num_test == 6
+  labels = [int(e['label']) for e in source.train()] + [int(e['label']) for e in source.test()]
+  assert sorted(labels) == [0, 0, 0, 1, 1, 1]
+  (left,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Left out')]
+  assert left.endswith(': ant/.hidden/, ant/._0.png, bee/notes.txt, .ipynb_checkpoints/')
+  (empty,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert 'Of the 3 classes' in empty and '1 holds no image file: cow (label 2)' in empty
 
 
 def test_classes_and_channels_are_known_before_a_source_is_opened(data_dir, tmp_path):

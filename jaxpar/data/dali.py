@@ -11,12 +11,12 @@ edges, zeros there), S the image size (bilinear, antialiased) and f whether it i
 mirrored. tf.data still reads the files in the stream's order and draws w and f from
 (seed, position) as its own decoder does (`pipeline._augment_plan`), so the examples,
 windows and flips at every position are the same and a run resumes at any position. DALI
-decodes (Inception's w only, `decoders.image_slice`: for a JPEG, the window's blocks),
-resizes, scales, slices and mirrors. Where JAX runs on a GPU, DALI decodes there (its
-`mixed` decoder: nvJPEG) and hands each batch to JAX on that GPU (DLPack, then a copy:
-DALI reuses its buffers); on a CPU its own decoder runs on the process's cores, a thread
-each, and the batch is numpy. Batches are decoded two ahead of the one taken (DALI's
-prefetch queue).
+decodes (Inception's w only, `decoders.image_slice`: for a JPEG, the window's blocks; a GIF
+arrives as a PNG, `pipeline._dali_decodes`), resizes, scales, slices and mirrors. Where JAX
+runs on a GPU, DALI decodes there (its `mixed` decoder: nvJPEG) and hands each batch to JAX
+on that GPU (DLPack, then a copy: DALI reuses its buffers); on a CPU its own decoder runs on
+the process's cores, a thread each, and the batch is numpy. Batches are decoded two ahead
+of the one taken (DALI's prefetch queue).
 
 The pixels: tf.data decodes JPEGs with libjpeg's fast integer inverse DCT, DALI with the
 accurate one (about a grey level on average, at most 5); with the same inverse DCT every

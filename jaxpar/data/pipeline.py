@@ -121,6 +121,15 @@ def _shape(data, channels):
                  lambda: tf.shape(_decode(data, channels)))
 
 
+def _dali_decodes(data, channels):
+  """`data` in a format DALI decodes: a GIF (which DALI does not read; its CPU decoder
+  crashes the process on one in a batch of 32 or more) as a PNG of the same pixels, any
+  other image as it is."""
+  tf = tf_import.tensorflow()
+  return tf.cond(tf.strings.substr(data, 0, 3) == b'GIF',
+                 lambda: tf.io.encode_png(_decode(data, channels)), lambda: data)
+
+
 def _augment_plan(data, seed, size, kind, crop_padding, flip, channels):
   """What `_augment` does to one image, for a decoder elsewhere (`jaxpar.data.dali`), drawn
   from the same `seed` as `_augment`'s: a window [top, left, height, width] — for
@@ -178,7 +187,8 @@ def train_batches(source, *, batch: int, start: int, seed: int, image_size: int,
     if decoder == 'dali':
       window, flips = _augment_plan(ex['image'], seeds, image_size, augment, crop_padding, flip,
                                     source.channels)
-      return {'encoded': ex['image'], 'window': window, 'flip': flips, 'label': ex['label']}
+      return {'encoded': _dali_decodes(ex['image'], source.channels), 'window': window,
+              'flip': flips, 'label': ex['label']}
     image = _augment(ex['image'], seeds, image_size, augment, crop_padding, flip,
                      source.channels)
     return {'image': image, 'label': ex['label']}

@@ -48,7 +48,31 @@ if TYPE_CHECKING:
 
 IMAGE_FOLDER = 'image_folder'
 SYNTHETIC = 'synthetic'
-IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')  # tf.io.decode_image's
+
+
+def folder_classes(root: str) -> list:
+  """An image folder's classes: its sub-folders in sorted order, but hidden ones (a name
+  starting with '.', e.g. `.ipynb_checkpoints`), which are no class."""
+  return sorted(entry.name for entry in os.scandir(root)
+                if entry.is_dir() and not entry.name.startswith('.'))
+
+
+def folder_files(root: str, cls: str):
+  """(path under `root`, is an image file) of every file in class folder `cls` and, as
+  torchvision's `ImageFolder` and Keras's `image_dataset_from_directory` take them, in its
+  sub-folders, in sorted order; a hidden file or folder is no image (is_image False; a
+  hidden folder is one entry, its path ending in '/'). Lazy: the first image ends a search
+  for one."""
+  for folder, dirs, names in os.walk(os.path.join(root, cls), followlinks=True):
+    rel = os.path.relpath(folder, root)
+    hidden = sorted(d for d in dirs if d.startswith('.'))
+    dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
+    for name in hidden:
+      yield f'{rel}/{name}/', False
+    for name in sorted(names):
+      yield f'{rel}/{name}', (not name.startswith('.')
+                              and name.lower().endswith(IMAGE_EXTENSIONS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +155,7 @@ def classes_and_channels(dataset_config):
     return dataset_config.synthetic.classes, dataset_config.synthetic.channels
   if dataset_config.name == IMAGE_FOLDER:
     try:
-      root = dataset_config.path
-      return sum(os.path.isdir(os.path.join(root, d)) for d in os.listdir(root)), 3
+      return len(folder_classes(dataset_config.path)), 3
     except OSError:
       return None
   root = os.path.expanduser(dataset_config.data_dir or os.environ.get('TFDS_DATA_DIR')
@@ -280,25 +303,43 @@ def _tfds(cfg, shard, train_shard) -> Source:
 
 
 def _image_folder(root: str, test_percent: int, shard, train_shard) -> Source:
-  """Caltech-256 layout: `root/<class>/<image>`, classes in sorted order.
+  """Caltech-256 layout: `root/<class>/<image>` (`folder_classes`, `folder_files`: images
+  in a class's sub-folders are its too), classes in sorted order.
 
   The test split is the files whose path hashes (crc32) below `test_percent`
   of 100: stable across runs and machines, and independent of the file count.
   Files that cannot be decoded are left out of both splits (`unreadable`), named
-  in one warning: a truncated or mislabelled file must not end a long run.
+  in one warning: a truncated or mislabelled file must not end a long run. What else is
+  left out (files not named as images, hidden ones) is said in one line, and a class
+  folder without an image in one warning (its label stays: an output no example trains).
   """
-  classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-  listed = []
+  classes = folder_classes(root)
+  listed, others, empty = [], [], []
   for label, cls in enumerate(classes):
-    for name in sorted(os.listdir(os.path.join(root, cls))):
-      if name.lower().endswith(IMAGE_EXTENSIONS):
-        listed.append((f'{cls}/{name}', label))
+    count = len(listed)
+    for rel, is_image in folder_files(root, cls):
+      if is_image:
+        listed.append((rel, label))
+      else:
+        others.append(rel)
+    if len(listed) == count:
+      empty.append(f'{cls} (label {label})')
+  others += [f'{entry.name}' + ('/' if entry.is_dir() else '') for entry in
+             sorted(os.scandir(root), key=lambda e: e.name)
+             if entry.name.startswith('.') or not entry.is_dir()]
+  if others:
+    logging.info('Left out of the image folder %s: %d files or folders that are not class '
+                 'folders or image files (%s by name) or are hidden: %s', root, len(others),
+                 ' '.join(IMAGE_EXTENSIONS), _shown(others))
+  if empty:
+    logging.warning('Of the %d classes under %s, %d hold%s no image file: %s. Each keeps '
+                    'its label, so the network has an output no example trains; remove the '
+                    'folder if it is no class.', len(classes), root, len(empty),
+                    's' if len(empty) == 1 else '', _shown(empty))
   unreadable = _unreadable_files(root, [rel for rel, _ in listed])
   if unreadable:
-    shown = ', '.join(unreadable[:10]) + (f' and {len(unreadable) - 10} more'
-                                          if len(unreadable) > 10 else '')
     logging.warning('Skipping %d of %d image files under %s that cannot be decoded: %s',
-                    len(unreadable), len(listed), root, shown)
+                    len(unreadable), len(listed), root, _shown(unreadable))
   files = {'train': [], 'test': []}
   skip = set(unreadable)
   for rel, label in listed:
@@ -339,6 +380,12 @@ def _image_folder(root: str, test_percent: int, shard, train_shard) -> Source:
 
   return Source(len(classes), 3, len(train), len(test), len(files['train']), len(files['test']),
                 records(train), test_examples, tuple(unreadable), load)
+
+
+def _shown(names: list, most: int = 10) -> str:
+  """The first `most` of `names` and how many more."""
+  return ', '.join(names[:most]) + (f' and {len(names) - most} more' if len(names) > most
+                                    else '')
 
 
 def _synthetic(cfg, shard, train_shard) -> Source:
