@@ -85,6 +85,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals,
   if plan:
     total_steps = planner.run_length(plan, total_steps)
   validation.validate_schedule(cfg, total_steps, warmup_from_recipe)
+  validation.say_batch_over_split(cfg, source.num_train_global)
   logging.info('%s, %s: global batch %d on mesh %s %s, %d steps; %d train / %d test examples.',
                cfg.model + (' with BatchNorm after each convolution (config.batch_norm=True, '
                             'not in the published network)' if cfg.batch_norm else ''),

@@ -470,6 +470,18 @@ def _say_unaveraged(c, total_steps: int) -> None:
                   total_steps, synchronous + tau, synchronous, total_steps - synchronous)
 
 
+def say_batch_over_split(c, train_examples: int) -> None:
+  """A batch larger than the train split (all processes' shares) is said: each of its
+  batches repeats examples (the stream is the split's shuffled epochs one after another)."""
+  batch = config_lib.global_batch(c)
+  if batch <= train_examples:
+    return
+  field = 'global_batch' if c.scheme == 'sync-split' else 'per_device_batch'
+  logging.warning('A batch of %d examples (config.%s=%d) from a train split of %d: every batch '
+                  'holds some examples twice or more; a batch of at most %d sees each once an '
+                  'epoch.', batch, field, c[field], train_examples, train_examples)
+
+
 def validate_schedule(c, total_steps: int, warmup_from_recipe: bool = False) -> None:
   """The warm-up fits the run. `warmup_from_recipe`: `optimizer.warmup_steps` is the
   config's own (its dataset recipe's, e.g. the digits' 20 steps), not one the user asked

@@ -363,6 +363,20 @@ def test_a_local_sgd_period_the_run_ends_before_is_said(total_steps, synchronous
   assert (len(lines) == 1 and said in lines[0]) if said else not lines
 
 
+@pytest.mark.parametrize('scheme, train_examples, said', [
+    ('sync-split', 64, ''), ('sync-split', 63, 'config.global_batch=64) from a train split of 63'),
+    ('sync-join', 15, 'A batch of 16 examples (config.per_device_batch=2) from a train split of '
+                      '15'),
+    ('async', 1, 'config.per_device_batch=2) from a train split of 1'), ('async', 2, '')])
+def test_a_batch_larger_than_the_train_split_is_said(scheme, train_examples, said, caplog):
+  """A small image folder under a preset's batch: every batch repeats examples."""
+  c = _config(scheme=scheme, global_batch=64, per_device_batch=2)
+  with caplog.at_level('WARNING'):
+    validation.say_batch_over_split(c, train_examples)
+  lines = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert (len(lines) == 1 and said in lines[0]) if said else not lines
+
+
 @pytest.mark.parametrize('total_steps, warmup', [(40, 10), (50, 12), (3, 0), (51, 50)])
 def test_a_recipes_warmup_too_long_for_the_run_becomes_a_quarter_of_it(total_steps, warmup):
   """Not asked for (the config's own 50 steps), a warm-up that does not fit the run is cut
