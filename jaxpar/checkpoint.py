@@ -297,9 +297,10 @@ def _placed(x, like):
   return jax.make_array_from_callback(x.shape, like.sharding, lambda index: x[index])
 
 
-def record(cfg, strategy, global_batch: int) -> dict:
+def record(cfg, strategy, global_batch: int, train_examples: int) -> dict:
   """What a run's checkpoints record beside the state: its config, versions, mesh,
-  processes, global batch and the strategy's layout (JSON)."""
+  processes, global batch, the train split's examples (all processes') and the strategy's
+  layout (JSON)."""
   import datetime
   import platform
   from importlib import metadata
@@ -307,13 +308,13 @@ def record(cfg, strategy, global_batch: int) -> dict:
               for name in ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint')}
   return {'config': json.loads(cfg.to_json_best_effort()), 'layout': strategy.checkpoint_layout(),
           'processes': jax.process_count(), 'global_batch': int(global_batch),
-          'versions': {**versions, 'python': platform.python_version()},
+          'train_examples': int(train_examples), 'versions': {**versions, 'python': platform.python_version()},
           'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}
 
 
 def changes(saved: dict, now: dict) -> list:
   """What differs between the record a checkpoint was written with and this run's, as
-  'key: old -> new' (config fields, versions, processes, global batch)."""
+  'key: old -> new' (config fields, versions, processes, global batch, train examples)."""
   def flat(tree, prefix=''):
     out = {}
     for k, v in (tree or {}).items():
@@ -322,10 +323,9 @@ def changes(saved: dict, now: dict) -> list:
       else:
         out[f'{prefix}{k}'] = tuple(v) if isinstance(v, list) else v
     return out
-  old = {**flat(saved.get('config')), **flat(saved.get('versions'), 'version of '),
-         'processes': saved.get('processes'), 'global batch': saved.get('global_batch')}
-  new = {**flat(now.get('config')), **flat(now.get('versions'), 'version of '),
-         'processes': now.get('processes'), 'global batch': now.get('global_batch')}
+  old, new = ({**flat(record.get('config')), **flat(record.get('versions'), 'version of '),
+               'processes': record.get('processes'), 'global batch': record.get('global_batch'),
+               'train examples': record.get('train_examples')} for record in (saved, now))
   if (old.get('global_batch'), new.get('global_batch')) == (old['global batch'],
                                                             new['global batch']):
     del old['global batch'], new['global batch']  # sync-split: the config's field says it

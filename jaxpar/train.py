@@ -107,7 +107,7 @@ def _train_and_evaluate(cfg, workdir: str, stop: StopSignals,
   state = build.initial_state(cfg, model, tx, strategy, source.channels, mesh, rng_init)
 
   # ------------------------------------------------------------------ checkpoint restore
-  record = checkpoint_lib.record(cfg, strategy, global_batch)
+  record = checkpoint_lib.record(cfg, strategy, global_batch, source.num_train_global)
   checkpoints = Checkpoints(workdir, cfg.checkpoint_every, cfg.keep_checkpoints, record)
   state = checkpoints.restore_latest(state)
   first_step = int(state.step)
@@ -195,6 +195,12 @@ def _log_changes(restored: dict, record: dict) -> None:
     logging.info('The global batch changed from %d to %d: the data continues at the same '
                  'example count, and the learning-rate schedule is this run\'s.', batch,
                  record['global_batch'])
+  examples = written.get('train_examples')
+  if examples and examples != record['train_examples']:
+    logging.warning('The train split has %d examples, %d when the checkpoint was written: the '
+                    'stream goes on at the same example count in the new split\'s shuffled '
+                    'epochs, not with the examples the run would have read next.',
+                    record['train_examples'], examples)
 
 
 def _check_workdir(workdir: str) -> None:

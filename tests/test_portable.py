@@ -231,6 +231,27 @@ def test_the_record_says_what_changed():
   assert checkpoint_lib.changes(split(64, 0), split(32, 0)) == ['global_batch: 64 -> 32']
   assert checkpoint_lib.changes(split(0, 8), split(0, 4)) == [
       'global batch: 64 -> 32', 'per_device_batch: 8 -> 4']
+  # An image folder that gained files (a checkpoint written before the count was recorded:
+  # nothing to say).
+  assert checkpoint_lib.changes({**saved, 'train_examples': 105},
+                                {**saved, 'train_examples': 153}) == ['train examples: 105 -> 153']
+  assert checkpoint_lib.changes(saved, {**saved, 'train_examples': 153}) == []
+
+
+def test_a_resumed_run_says_its_batch_and_train_split_changed(caplog):
+  """The log of a resumed run: its changes, a new global batch, and a train split of another
+  size (an image folder that gained files: the stream's order is not the first run's)."""
+  from jaxpar import train
+  saved = {'config': {'seed': 0}, 'global_batch': 64, 'train_examples': 105}
+  with caplog.at_level('INFO'):
+    train._log_changes({'step': 10, 'record': saved, 'notes': []},
+                       {**saved, 'global_batch': 32, 'train_examples': 153})
+  lines = [r.getMessage() for r in caplog.records]
+  assert lines[0] == ('Changed since the checkpoint was written: global batch: 64 -> 32; '
+                      'train examples: 105 -> 153.')
+  assert lines[1].startswith('The global batch changed from 64 to 32')
+  assert lines[2].startswith('The train split has 153 examples, 105 when the checkpoint was '
+                             'written') and len(lines) == 3
   assert checkpoint_lib.written_by({'config': json.dumps({'model': 'vgg16e',
                                                           'mesh': {'shape': [8]}})}) == \
       'model=vgg16e, mesh.shape=(8,)'
