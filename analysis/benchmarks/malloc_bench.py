@@ -22,8 +22,15 @@ XLA's temporaries of the compiled step (its memory analysis, in the `system` pro
   python -m analysis.benchmarks.malloc_bench --out analysis/report/host_memory/auto.json \
       --cells squeezenet:auto:64 squeezenet:auto:192 googlenet:auto:32 squeezenet:auto:640 \
       resnet34_2d:auto:32 --rounds 2
+  python -m analysis.benchmarks.malloc_bench --out analysis/report/host_memory/networks.json \
+      --cells googlenet:auto:16:32 googlenet:auto:128:32 googlenet:auto:256:32 \
+      googlenet:auto:128:64 resnet34_2d:auto:128:16 --settings mapped,keep --rounds 2 \
+      --windows 3 --steps 5
+  python -m analysis.benchmarks.malloc_bench --out analysis/report/host_memory/networks_224.json \
+      --cells googlenet:auto:16:224 --settings mapped,keep --rounds 2 --windows 3 --steps 5
 
-JSON: the date, machine and versions, and per cell and setting each window's ms a step and
+(a cell NETWORK:CONV_IMPL:BATCH[:IMAGE]; `--settings`, `--windows` and `--steps` choose what
+is timed and how long). JSON: the date, machine and versions, and per cell and setting each window's ms a step and
 the minor page faults a step (`getrusage`).
 """
 import argparse
@@ -36,16 +43,17 @@ import sys
 SETTINGS = ('system', 'keep', 'mapped')
 
 
-def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
+def child(setting: str, net: str, conv: str, batch: int, data_dir: str, image: int = 16,
+          windows: int = 5, steps: int = 10) -> dict:
   import numpy as np
 
-  from jaxpar import build, host_memory, validation
+  from jaxpar import build, host_memory, models, validation
   from jaxpar.data import sources
   from jaxpar.plan import probe
   from jaxpar import config as config_lib
   cfg = config_lib.from_file(
       os.path.join(os.path.dirname(__file__), '..', '..', 'configs', f'{net}.py'))
-  cfg.image_size = 16
+  cfg.image_size = image
   cfg.update_from_flattened_dict({'conv_impl': conv, 'plan.target_loss': 0.5,
                                   **({'dataset.data_dir': data_dir} if data_dir else {})})
   one = config_lib.with_overrides(cfg, probe.one_device_overrides(cfg, batch))
@@ -53,7 +61,7 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
   # What 'auto' would choose here, from the estimate (before the backend starts), then the
   # setting this process is timed in.
   estimate = build.estimated_temporaries(one)
-  auto = host_memory.resolve('auto', lambda: estimate)
+  auto = host_memory.resolve('auto', lambda: estimate, models.KEEP_ABOVE.get(one.model))
   host_memory.keep_freed_memory(setting)
   source = sources.open_source(one.dataset)
   meta = source.meta
@@ -61,8 +69,8 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str) -> dict:
                              lower=False)
   window(5)
   faults = host_memory.minor_faults()
-  ms = [window(10) * 1e3 for _ in range(5)]
-  faults = (host_memory.minor_faults() - faults) / 50
+  ms = [window(steps) * 1e3 for _ in range(windows)]
+  faults = (host_memory.minor_faults() - faults) / (windows * steps)
   window.close()
   return {'ms': ms, 'median_ms': float(np.median(ms)), 'faults_a_step': faults,
           'arenas': host_memory.arenas(), 'estimated_temp_bytes': estimate, 'auto': auto,
@@ -131,32 +139,65 @@ def processes_table(result: dict) -> str:
   return '\n'.join(lines)
 
 
+def networks_table(*results: dict) -> str:
+  """Markdown: a row a cell of the one-device training step under `mapped` and `keep`
+  (analysis/report/host_memory/networks*.json, the cells of each in turn): its temporaries as `auto` estimates them,
+  `auto`'s choice, each setting's ms a step (median of every window of every round, the
+  rounds' medians in brackets; `mapped`'s minor faults a step), `keep`'s ratio to `mapped`."""
+  import numpy as np
+  lines = ['| network | image | batch | temporaries, estimated (MiB) | `auto` | `mapped`: ms a '
+           'step (rounds; faults) | `keep`: ms a step (rounds) | `keep` / `mapped` |',
+           '|---|---:|---:|---:|---|---:|---:|---:|']
+  for cell in [cell for result in results for cell in result['cells']]:
+    runs = cell['settings']
+    median = {s: float(np.median([t for run in runs[s] for t in run['ms']])) for s in runs}
+    rounds = {s: '/'.join(f"{run['median_ms']:.0f}" for run in runs[s]) for s in runs}
+    faults = float(np.median([run['faults_a_step'] for run in runs['mapped']]))
+    first = runs['mapped'][0]
+    lines.append(
+        f"| {cell['network']} | {cell['image_size']}² | {cell['batch']} | "
+        f"{first['estimated_temp_bytes'] / 2**20:.0f} | {first['auto']} | "
+        f"{median['mapped']:.0f} ({rounds['mapped']}; {faults:,.0f}) | {median['keep']:.0f} "
+        f"({rounds['keep']}) | {median['keep'] / median['mapped']:.2f}× |")
+  return '\n'.join(lines)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--out', required=True)
   parser.add_argument('--cells', nargs='+', default=['squeezenet:auto:64'],
-                      help='NETWORK:CONV_IMPL:BATCH (a configs/ name, 16² images)')
+                      help='NETWORK:CONV_IMPL:BATCH[:IMAGE] (a configs/ name; 16² images '
+                      'unless IMAGE)')
   parser.add_argument('--rounds', type=int, default=2)
+  parser.add_argument('--settings', default=','.join(SETTINGS),
+                      help='the settings timed, comma-separated')
+  parser.add_argument('--windows', type=int, default=5, help='timed windows a process')
+  parser.add_argument('--steps', type=int, default=10, help='steps a window')
   parser.add_argument('--data_dir', default='')
-  parser.add_argument('--child', nargs=4, help=argparse.SUPPRESS)
+  parser.add_argument('--child', nargs=5, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
-    setting, net, conv, batch = args.child
-    print(json.dumps(child(setting, net, conv, int(batch), args.data_dir)))
+    setting, net, conv, batch, image = args.child
+    print(json.dumps(child(setting, net, conv, int(batch), args.data_dir, int(image),
+                           args.windows, args.steps)))
     return
+  settings = args.settings.split(',')
   from jaxpar.plan import probe
   result = {'tool': 'analysis.benchmarks.malloc_bench',
             'created': datetime.datetime.now().isoformat(timespec='seconds'),
-            'machine': probe.machine(), 'versions': probe.versions(), 'cells': []}
+            'machine': probe.machine(), 'versions': probe.versions(),
+            'command': 'python -m analysis.benchmarks.malloc_bench ' + ' '.join(
+                sys.argv[1:] if argv is None else argv), 'cells': []}
   for cell in args.cells:
-    net, conv, batch = cell.split(':')
-    row = {'network': net, 'conv_impl': conv, 'batch': int(batch),
-           'settings': {s: [] for s in SETTINGS}}
+    net, conv, batch, image = (cell + ':16').split(':')[:4]
+    row = {'network': net, 'conv_impl': conv, 'batch': int(batch), 'image_size': int(image),
+           'settings': {s: [] for s in settings}}
     for _ in range(args.rounds):
-      for setting in SETTINGS:
+      for setting in settings:
         done = subprocess.run(
             [sys.executable, '-m', 'analysis.benchmarks.malloc_bench', '--out', args.out,
-             '--data_dir', args.data_dir, '--child', setting, net, conv, batch],
+             '--data_dir', args.data_dir, '--windows', str(args.windows), '--steps',
+             str(args.steps), '--child', setting, net, conv, batch, image],
             capture_output=True, text=True, check=True)
         row['settings'][setting].append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(cell, setting, row['settings'][setting][-1]['median_ms'], flush=True)

@@ -92,6 +92,12 @@ def _host_memory_processes():
   return malloc_bench.processes_table(_load('host_memory/processes.json')[0])
 
 
+def _host_memory_networks():
+  from analysis.benchmarks import malloc_bench
+  return malloc_bench.networks_table(*_load('host_memory/networks.json',
+                                            'host_memory/networks_224.json'))
+
+
 def _ray_worker_cpus():
   from analysis.benchmarks import ray_worker_bench
   return ray_worker_bench.table(_load('ray/*.json'))
@@ -448,6 +454,7 @@ TABLES = {
     'host-memory-compile': _compile_host_memory,
     'host-memory-auto': _host_memory_auto,
     'host-memory-processes': _host_memory_processes,
+    'host-memory-networks': _host_memory_networks,
     'compile-cache-restart': _compile_cache_restart,
     'ray-worker-cpus': _ray_worker_cpus,
     'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),
