@@ -308,7 +308,8 @@ def record(cfg, strategy, global_batch: int, train_examples: int) -> dict:
               for name in ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint')}
   return {'config': json.loads(cfg.to_json_best_effort()), 'layout': strategy.checkpoint_layout(),
           'processes': jax.process_count(), 'global_batch': int(global_batch),
-          'train_examples': int(train_examples), 'versions': {**versions, 'python': platform.python_version()},
+          'train_examples': int(train_examples),
+          'versions': {**versions, 'python': platform.python_version()},
           'written': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}
 
 

@@ -30,8 +30,8 @@ XLA's temporaries of the compiled step (its memory analysis, in the `system` pro
       --cells googlenet:auto:16:224 --settings mapped,keep --rounds 2 --windows 3 --steps 5
 
 (a cell NETWORK:CONV_IMPL:BATCH[:IMAGE]; `--settings`, `--windows` and `--steps` choose what
-is timed and how long). JSON: the date, machine and versions, and per cell and setting each window's ms a step and
-the minor page faults a step (`getrusage`).
+is timed and how long). JSON: the date, machine and versions, and per cell and setting each
+window's ms a step and the minor page faults a step (`getrusage`).
 """
 import argparse
 import datetime
@@ -141,9 +141,10 @@ def processes_table(result: dict) -> str:
 
 def networks_table(*results: dict) -> str:
   """Markdown: a row a cell of the one-device training step under `mapped` and `keep`
-  (analysis/report/host_memory/networks*.json, the cells of each in turn): its temporaries as `auto` estimates them,
-  `auto`'s choice, each setting's ms a step (median of every window of every round, the
-  rounds' medians in brackets; `mapped`'s minor faults a step), `keep`'s ratio to `mapped`."""
+  (analysis/report/host_memory/networks*.json, the cells of each in turn): its temporaries
+  as `auto` estimates them, `auto`'s choice, each setting's ms a step (median of every window
+  of every round, the rounds' medians in brackets; `mapped`'s minor faults a step), `keep`'s
+  ratio to `mapped`."""
   import numpy as np
   lines = ['| network | image | batch | temporaries, estimated (MiB) | `auto` | `mapped`: ms a '
            'step (rounds; faults) | `keep`: ms a step (rounds) | `keep` / `mapped` |',
