@@ -32,11 +32,8 @@ accelerator's temporaries are its own memory; XLA's GPU compiler runs LLVM and p
 thread per core, and with one arena for all of them one H200 machine compiled SqueezeNet's
 bfloat16 step at 224² in 139 s on 2026-11-28, 28 s when the threads kept their arenas:
 docs/benchmark.md); on the CPU, `keep` where the step's temporaries (estimated before
-JAX starts its backend: `build.step_temporaries`) pass `HEAP_MAX`, `mapped` below — but
-for a network whose step makes many small allocations side by side, which one heap serves
-slowly, a larger bound measured for it (`models.KEEP_ABOVE`: GoogLeNet's training step
-1.80× as long under `keep` at 36 MiB of temporaries, 1.05–1.18× at 112–371, 0.91× at 571).
-Every choice is logged with its reason.
+JAX starts its backend: `build.step_temporaries`) pass `HEAP_MAX`, `mapped` below. Every
+choice is logged with its reason.
 """
 import ctypes
 import ctypes.util
@@ -78,14 +75,12 @@ def accelerator_plugins() -> list[str]:
                 if any(kind in name.lower() for kind in _ACCELERATOR_PLUGINS))
 
 
-def resolve(choice: str, temporaries=None, above: int | None = None) -> str:
+def resolve(choice: str, temporaries=None) -> str:
   """`choice` itself, or for 'auto' (logged, with why): 'system' where an accelerator's
-  plugin is installed; on the CPU 'keep' where the step's temporaries pass `above` (a
-  network's own bound, `models.KEEP_ABOVE`: its many small allocations slower from one
-  heap below it) or else `HEAP_MAX`, and 'mapped' below. `temporaries`: a function giving
-  their bytes on one device (called only here, for 'auto' on the CPU;
-  `build.step_temporaries`; it may return None), or None where no step is known (then
-  'keep', as a step that passes it loses most)."""
+  plugin is installed; on the CPU 'keep' where the step's temporaries pass `HEAP_MAX` and
+  'mapped' below. `temporaries`: a function giving their bytes on one device (called only
+  here, for 'auto' on the CPU; `build.step_temporaries`; it may return None), or None
+  where no step is known (then 'keep', as a step that passes it loses most)."""
   if choice != 'auto':
     return choice
   plugins = accelerator_plugins()
@@ -100,29 +95,25 @@ def resolve(choice: str, temporaries=None, above: int | None = None) -> str:
   if size is None:
     logging.info("host_memory=auto: keep (the step's temporaries not known).")
     return 'keep'
-  bound = above or HEAP_MAX
-  chosen = 'keep' if size > bound else 'mapped'
+  chosen = 'keep' if size > HEAP_MAX else 'mapped'
   logging.info("host_memory=auto: %s (a step's temporaries about %.0f MiB a device, %s the "
-               "%d MiB %s%s).", chosen, size / 2**20,
-               'above' if chosen == 'keep' else 'within', bound // 2**20,
-               "a thread's own malloc arena can hold" if bound == HEAP_MAX else
-               "below which this network's many small allocations are faster from each "
-               "thread's own malloc arena than from one heap",
+               "%d MiB a thread's own malloc arena can hold%s).", chosen, size / 2**20,
+               'above' if chosen == 'keep' else 'within', HEAP_MAX // 2**20,
                ': the main heap keeps them, every thread sharing its lock' if chosen == 'keep'
                else ': each thread keeps its own arena')
   return chosen
 
 
-def keep_freed_memory(choice: str = 'auto', temporaries=None, above: int | None = None) -> bool:
+def keep_freed_memory(choice: str = 'auto', temporaries=None) -> bool:
   """Applies `choice` ('auto' | 'keep' | 'mapped' | 'system', see `resolve`; `temporaries`
-  and `above` as there) to this process's malloc; True if glibc took it. Call before JAX starts its
+  as there) to this process's malloc; True if glibc took it. Call before JAX starts its
   backend: glibc caps only the arenas made after the call, and threads keep the arena they
   have. Once per process: later calls return the first answer (`applied` says which) and
   estimate nothing."""
   global _applied
   if _applied is not None:
     return _applied[1]
-  setting = resolve(choice, temporaries, above)
+  setting = resolve(choice, temporaries)
   if setting == 'system':
     _applied = (setting, False)
     return False

@@ -47,7 +47,7 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str, image: i
           windows: int = 5, steps: int = 10) -> dict:
   import numpy as np
 
-  from jaxpar import build, host_memory, models, validation
+  from jaxpar import build, host_memory, validation
   from jaxpar.data import sources
   from jaxpar.plan import probe
   from jaxpar import config as config_lib
@@ -61,7 +61,7 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str, image: i
   # What 'auto' would choose here, from the estimate (before the backend starts), then the
   # setting this process is timed in.
   estimate = build.estimated_temporaries(one)
-  auto = host_memory.resolve('auto', lambda: estimate, models.KEEP_ABOVE.get(one.model))
+  auto = host_memory.resolve('auto', lambda: estimate)
   host_memory.keep_freed_memory(setting)
   source = sources.open_source(one.dataset)
   meta = source.meta

@@ -10,14 +10,6 @@ MODELS = {'vgg16e': VGG16E, 'googlenet': GoogLeNet, 'squeezenet': SqueezeNet, 'r
 # Smallest input each network can take: VGG halves the map five times with
 # 2×2 pools; SqueezeNet's first convolution is an unpadded 7×7.
 MIN_IMAGE_SIZE = {'vgg16e': 32, 'googlenet': 1, 'squeezenet': 7, 'resnet34': 1}
-# The step's temporaries above which host_memory='auto' keeps freed memory in one malloc
-# heap for every thread ('keep') rather than in each thread's own arena ('mapped'), where it
-# is not glibc's HEAP_MAX (64 MiB: jaxpar/host_memory.py). GoogLeNet's inception modules run
-# many small operations side by side, whose allocations one heap serves slowly: its one-device
-# training step (2 cores, Intel Xeon, 2026-12-05) took 1.80× as long under 'keep' at 36 MiB
-# of temporaries, 1.14× at 112, 1.05× at 208, 1.18× at 371 (64²) and 0.91× at 571 (224²)
-# (analysis/report/host_memory/networks*.json).
-KEEP_ABOVE = {'googlenet': 400 * 2**20}
 
 
 def fc_layers(name: str) -> tuple:
