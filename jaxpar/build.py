@@ -62,7 +62,8 @@ def keep_freed_memory(cfg, batch: int | None = None) -> bool:
   sized by this config's step (`estimated_temporaries`; `batch`: the largest device batch
   of the steps the process will run, if not the config's own). Before JAX's backend starts."""
   return host_memory.keep_freed_memory(
-      cfg.host_memory, functools.partial(estimated_temporaries, cfg, batch))
+      cfg.host_memory, functools.partial(estimated_temporaries, cfg, batch),
+      models.KEEP_ABOVE.get(cfg.model))
 
 
 def estimated_temporaries(cfg, batch: int | None = None) -> int | None:

@@ -66,8 +66,8 @@ def _network_and_compute(c) -> None:
   # step (ResNet34 at 32², batch 16, one device: 92 → 68 ms a step); mapped = the same
   # with each thread's own arena (up to 64 MiB of temporaries; no shared lock); system =
   # malloc as is; auto = on the CPU backend keep above 64 MiB of a step's temporaries
-  # (estimated before the backend starts), mapped below; system where an accelerator's
-  # plugin is installed.
+  # (estimated before the backend starts; GoogLeNet: 400, models.KEEP_ABOVE), mapped below;
+  # system where an accelerator's plugin is installed.
   c.host_memory = 'auto'
   # JAX's persistent compilation cache for jaxpar.train (jaxpar/compile_cache.py): a run
   # started again loads its compiled programs. auto = JAX's setting where the environment

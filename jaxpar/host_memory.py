@@ -32,8 +32,19 @@ accelerator's temporaries are its own memory; XLA's GPU compiler runs LLVM and p
 thread per core, and with one arena for all of them one H200 machine compiled SqueezeNet's
 bfloat16 step at 224² in 139 s on 2026-11-28, 28 s when the threads kept their arenas:
 docs/benchmark.md); on the CPU, `keep` where the step's temporaries (estimated before
-JAX starts its backend: `build.step_temporaries`) pass `HEAP_MAX`, `mapped` below. Every
-choice is logged with its reason.
+JAX starts its backend: `build.step_temporaries`) pass `HEAP_MAX`, `mapped` below — but
+for a network whose step makes many small allocations side by side, which one heap serves
+slowly, a larger bound measured for it (`models.KEEP_ABOVE`: GoogLeNet's training step
+1.80× as long under `keep` at 36 MiB of temporaries, 1.05–1.18× at 112–371, 0.91× at 571).
+Every choice is logged with its reason.
+
+Why one heap is slow for such a step: compiling a program in the process leaves the
+compiler's freed memory in the heap, in holes of many sizes between what it keeps; glibc
+keeps each large bin's free blocks in a list sorted by size and walks it to place a block
+or to find one, so under `keep` every allocation of the step's threads walks those lists
+(GoogLeNet 32², batch 16: 32 % of the step's time in `_int_malloc`). A process that loads
+its programs from JAX's compilation cache has compiled nothing, and there `keep` is the
+faster setting for GoogLeNet too — but a first run compiles, and the rule is for it.
 """
 import ctypes
 import ctypes.util
@@ -75,12 +86,14 @@ def accelerator_plugins() -> list[str]:
                 if any(kind in name.lower() for kind in _ACCELERATOR_PLUGINS))
 
 
-def resolve(choice: str, temporaries=None) -> str:
+def resolve(choice: str, temporaries=None, above: int | None = None) -> str:
   """`choice` itself, or for 'auto' (logged, with why): 'system' where an accelerator's
-  plugin is installed; on the CPU 'keep' where the step's temporaries pass `HEAP_MAX` and
-  'mapped' below. `temporaries`: a function giving their bytes on one device (called only
-  here, for 'auto' on the CPU; `build.step_temporaries`; it may return None), or None
-  where no step is known (then 'keep', as a step that passes it loses most)."""
+  plugin is installed; on the CPU 'keep' where the step's temporaries pass `above` (a
+  network's own bound, `models.KEEP_ABOVE`: its many small allocations slower from one
+  heap below it) or else `HEAP_MAX`, and 'mapped' below. `temporaries`: a function giving
+  their bytes on one device (called only here, for 'auto' on the CPU;
+  `build.step_temporaries`; it may return None), or None where no step is known (then
+  'keep', as a step that passes it loses most)."""
   if choice != 'auto':
     return choice
   plugins = accelerator_plugins()
@@ -95,25 +108,29 @@ def resolve(choice: str, temporaries=None) -> str:
   if size is None:
     logging.info("host_memory=auto: keep (the step's temporaries not known).")
     return 'keep'
-  chosen = 'keep' if size > HEAP_MAX else 'mapped'
+  bound = above or HEAP_MAX
+  chosen = 'keep' if size > bound else 'mapped'
   logging.info("host_memory=auto: %s (a step's temporaries about %.0f MiB a device, %s the "
-               "%d MiB a thread's own malloc arena can hold%s).", chosen, size / 2**20,
-               'above' if chosen == 'keep' else 'within', HEAP_MAX // 2**20,
+               "%d MiB %s%s).", chosen, size / 2**20,
+               'above' if chosen == 'keep' else 'within', bound // 2**20,
+               "a thread's own malloc arena can hold" if bound == HEAP_MAX else
+               "below which this network's many small allocations are faster from each "
+               "thread's own malloc arena than from one heap",
                ': the main heap keeps them, every thread sharing its lock' if chosen == 'keep'
                else ': each thread keeps its own arena')
   return chosen
 
 
-def keep_freed_memory(choice: str = 'auto', temporaries=None) -> bool:
+def keep_freed_memory(choice: str = 'auto', temporaries=None, above: int | None = None) -> bool:
   """Applies `choice` ('auto' | 'keep' | 'mapped' | 'system', see `resolve`; `temporaries`
-  as there) to this process's malloc; True if glibc took it. Call before JAX starts its
+  and `above` as there) to this process's malloc; True if glibc took it. Call before JAX starts its
   backend: glibc caps only the arenas made after the call, and threads keep the arena they
   have. Once per process: later calls return the first answer (`applied` says which) and
   estimate nothing."""
   global _applied
   if _applied is not None:
     return _applied[1]
-  setting = resolve(choice, temporaries)
+  setting = resolve(choice, temporaries, above)
   if setting == 'system':
     _applied = (setting, False)
     return False

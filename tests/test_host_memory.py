@@ -88,10 +88,28 @@ def test_auto_sizes_the_step_on_the_cpu_and_leaves_an_accelerator_alone(monkeypa
   assert host_memory.resolve('auto', temporaries(host_memory.HEAP_MAX)) == 'mapped'
   assert host_memory.resolve('auto', temporaries(host_memory.HEAP_MAX + 1)) == 'keep'
   assert asked == [8 * 2**20, host_memory.HEAP_MAX, host_memory.HEAP_MAX + 1]
+  # A network's own bound (GoogLeNet's many small allocations: `models.KEEP_ABOVE`).
+  assert host_memory.resolve('auto', temporaries(208 * 2**20), above=400 * 2**20) == 'mapped'
+  assert host_memory.resolve('auto', temporaries(589 * 2**20), above=400 * 2**20) == 'keep'
+  del asked[3:]
   monkeypatch.setattr(host_memory, 'accelerator_plugins', lambda: ['xla_cuda13'])
   assert host_memory.resolve('auto', temporaries(1)) == 'system' and len(asked) == 3  # unsized
   assert [host_memory.resolve(c) for c in ('keep', 'mapped', 'system')] == [
       'keep', 'mapped', 'system']
+
+
+def test_the_run_gives_auto_its_network_s_bound(monkeypatch):
+  """`build.keep_freed_memory` hands `resolve` GoogLeNet's bound and no other network's."""
+  from jaxpar import build, config, models
+  given = []
+  monkeypatch.setattr(host_memory, 'keep_freed_memory',
+                      lambda choice, temporaries, above: given.append(above) or True)
+  for name in ('googlenet', 'resnet34'):
+    c = config.defaults()
+    c.model = name
+    build.keep_freed_memory(c)
+  assert given == [models.KEEP_ABOVE['googlenet'], None]
+  assert models.KEEP_ABOVE['googlenet'] > host_memory.HEAP_MAX
 
 
 # The estimate in a process of its own: it must not start JAX's backend (the setting is

@@ -28,9 +28,15 @@ XLA's temporaries of the compiled step (its memory analysis, in the `system` pro
       --windows 3 --steps 5
   python -m analysis.benchmarks.malloc_bench --out analysis/report/host_memory/networks_224.json \
       --cells googlenet:auto:16:224 --settings mapped,keep --rounds 2 --windows 3 --steps 5
+  python -m analysis.benchmarks.malloc_bench --out analysis/report/host_memory/programs.json \
+      --cells googlenet:auto:64:32 resnet34_2d:auto:64:16 --settings mapped,keep \
+      --programs compiled,loaded --rounds 2 --windows 3 --steps 5
 
 (a cell NETWORK:CONV_IMPL:BATCH[:IMAGE]; `--settings`, `--windows` and `--steps` choose what
-is timed and how long). JSON: the date, machine and versions, and per cell and setting each
+is timed and how long; `--programs loaded`: each process loads its programs from JAX's
+compilation cache, filled by one process before, instead of compiling them: the compiler's
+freed memory is then not in the heap every setting's allocations search). JSON: the date,
+machine and versions, and per cell and setting each
 window's ms a step and the minor page faults a step (`getrusage`).
 """
 import argparse
@@ -39,15 +45,17 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 SETTINGS = ('system', 'keep', 'mapped')
 
 
 def child(setting: str, net: str, conv: str, batch: int, data_dir: str, image: int = 16,
-          windows: int = 5, steps: int = 10) -> dict:
+          windows: int = 5, steps: int = 10, cache: str = '') -> dict:
+  import jax
   import numpy as np
 
-  from jaxpar import build, host_memory, validation
+  from jaxpar import build, host_memory, models, validation
   from jaxpar.data import sources
   from jaxpar.plan import probe
   from jaxpar import config as config_lib
@@ -61,8 +69,13 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str, image: i
   # What 'auto' would choose here, from the estimate (before the backend starts), then the
   # setting this process is timed in.
   estimate = build.estimated_temporaries(one)
-  auto = host_memory.resolve('auto', lambda: estimate)
+  auto = host_memory.resolve('auto', lambda: estimate, models.KEEP_ABOVE.get(one.model))
   host_memory.keep_freed_memory(setting)
+  if cache:  # every program loaded from there (compiled into it by an earlier process)
+    jax.config.update('jax_compilation_cache_dir', cache)
+    jax.config.update('jax_enable_compilation_cache', True)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+    jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   source = sources.open_source(one.dataset)
   meta = source.meta
   _, window = probe.step_call(one, meta, source, probe.initial_variables(one, meta),
@@ -144,11 +157,12 @@ def networks_table(*results: dict) -> str:
   (analysis/report/host_memory/networks*.json, the cells of each in turn): its temporaries
   as `auto` estimates them, `auto`'s choice, each setting's ms a step (median of every window
   of every round, the rounds' medians in brackets; `mapped`'s minor faults a step), `keep`'s
-  ratio to `mapped`."""
+  ratio to `mapped`; whether each process compiled its programs or loaded them from JAX's
+  compilation cache (`--programs`; cells before that option compiled)."""
   import numpy as np
-  lines = ['| network | image | batch | temporaries, estimated (MiB) | `auto` | `mapped`: ms a '
-           'step (rounds; faults) | `keep`: ms a step (rounds) | `keep` / `mapped` |',
-           '|---|---:|---:|---:|---|---:|---:|---:|']
+  lines = ['| network | image | batch | temporaries, estimated (MiB) | `auto` | programs | '
+           '`mapped`: ms a step (rounds; faults) | `keep`: ms a step (rounds) | '
+           '`keep` / `mapped` |', '|---|---:|---:|---:|---|---|---:|---:|---:|']
   for cell in [cell for result in results for cell in result['cells']]:
     runs = cell['settings']
     median = {s: float(np.median([t for run in runs[s] for t in run['ms']])) for s in runs}
@@ -158,7 +172,8 @@ def networks_table(*results: dict) -> str:
     lines.append(
         f"| {cell['network']} | {cell['image_size']}² | {cell['batch']} | "
         f"{first['estimated_temp_bytes'] / 2**20:.0f} | {first['auto']} | "
-        f"{median['mapped']:.0f} ({rounds['mapped']}; {faults:,.0f}) | {median['keep']:.0f} "
+        f"{cell.get('programs', 'compiled')} | {median['mapped']:.0f} "
+        f"({rounds['mapped']}; {faults:,.0f}) | {median['keep']:.0f} "
         f"({rounds['keep']}) | {median['keep'] / median['mapped']:.2f}× |")
   return '\n'.join(lines)
 
@@ -175,12 +190,16 @@ def main(argv=None):
   parser.add_argument('--windows', type=int, default=5, help='timed windows a process')
   parser.add_argument('--steps', type=int, default=10, help='steps a window')
   parser.add_argument('--data_dir', default='')
+  parser.add_argument('--programs', default='compiled',
+                      help="'compiled' (each process compiles its programs), 'loaded' (from "
+                      "JAX's compilation cache, filled by a process before), or both")
+  parser.add_argument('--cache', default='', help=argparse.SUPPRESS)
   parser.add_argument('--child', nargs=5, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
     setting, net, conv, batch, image = args.child
     print(json.dumps(child(setting, net, conv, int(batch), args.data_dir, int(image),
-                           args.windows, args.steps)))
+                           args.windows, args.steps, args.cache)))
     return
   settings = args.settings.split(',')
   from jaxpar.plan import probe
@@ -189,20 +208,29 @@ def main(argv=None):
             'machine': probe.machine(), 'versions': probe.versions(),
             'command': 'python -m analysis.benchmarks.malloc_bench ' + ' '.join(
                 sys.argv[1:] if argv is None else argv), 'cells': []}
+  programs = args.programs.split(',')
   for cell in args.cells:
     net, conv, batch, image = (cell + ':16').split(':')[:4]
-    row = {'network': net, 'conv_impl': conv, 'batch': int(batch), 'image_size': int(image),
-           'settings': {s: [] for s in settings}}
-    for _ in range(args.rounds):
-      for setting in settings:
+    rows = {p: {'network': net, 'conv_impl': conv, 'batch': int(batch), 'image_size': int(image),
+                'programs': p, 'settings': {s: [] for s in settings}} for p in programs}
+    with tempfile.TemporaryDirectory() as cache:
+      def run(setting, program, windows=args.windows, steps=args.steps):
         done = subprocess.run(
             [sys.executable, '-m', 'analysis.benchmarks.malloc_bench', '--out', args.out,
-             '--data_dir', args.data_dir, '--windows', str(args.windows), '--steps',
-             str(args.steps), '--child', setting, net, conv, batch, image],
+             '--data_dir', args.data_dir, '--windows', str(windows), '--steps', str(steps),
+             '--cache', cache if program == 'loaded' else '',
+             '--child', setting, net, conv, batch, image],
             capture_output=True, text=True, check=True)
-        row['settings'][setting].append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(cell, setting, row['settings'][setting][-1]['median_ms'], flush=True)
-    result['cells'].append(row)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+      if 'loaded' in programs:
+        run(settings[0], 'loaded', 1, 1)  # fills the cache: the timed processes load
+      for _ in range(args.rounds):
+        for program in programs:
+          for setting in settings:
+            rows[program]['settings'][setting].append(run(setting, program))
+            print(cell, program, setting, rows[program]['settings'][setting][-1]['median_ms'],
+                  flush=True)
+    result['cells'].extend(rows.values())
   with open(args.out, 'w') as f:
     json.dump(result, f, indent=1, allow_nan=False)
 

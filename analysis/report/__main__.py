@@ -92,6 +92,11 @@ def _host_memory_processes():
   return malloc_bench.processes_table(_load('host_memory/processes.json')[0])
 
 
+def _host_memory_programs():
+  from analysis.benchmarks import malloc_bench
+  return malloc_bench.networks_table(*_load('host_memory/programs.json'))
+
+
 def _host_memory_networks():
   from analysis.benchmarks import malloc_bench
   return malloc_bench.networks_table(*_load('host_memory/networks.json',
@@ -455,6 +460,7 @@ TABLES = {
     'host-memory-auto': _host_memory_auto,
     'host-memory-processes': _host_memory_processes,
     'host-memory-networks': _host_memory_networks,
+    'host-memory-programs': _host_memory_programs,
     'compile-cache-restart': _compile_cache_restart,
     'ray-worker-cpus': _ray_worker_cpus,
     'join-penalty-squeezenet': lambda: _join_penalty({'': 'measured/squeezenet.json'}),

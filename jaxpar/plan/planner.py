@@ -365,7 +365,7 @@ class _Planning:
     log(f'Plan [{self.since()}]: t_grad ' + ', '.join(
         f'b={k[0]} on {k[1]}: {v * 1e3:.2f} ms' for k, v in t_grad.items())
         + f'; non-gradient work of the one-device step {self.overhead * 1e3:.2f} ms'
-        + (' (negative: within the timing noise, taken as 0).' if self.overhead < 0 else '.'))
+        + negative_overhead(self.overhead, self.t_one))
     self._input_seconds()
     self.mark('t_grad')
 
@@ -1100,6 +1100,21 @@ def at_host_speed(reused: dict, fresh: dict, b: int) -> tuple:
       factors[n] = fresh[again[0]] / reused[again[0]]
   one = factors.get(1, 1.0)
   return {k: v * factors.get(k[1], one) for k, v in reused.items()}, factors
+
+
+def negative_overhead(overhead: float, step: float | None, noise: float = 0.1) -> str:
+  """The end of the t_grad line: '.', or why a negative non-gradient share (the gradients
+  alone timed longer than the whole one-device step) is taken as 0 — within `noise` of the
+  step, the timing's noise; beyond it, the two measurements disagree, and the line says so
+  rather than calling it noise."""
+  if overhead >= 0:
+    return '.'
+  if not step or -overhead <= noise * step:
+    return ' (negative: within the timing noise, taken as 0).'
+  return (f' (negative: the gradients alone took {-overhead / step:.0%} longer than the whole '
+          f'step, beyond the timing noise of {noise:.0%}: the two measurements disagree; taken '
+          f"as 0. Under host_memory='keep' a program compiled in the process runs slower than "
+          f'one loaded from the compilation cache: docs/performance.md).')
 
 
 def again_on_several(needed: set, reused: dict) -> list:
