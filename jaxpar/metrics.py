@@ -118,8 +118,9 @@ class Reporter:
         "host_memory=%s: steps %d-%d faulted %.0f pages each (%.0f MB of memory mapped and "
         "zeroed afresh every step: the step's temporaries pass what malloc keeps%s); "
         "config.host_memory='keep' keeps them, in one malloc arena for every thread, which "
-        "makes a step of many small operations slower: time both (docs/performance.md, host "
-        "memory).", setting,
+        "makes a step of many small operations slower where the process compiled its "
+        "programs (not where a run started again loads them from the compilation cache): "
+        "time both (docs/performance.md, host memory).", setting,
         first, last, a_step, a_step * resource.getpagesize() / 1e6,
         ", 64 MiB in a thread's own arena" if setting == 'mapped' else '')
 
