@@ -35,8 +35,8 @@ docs/benchmark.md); on the CPU, `keep` where the step's temporaries (estimated b
 JAX starts its backend: `build.step_temporaries`) pass `HEAP_MAX`, `mapped` below — but
 for a network whose step makes many small allocations side by side, which one heap serves
 slowly, a larger bound measured for it (`models.KEEP_ABOVE`: GoogLeNet's training step
-1.80× as long under `keep` at 36 MiB of temporaries, 1.05–1.18× at 112–371, 0.91× at 571).
-Every choice is logged with its reason.
+1.80× as long under `keep` at 36 MiB of temporaries, 1.29× at 70, 1.05–1.18× at 112–371,
+0.91× at 571). Every choice is logged with its reason.
 
 Why one heap is slow for such a step: compiling a program in the process leaves the
 compiler's freed memory in the heap, in holes of many sizes between what it keeps; glibc
