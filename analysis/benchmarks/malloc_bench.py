@@ -55,7 +55,7 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str, image: i
   import jax
   import numpy as np
 
-  from jaxpar import build, host_memory, models, validation
+  from jaxpar import build, compile_cache, host_memory, models, validation
   from jaxpar.data import sources
   from jaxpar.plan import probe
   from jaxpar import config as config_lib
@@ -72,8 +72,7 @@ def child(setting: str, net: str, conv: str, batch: int, data_dir: str, image: i
   auto = host_memory.resolve('auto', lambda: estimate, models.KEEP_ABOVE.get(one.model))
   host_memory.keep_freed_memory(setting)
   if cache:  # every program loaded from there (compiled into it by an earlier process)
-    jax.config.update('jax_compilation_cache_dir', cache)
-    jax.config.update('jax_enable_compilation_cache', True)
+    compile_cache.apply(cache, 1)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
     jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   source = sources.open_source(one.dataset)
